@@ -1,0 +1,3 @@
+from memgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""Budgets: where they are declared, what they mean, and how a profile is judged against them. Pure."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from memgate.errors import ConfigError, NotMeasurable
+from memgate.metrics import DeviceMetrics, profile_metrics
+from memgate.model import Profile
+from memgate.schemas import load_schema
+from memgate.sizes import format_size, parse_size
+
+# Budget key → (metric key in the report, kind)
+LIMITS: dict[str, tuple[str, str]] = {
+    "peak_allocated": ("peak_allocated_bytes", "size"),
+    "peak_reserved": ("peak_reserved_bytes", "size"),
+    "peak_app_reserved": ("peak_app_reserved_bytes", "size"),
+    "fragmentation": ("fragmentation", "ratio"),
+    "step_growth": ("step_growth_bytes", "size"),
+    "leaked": ("leaked_bytes", "size"),
+}
+SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps")
+MARKER_KEYS = frozenset(LIMITS) | {"op_caps", "ranks", "devices", "component", "warmup_steps", "name"}
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str
+    limits: dict[str, int | float]  # budget key (LIMITS) → bytes or ratio
+    op_caps: dict[str, int] = field(default_factory=dict)  # op-name glob → bytes
+    ranks: str = "*"
+    devices: str = "*"
+    component: str | None = None
+    warmup_steps: int = 1
+    origin: str = ""  # where it was declared
+
+    def checks(self) -> list[str]:
+        """The metric names this budget produces items for, in a stable order."""
+        return [k for k in LIMITS if k in self.limits] + [f"op_caps[{g}]" for g in self.op_caps]
+
+    def selects_rank(self, rank: str) -> bool:
+        return any(fnmatch.fnmatchcase(rank, g.strip()) or fnmatch.fnmatchcase(f"rank{rank}", g.strip())
+                   for g in self.ranks.split(","))
+
+
+def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str | None = None) -> Budget:
+    """Build a Budget from a budget-file entry or marker keywords, validating every value."""
+    unknown = sorted(set(raw) - MARKER_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown budget key(s) {', '.join(map(repr, unknown))}", file=origin,
+                          expected="one of " + ", ".join(sorted(MARKER_KEYS)))
+    name = raw.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise ConfigError("a budget needs a non-empty 'name'", file=origin)
+    limits: dict[str, int | float] = {}
+    for key, (_, kind) in LIMITS.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        if kind == "size":
+            limits[key] = parse_size(value, what=f"{name}.{key}")
+        else:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ConfigError(f"invalid {name}.{key} {value!r}", file=origin, expected="a ratio between 0 and 1")
+            limits[key] = float(value)
+    caps_raw = raw.get("op_caps", {})
+    if not isinstance(caps_raw, dict):
+        raise ConfigError(f"invalid {name}.op_caps", file=origin, expected="a table of op-name glob = size")
+    caps = {str(glob): parse_size(size, what=f"{name}.op_caps[{glob!r}]") for glob, size in caps_raw.items()}
+    warmup = raw.get("warmup_steps", 1)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"invalid {name}.warmup_steps {warmup!r}", file=origin, expected="an integer >= 0")
+    for key in ("ranks", "devices", "component"):
+        if key in raw and not isinstance(raw[key], str):
+            raise ConfigError(f"invalid {name}.{key} {raw[key]!r}", file=origin, expected="a string")
+    if not limits and not caps:
+        raise ConfigError(f"budget {name!r} sets no limit", file=origin,
+                          expected="at least one of " + ", ".join([*LIMITS, "op_caps"]))
+    return Budget(
+        name=name,
+        limits=limits,
+        op_caps=caps,
+        ranks=raw.get("ranks", "*"),
+        devices=raw.get("devices", "*"),
+        component=raw.get("component"),
+        warmup_steps=warmup,
+        origin=origin,
+    )
+
+
+@dataclass(frozen=True)
+class BudgetFile:
+    path: str | None
+    profiles: str | None
+    budgets: tuple[Budget, ...]
+
+
+def parse_budget_table(table: dict[str, Any], origin: str) -> BudgetFile:
+    validator = jsonschema.Draft202012Validator(load_schema("budgets"))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(table))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise ConfigError(f"invalid budget file at {where}: {error.message}", file=origin)
+    budgets = tuple(budget_from_mapping(raw, origin=origin) for raw in table.get("budgets", []))
+    names = [b.name for b in budgets]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"duplicate budget name(s) {', '.join(map(repr, duplicates))}", file=origin,
+                          expected="unique names")
+    return BudgetFile(path=origin, profiles=table.get("profiles"), budgets=budgets)
+
+
+def load_budget_file(path: str | os.PathLike[str], *, pyproject_table: bool | None = None) -> BudgetFile:
+    """Read budgets from a TOML file: ``[tool.memgate]`` in a pyproject.toml, else the top level."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("budget file not found", file=path)
+    try:
+        data = tomllib.loads(path.read_text("utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", file=path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read budget file: {exc}", file=path) from None
+    is_pyproject = path.name == "pyproject.toml" if pyproject_table is None else pyproject_table
+    table = data.get("tool", {}).get("memgate", {}) if is_pyproject else data
+    return parse_budget_table(table, str(path))
+
+
+def find_budget_file(rootdir: Path) -> BudgetFile | None:
+    """``memgate.toml`` beside the rootdir wins over ``[tool.memgate]`` in its pyproject.toml."""
+    for candidate in (rootdir / "memgate.toml", rootdir / "pyproject.toml"):
+        if candidate.is_file():
+            loaded = load_budget_file(candidate)
+            if candidate.name == "memgate.toml" or loaded.budgets or loaded.profiles:
+                return loaded
+    return None
+
+
+# ---- judging ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    profile_path: str
+    rank: str
+    budget: str
+    metric: str  # budget key or op_caps[glob]
+    limit: int | float
+    value: int | float | None
+    passed: bool
+    device: str | None
+    step: int | None
+    message: str  # the one-line verdict
+    detail: str  # top holders at the peak, series and file
+
+
+class MetricCache:
+    """Device metrics of one profile per (component, warmup_steps), computed once."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self._cache: dict[tuple[str | None, int], list[DeviceMetrics]] = {}
+
+    def get(self, component: str | None, warmup_steps: int) -> list[DeviceMetrics]:
+        key = (component, warmup_steps)
+        if key not in self._cache:
+            self._cache[key] = profile_metrics(self.profile, component=component, warmup_steps=warmup_steps)
+        return self._cache[key]
+
+
+def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
+    """Judge one (profile, budget, metric); raise NotMeasurable when the profile lacks the data."""
+    profile = cache.profile
+    devices = [m for m in cache.get(budget.component, budget.warmup_steps)
+               if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
+    if not devices:
+        raise NotMeasurable(f"no device matches devices={budget.devices!r} (has: "
+                            f"{', '.join(d.device for d in cache.get(budget.component, budget.warmup_steps)) or 'none'})",
+                            file=profile.path)
+    if metric.startswith("op_caps["):
+        glob = metric[len("op_caps["):-1]
+        limit: int | float = budget.op_caps[glob]
+        candidates = []
+        for m in devices:
+            ops = m.values.get("op_max_block_bytes") or {}
+            matching = {op: size for op, size in ops.items() if fnmatch.fnmatchcase(op, glob)}
+            if matching:
+                op = max(matching, key=lambda o: (matching[o], o))
+                candidates.append((matching[op], m, op))
+        if not candidates:
+            reasons = "; ".join(m.missing.get("op_max_block_bytes", "") for m in devices if m.missing.get("op_max_block_bytes"))
+            raise NotMeasurable(f"{metric}: no operator name matches {glob!r}" + (f" ({reasons})" if reasons else ""),
+                                file=profile.path)
+        value, worst, op = max(candidates, key=lambda c: c[0])
+        extra = f"op {op}"
+        kind = "size"
+    else:
+        key, kind = LIMITS[metric]
+        limit = budget.limits[metric]
+        measured = [(m.values[key], m) for m in devices if m.values.get(key) is not None]
+        if not measured:
+            why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices)
+            raise NotMeasurable(f"{metric} is not measurable: {why}", file=profile.path)
+        value, worst = max(measured, key=lambda c: c[0])
+        extra = f"step {worst.peak_step}" if worst.peak_step is not None and metric.startswith("peak_allocated") else ""
+    passed = value <= limit
+    where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
+    message = verdict_line(metric, kind, value, limit, where)
+    return Outcome(
+        profile_path=profile.path,
+        rank=profile.rank,
+        budget=budget.name,
+        metric=metric,
+        limit=limit,
+        value=value,
+        passed=passed,
+        device=worst.device,
+        step=worst.peak_step,
+        message=message,
+        detail=detail_section(worst, profile),
+    )
+
+
+def _fmt(value: int | float, kind: str) -> str:
+    return format_size(value) if kind == "size" else f"{value:.3f}"
+
+
+def verdict_line(metric: str, kind: str, value: int | float, limit: int | float, where: str) -> str:
+    """``peak_allocated 25.10 GiB exceeds budget 24.00 GiB by 1.10 GiB (+4.6%) — rank 3 npu:3, step 120``."""
+    if value <= limit:
+        head = f"{metric} {_fmt(value, kind)} within budget {_fmt(limit, kind)}"
+    else:
+        over = value - limit
+        pct = f" (+{over / limit * 100:.1f}%)" if limit else ""
+        head = f"{metric} {_fmt(value, kind)} exceeds budget {_fmt(limit, kind)} by {_fmt(over, kind)}{pct}"
+    return f"{head} — {where}"
+
+
+def detail_section(metrics: DeviceMetrics, profile: Profile, top: int = 5) -> str:
+    lines = []
+    holders = metrics.values.get("top_at_peak") or []
+    if holders:
+        lines.append(f"top {min(top, len(holders))} live blocks at the peak ({metrics.device}):")
+        for block in holders[:top]:
+            what = block.get("op") or block.get("owner") or "(no op)"
+            lines.append(f"  {format_size(block['size']):>12}  {what}" + (f"  stream {block['stream']}" if block.get("stream") else ""))
+    if metrics.component:
+        lines.append(f"series: {metrics.component} from {metrics.source}")
+    lines.append(f"profile: {profile.path} ({profile.format}, rank {profile.rank})")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""``memgate inspect|check|validate``: a thin shell over :mod:`memgate.session`.
+
+Exit codes: 0 ok, 1 a budget exceeded, 2 bad input or usage (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from memgate import __version__
+from memgate.budgets import find_budget_file, load_budget_file
+from memgate.errors import ConfigError, MemgateError
+from memgate.report import build_report, inspect_text, summary_table, write_json_atomic
+from memgate.session import judge_all, load_all, profile_entries
+
+EXIT_OK, EXIT_EXCEEDED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"memgate: error: {message} (see 'memgate --help')", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="memgate", description="Memory budgets for ML runs, from profiler output.")
+    parser.add_argument("--version", action="version", version=f"memgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("inspect", help="print the metrics of every profile under PATH")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="print the JSON report instead of text")
+    p.add_argument("--warmup-steps", type=int, default=1, help="steps dropped before step_growth/leaked (default 1)")
+    p = sub.add_parser("check", help="judge every profile under PATH against the budgets")
+    p.add_argument("path", nargs="?", help="profile root (default: 'profiles' from the budget file)")
+    p.add_argument("--budgets", metavar="FILE", help="memgate.toml or pyproject.toml (default: ./memgate.toml, ./pyproject.toml)")
+    p.add_argument("--json", metavar="FILE", dest="json_out", help="also write the JSON report here")
+    p = sub.add_parser("validate", help="validate every profile file under PATH against its schema")
+    p.add_argument("path")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"inspect": _inspect, "check": _check, "validate": _validate}[args.command](args)
+    except MemgateError as exc:
+        print(f"memgate: error: {exc.one_line()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # never a traceback for a user; MEMGATE_DEBUG=1 shows it
+        if os.environ.get("MEMGATE_DEBUG"):
+            raise
+        print(f"memgate: internal error: {type(exc).__name__}: {exc} (set MEMGATE_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _first_error(loaded: list) -> MemgateError | None:
+    return next((item.error for item in loaded if item.error is not None), None)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    loaded = load_all(args.path)
+    entries = profile_entries(loaded, warmup_steps=args.warmup_steps)
+    errors = [{"profile": str(i.found.path), "error": i.error.one_line()} for i in loaded if i.error]
+    if args.json:
+        print(json.dumps(build_report(entries, [], errors), indent=2))
+    else:
+        for entry in entries:
+            print("\n".join(inspect_text(entry)))
+    if errors:
+        error = _first_error(loaded)
+        assert error is not None
+        print(f"memgate: error: {error.one_line()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    budget_file = load_budget_file(args.budgets) if args.budgets else find_budget_file(Path.cwd())
+    if budget_file is None or not budget_file.budgets:
+        raise ConfigError("no budgets declared", expected="--budgets FILE, ./memgate.toml or [tool.memgate] in ./pyproject.toml")
+    root = args.path or budget_file.profiles
+    if root is None:
+        raise ConfigError("no profile path", expected="PATH or 'profiles = ...' in the budget file")
+    if args.path is None and budget_file.path:
+        root = str(Path(budget_file.path).parent / root)
+    loaded = load_all(root)
+    outcomes, errors = judge_all(loaded, budget_file.budgets)
+    for line in summary_table(outcomes):
+        print(line)
+    failed = [o for o in outcomes if o["passed"] is False]
+    for o in failed:
+        print(f"FAILED {o['budget']}::{o['metric']}: {o['message']}")
+    if args.json_out:
+        write_json_atomic(args.json_out, build_report(profile_entries(loaded), outcomes, errors))
+    problems = errors + [o for o in outcomes if o.get("error")]
+    if problems:
+        print(f"memgate: error: {problems[0]['error']}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_EXCEEDED if failed else EXIT_OK
+
+
+def _validate(args: argparse.Namespace) -> int:
+    loaded = load_all(args.path)
+    for item in loaded:
+        status = "ok" if item.error is None else f"INVALID: {item.error.one_line()}"
+        print(f"{item.found.path} [{item.found.format.name}]: {status}")
+    error = _first_error(loaded)
+    if error is not None:
+        print(f"memgate: error: {error.one_line()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

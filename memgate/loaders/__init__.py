@@ -1,0 +1,1 @@
+"""One loader per input format; only loaders know the writers' raw column names."""

@@ -1,0 +1,315 @@
+"""torch_npu profiler text export: ``*_ascend_pt/ASCEND_PROFILER_OUTPUT/*.csv`` and friends.
+
+Both header generations (≤2.5 and 2.6+) of every file; see FORMATS.md §1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.compute as pc
+
+from memgate import convert
+from memgate.csvtable import CsvTable, check_readable, read_csv
+from memgate.errors import InputError
+from memgate.loaders.trace_view import read_trace_view
+from memgate.model import (
+    BLOCK_COLUMNS,
+    DeviceModel,
+    Profile,
+    Series,
+    empty_blocks,
+    empty_series,
+    empty_steps,
+)
+from memgate.schemas import load_schema
+
+FORMAT = "torch_npu"
+OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
+# A directory is a torch_npu text profile when it holds one of these.
+MARKER_FILES = ("memory_record.csv", "operator_memory.csv", "trace_view.json")
+MIB = 1 << 20
+KIB = 1 << 10
+
+
+def output_dir(profile_dir: Path) -> Path:
+    """Where the CSVs are: ``ASCEND_PROFILER_OUTPUT/`` or the directory itself."""
+    inner = profile_dir / OUTPUT_DIR
+    return inner if inner.is_dir() else profile_dir
+
+
+def is_profile_dir(path: Path) -> bool:
+    out = output_dir(path)
+    return any((out / name).is_file() for name in MARKER_FILES)
+
+
+def device_label(text: str) -> str:
+    """``NPU:0`` → ``npu:0``."""
+    return text.strip().lower()
+
+
+def load(profile_dir: Path) -> Profile:
+    out = output_dir(profile_dir)
+    if not any((out / name).exists() for name in MARKER_FILES):
+        raise InputError(
+            "no torch_npu memory data here (memory_record.csv, operator_memory.csv or trace_view.json)",
+            file=profile_dir,
+            expected="a profile recorded with torch_npu.profiler(..., profile_memory=True) and text export",
+        )
+    info = read_profiler_info(profile_dir)
+    devices: dict[str, dict[str, Any]] = {}
+
+    def slot(device: str) -> dict[str, Any]:
+        return devices.setdefault(device, {"series": {}, "blocks": empty_blocks(), "blocks_source": None})
+
+    if (out / "memory_record.csv").exists():
+        path = out / "memory_record.csv"
+        for device, component, frame in read_memory_record(path):
+            slot(device)["series"][component] = Series(component, frame, str(path))
+    if (out / "operator_memory.csv").exists():
+        path = out / "operator_memory.csv"
+        for device, blocks in read_operator_memory(path):
+            slot(device)["blocks"] = blocks
+            slot(device)["blocks_source"] = str(path)
+    if (out / "npu_module_mem.csv").exists():
+        path = out / "npu_module_mem.csv"
+        for device, component, frame in read_npu_module_mem(path):
+            slot(device)["series"][f"module:{component}"] = Series(f"module:{component}", frame, str(path))
+
+    steps, steps_source = empty_steps(), None
+    if (out / "trace_view.json").exists():
+        path = out / "trace_view.json"
+        trace = read_trace_view(path)
+        if len(trace.steps):
+            steps, steps_source = trace.steps, str(path)
+        if trace.counters:
+            # NPU MEM counters carry no device id; they belong to this rank's only device.
+            targets = list(devices) or [_device_from_info(info)]
+            if len(targets) == 1:
+                for name, frame in trace.counters.items():
+                    series_frame = empty_series().reindex(range(len(frame)))
+                    series_frame["t_ns"] = frame["t_ns"].to_numpy()
+                    series_frame["reserved"] = frame["reserved"].to_numpy()
+                    series_frame = series_frame.astype("Int64")
+                    slot(targets[0])["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", series_frame, str(path))
+    if steps_source is None and (out / "kernel_details.csv").exists():
+        path = out / "kernel_details.csv"
+        kernel_steps = read_kernel_steps(path)
+        if len(kernel_steps):
+            steps, steps_source = kernel_steps, str(path)
+    if steps_source is None and (out / "step_trace_time.csv").exists():
+        path = out / "step_trace_time.csv"
+        numbered = read_step_numbers(path)
+        if len(numbered):
+            steps, steps_source = numbered, str(path)
+
+    models = []
+    for device in sorted(devices):
+        parts = devices[device]
+        series = dict(parts["series"])
+        if "APP" not in series and "NPU MEM APP/Memory" in series:
+            series["APP"] = Series("APP", series["NPU MEM APP/Memory"].frame, series["NPU MEM APP/Memory"].source)
+        models.append(
+            DeviceModel(
+                device=device,
+                series=series,
+                blocks=parts["blocks"],
+                blocks_source=parts["blocks_source"],
+                sum_components={"PTA+GE": ("PTA", "GE")} if "PTA+GE" in series else {},
+            )
+        )
+    return Profile(
+        path=str(profile_dir),
+        format=FORMAT,
+        rank=rank_of(profile_dir, info),
+        devices=tuple(models),
+        steps=steps,
+        steps_source=steps_source,
+        metadata=_metadata(info, profile_dir),
+    )
+
+
+def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
+    table = read_csv(path, load_schema("torch_npu.memory_record"))
+    _require_when(table, "Component", lambda c: pc.not_equal(c, "APP"), ("Total Allocated(MB)", "Total Reserved(MB)"))
+    _require_when(table, "Component", lambda c: pc.equal(c, "APP"), ("Total Reserved(MB)",))
+    frame = pd.DataFrame(
+        {
+            "device": convert.text(table.column("Device Type")).map(device_label),
+            "component": convert.text(table.column("Component")),
+            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
+            "allocated": convert.unit_text_to_bytes(table.column("Total Allocated(MB)"), MIB),
+            "reserved": convert.unit_text_to_bytes(table.column("Total Reserved(MB)"), MIB),
+            "active": convert.unit_text_to_bytes(table.column("Total Active(MB)"), MIB),
+        }
+    )
+    return _split_series(frame)
+
+
+def _split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    result = []
+    for (device, component), group in frame.groupby(["device", "component"], sort=True):
+        series = group[["t_ns", "allocated", "reserved", "active"]].sort_values("t_ns", kind="stable")
+        result.append((str(device), str(component), series.reset_index(drop=True)))
+    return result
+
+
+def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str, ...]) -> None:
+    """Cells a row must fill given its ``key`` column (e.g. a PTA row needs Total Allocated)."""
+    applies = condition(table.column(key))
+    for column in columns:
+        missing = pc.and_(applies, pc.is_null(table.column(column)))
+        if pc.any(missing).as_py():
+            row = int(pc.index(missing, True).as_py())
+            raise InputError(
+                f"empty cell in a {table.column(key)[row].as_py()} row",
+                file=table.path, line=table.line_of(row), column=column, expected="a number",
+            )
+
+
+def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
+    table = read_csv(path, load_schema("torch_npu.operator_memory"))
+    size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
+    alloc = convert.us_text_to_ns(table.column("Allocation Time(us)"))
+    release = convert.us_text_to_ns(table.column("Release Time(us)"))
+    name = convert.text(table.column("Name"))
+    stream = convert.text(table.column("Stream Ptr"))
+    release_only = size < 0
+    bad = (release_only & alloc.notna()) | (~release_only & alloc.isna())
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        raise InputError(
+            "a block needs an allocation time unless its Size is negative (allocated before the window)",
+            file=path, line=table.line_of(row), column="Allocation Time(us)",
+            found=f"Size(KB) {table.column('Size(KB)')[row].as_py()}",
+        )
+    if (release_only & release.isna()).any():
+        row = int((release_only & release.isna()).to_numpy().nonzero()[0][0])
+        raise InputError("a release-only row (negative Size) needs a Release Time", file=path,
+                         line=table.line_of(row), column="Release Time(us)")
+    is_ge = name.fillna("").str.startswith("cann::") | (name.isna() & stream.isna())
+    blocks = pd.DataFrame(
+        {
+            "size": size.abs(),
+            "t_alloc": alloc,
+            "t_free": release,
+            "op": name,
+            "stream": stream,
+            "owner": pd.Series([pd.NA] * len(size), dtype="string"),
+            "component": pd.Series(is_ge.map({True: "GE", False: "PTA"}), dtype="string"),
+            "alloc_total": convert.unit_text_to_bytes(table.column("Allocation Total Allocated(MB)"), MIB),
+        }
+    )[list(BLOCK_COLUMNS)]
+    devices = convert.text(table.column("Device Type")).map(device_label)
+    return [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices, sort=True)]
+
+
+def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
+    table = read_csv(path, load_schema("torch_npu.npu_module_mem"))
+    frame = pd.DataFrame(
+        {
+            "device": convert.text(table.column("Device")).map(device_label),
+            "component": convert.text(table.column("Component")),
+            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
+            "allocated": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
+            "reserved": convert.unit_text_to_bytes(table.column("Total Reserved(MB)"), MIB),
+            "active": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
+        }
+    )
+    return _split_series(frame)
+
+
+def read_kernel_steps(path: Path) -> pd.DataFrame:
+    """Step time ranges from kernel start/duration grouped by ``Step Id`` (empty if no steps)."""
+    table = read_csv(path, load_schema("torch_npu.kernel_details"))
+    step_column = "Step Id" if table.has("Step Id") else None
+    if step_column is None:
+        return empty_steps()
+    start = convert.us_text_to_ns(table.column("Start Time(us)"))
+    end = start + convert.us_text_to_ns(table.column("Duration(us)"))
+    frame = pd.DataFrame({"step": convert.int_text(table.column(step_column)), "t_start": start, "t_end": end})
+    frame = frame.dropna(subset=["step"])
+    grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
+    return grouped.reset_index().astype("Int64")
+
+
+def read_step_numbers(path: Path) -> pd.DataFrame:
+    """Step numbers without times (step_trace_time.csv holds durations only)."""
+    table = read_csv(path, load_schema("torch_npu.step_trace_time"))
+    steps = convert.int_text(table.column("Step")).dropna().drop_duplicates().sort_values()
+    frame = empty_steps().reindex(range(len(steps)))
+    frame["step"] = steps.to_numpy()
+    return frame.astype("Int64")
+
+
+_INFO_NAME = re.compile(r"^profiler_info(?:_(\d+))?\.json$")
+
+
+def read_profiler_info(profile_dir: Path) -> dict[str, Any]:
+    """``profiler_info[_{rank}].json`` merged with ``profiler_metadata.json`` (both optional)."""
+    info: dict[str, Any] = {}
+    for candidate in sorted(profile_dir.glob("profiler_info*.json")):
+        if _INFO_NAME.match(candidate.name):
+            info.update(_read_small_json(candidate))
+            info["_info_file"] = candidate.name
+            break
+    meta = profile_dir / "profiler_metadata.json"
+    if meta.exists():
+        info["_metadata"] = _read_small_json(meta)
+    return info
+
+
+def _read_small_json(path: Path) -> dict[str, Any]:
+    check_readable(path)
+    try:
+        value = json.loads(path.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON: {exc.msg}", file=path, line=exc.lineno, column=f"char {exc.colno}") from None
+    except UnicodeDecodeError:
+        raise InputError("file is not UTF-8 text", file=path) from None
+    if not isinstance(value, dict):
+        raise InputError("expected a JSON object", file=path, line=1, found=type(value).__name__)
+    return value
+
+
+_DIR_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
+    """Rank from profiler_info's ``rank_id`` (int or string), the file name, or the directory name."""
+    rank = info.get("rank_id")
+    if isinstance(rank, (int, str)) and not isinstance(rank, bool) and str(rank).strip().lstrip("-").isdigit():
+        if int(rank) >= 0:
+            return str(int(rank))
+    name = info.get("_info_file", "")
+    if m := _INFO_NAME.match(name):
+        if m.group(1) is not None:
+            return m.group(1)
+    for part in (profile_dir.name, profile_dir.parent.name):
+        if m := _DIR_RANK.search(part):
+            return str(int(m.group(1)))
+    return "0"
+
+
+def _device_from_info(info: dict[str, Any]) -> str:
+    return "npu"
+
+
+def _metadata(info: dict[str, Any], profile_dir: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key in ("torch_npu_version", "cann_version"):
+        if key in info:
+            meta[key] = info[key]
+    config = info.get("config", {})
+    if isinstance(config, dict):
+        common = config.get("common_config", {})
+        if isinstance(common, dict) and "profile_memory" in common:
+            meta["profile_memory"] = common["profile_memory"]
+    dist = info.get("_metadata", {}).get("distributed_args") if isinstance(info.get("_metadata"), dict) else None
+    if isinstance(dist, dict) and "world_size" in dist:
+        meta["world_size"] = dist["world_size"]
+    return meta

@@ -1,0 +1,74 @@
+"""torch_npu ``trace_view.json``: ProfilerStep#N spans and the "NPU MEM" counters, streamed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from memgate.errors import InputError
+from memgate.loaders.jsonstream import iter_array, top_level_kind
+from memgate.model import empty_steps
+
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+MEMORY_COUNTERS = ("APP/DDR", "APP/HBM", "APP/Memory", "Device/DDR", "Device/HBM", "Device/Memory")
+
+
+@dataclass
+class TraceView:
+    steps: pd.DataFrame = field(default_factory=empty_steps)
+    counters: dict[str, pd.DataFrame] = field(default_factory=dict)  # name -> (t_ns, reserved)
+
+
+def us_to_ns(value: Any, path: Path, where: str) -> int:
+    """µs as a JSON string or number → exact int ns."""
+    try:
+        return int(Decimal(str(value).strip()) * 1000)
+    except (InvalidOperation, ValueError):
+        raise InputError("malformed time", file=path, column=where, expected="µs as a number or numeric string",
+                         found=repr(value)) from None
+
+
+def read_trace_view(path: Path) -> TraceView:
+    if top_level_kind(path) != "array":
+        raise InputError("trace_view.json must be a JSON array of events", file=path, line=1,
+                         expected="'['", found="an object" if top_level_kind(path) == "object" else "something else")
+    steps: list[tuple[int, int, int]] = []
+    samples: dict[tuple[Any, str], list[tuple[int, int]]] = {}
+    mem_pids: set[Any] = set()
+    for index, event in enumerate(iter_array(path)):
+        if not isinstance(event, dict):
+            raise InputError("event is not an object", file=path, column=f"[{index}]", found=type(event).__name__)
+        ph = event.get("ph")
+        name = event.get("name")
+        if ph == "X" and isinstance(name, str) and (m := STEP_NAME.match(name)):
+            start = us_to_ns(event.get("ts"), path, f"[{index}].ts")
+            duration = us_to_ns(event.get("dur"), path, f"[{index}].dur")
+            steps.append((int(m.group(1)), start, start + duration))
+        elif ph == "C" and name in MEMORY_COUNTERS:
+            args = event.get("args")
+            kb = args.get("KB") if isinstance(args, dict) else None
+            if not isinstance(kb, (int, float)) or isinstance(kb, bool) or kb != kb or kb in (float("inf"), -float("inf")):
+                raise InputError("memory counter without a finite KB value", file=path,
+                                 column=f"[{index}].args.KB", expected="a number", found=repr(kb))
+            t = us_to_ns(event.get("ts"), path, f"[{index}].ts")
+            samples.setdefault((event.get("pid"), name), []).append((t, round(kb * 1024)))
+        elif ph == "M" and name == "process_name":
+            args = event.get("args")
+            if isinstance(args, dict) and args.get("name") == "NPU MEM":
+                mem_pids.add(event.get("pid"))
+    result = TraceView()
+    if steps:
+        frame = pd.DataFrame(steps, columns=["step", "t_start", "t_end"]).astype("Int64")
+        result.steps = frame.sort_values("step", kind="stable").reset_index(drop=True)
+    for (pid, name), rows in samples.items():
+        if mem_pids and pid not in mem_pids:
+            continue  # a counter of the same name from another process is not device memory
+        frame = pd.DataFrame(rows, columns=["t_ns", "reserved"]).astype("Int64").sort_values("t_ns", kind="stable")
+        previous = result.counters.get(name)
+        result.counters[name] = frame if previous is None else pd.concat([previous, frame]).sort_values("t_ns")
+    return result

@@ -1,0 +1,263 @@
+"""The metrics of DESIGN.md, per device, computed from the normalized model. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, Profile
+from memgate.reconcile import DeviceFacts, reconcile
+
+TOP_N = 10
+METRIC_KEYS = (
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "peak_app_reserved_bytes",
+    "fragmentation",
+    "step_growth_bytes",
+    "leaked_bytes",
+    "op_max_block_bytes",
+    "top_at_peak",
+)
+# Which block components make up a framework series (who can hold its peak).
+SERIES_PARTS = {"PTA+GE": ("PTA", "GE"), "MindSpore+GE": ("MindSpore", "GE")}
+
+
+@dataclass(frozen=True)
+class DeviceMetrics:
+    device: str
+    component: str | None  # the framework series used, or "blocks" when rebuilt from blocks
+    source: str | None
+    values: dict[str, Any]  # METRIC_KEYS → value (None when not measurable)
+    missing: dict[str, str]  # metric → what is missing to measure it
+    peak_t_ns: int | None
+    peak_step: int | None
+    facts: DeviceFacts = field(default_factory=DeviceFacts)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "component": self.component,
+            "source": self.source,
+            "peak_t_ns": self.peak_t_ns,
+            "peak_step": self.peak_step,
+            "metrics": dict(self.values),
+            "not_measurable": dict(sorted(self.missing.items())),
+            "reconciliation": self.facts.as_json(),
+        }
+
+
+def framework_component(device: DeviceModel, override: str | None = None) -> str | None:
+    if override is not None:
+        return override if override in device.series else None
+    for name in FRAMEWORK_COMPONENTS:
+        series = device.series.get(name)
+        if series is not None and series.frame["allocated"].notna().any():
+            return name
+    return None
+
+
+def device_metrics(
+    profile: Profile, device: DeviceModel, *, component: str | None = None, warmup_steps: int = 1
+) -> DeviceMetrics:
+    facts = reconcile(device)
+    values: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
+    missing: dict[str, str] = {}
+    name = framework_component(device, component)
+    times: np.ndarray
+    allocated: np.ndarray
+    source: str | None
+    if name is not None:
+        frame = device.series[name].frame.dropna(subset=["allocated"])
+        times = frame["t_ns"].to_numpy(dtype=np.int64)
+        allocated = frame["allocated"].to_numpy(dtype=np.int64)
+        reserved = device.series[name].frame["reserved"].dropna().to_numpy(dtype=np.int64)
+        source = device.series[name].source
+    elif component is not None:
+        raise_missing = f"no {component!r} series on {device.device} (has: {', '.join(sorted(device.series)) or 'none'})"
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "step_growth_bytes"):
+            missing[key] = raise_missing
+        times = allocated = reserved = np.array([], dtype=np.int64)
+        source = None
+    elif facts.curves:
+        name = "blocks"
+        times, allocated = _blocks_total(facts)
+        reserved = np.array([], dtype=np.int64)
+        source = device.blocks_source
+    else:
+        times = allocated = reserved = np.array([], dtype=np.int64)
+        source = None
+        why = "no allocator series and no blocks (record with profile_memory=True)"
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "step_growth_bytes"):
+            missing[key] = why
+
+    peak_t: int | None = None
+    if len(allocated):
+        at = int(np.argmax(allocated))
+        values["peak_allocated_bytes"] = int(allocated[at])
+        peak_t = int(times[at])
+    if len(reserved):
+        values["peak_reserved_bytes"] = int(reserved.max())
+    elif "peak_reserved_bytes" not in missing:
+        missing["peak_reserved_bytes"] = f"the {name or 'framework'} data has no reserved totals"
+    peak_alloc, peak_res = values["peak_allocated_bytes"], values["peak_reserved_bytes"]
+    if peak_alloc is not None and peak_res:
+        values["fragmentation"] = 1.0 - peak_alloc / peak_res
+    elif "fragmentation" not in missing:
+        missing["fragmentation"] = "needs peak allocated and a non-zero peak reserved of the same series"
+
+    app = device.series.get(APP_COMPONENT)
+    app_reserved = app.frame["reserved"].dropna() if app is not None else pd.Series([], dtype="Int64")
+    if len(app_reserved):
+        values["peak_app_reserved_bytes"] = int(app_reserved.max())
+    else:
+        missing["peak_app_reserved_bytes"] = "no APP (whole-process) series in this profile"
+
+    steps = _usable_steps(profile.steps, warmup_steps)
+    if len(allocated):
+        growth, why = _step_growth(steps, times, allocated, warmup_steps, profile.steps)
+        values["step_growth_bytes"] = growth
+        if why:
+            missing["step_growth_bytes"] = why
+    leaked, why = _leaked(device, steps, warmup_steps, profile.steps)
+    values["leaked_bytes"] = leaked
+    if why:
+        missing["leaked_bytes"] = why
+
+    blocks = device.blocks
+    allocated_here = blocks[blocks["t_alloc"].notna() & blocks["op"].notna() & (blocks["op"] != "")]
+    if len(allocated_here):
+        values["op_max_block_bytes"] = {
+            str(op): int(size) for op, size in allocated_here.groupby("op", sort=True)["size"].max().items()
+        }
+    else:
+        values["op_max_block_bytes"] = {}
+        if len(blocks) == 0:
+            missing["op_max_block_bytes"] = "no per-block data (operator_memory / allocation events)"
+    parts = SERIES_PARTS.get(name or "", (name,) if name not in (None, "blocks") else ())
+    values["top_at_peak"] = top_at(blocks, peak_t, parts) if peak_t is not None else []
+    return DeviceMetrics(
+        device=device.device,
+        component=name,
+        source=source,
+        values=values,
+        missing=missing,
+        peak_t_ns=peak_t,
+        peak_step=step_at(profile.steps, peak_t),
+        facts=facts,
+    )
+
+
+def _blocks_total(facts: DeviceFacts) -> tuple[np.ndarray, np.ndarray]:
+    """Sum the per-component block curves into one allocated curve."""
+    curves = list(facts.curves.values())
+    if len(curves) == 1:
+        curve = curves[0]
+        if len(curve.t_ns) == 0:
+            return np.array([0], dtype=np.int64), np.array([curve.start], dtype=np.int64)
+        return curve.t_ns, curve.allocated
+    frames = []
+    for i, curve in enumerate(curves):
+        frames.append(pd.DataFrame({"t": curve.t_ns, f"c{i}": curve.allocated}))
+    merged = pd.concat(frames).sort_values("t", kind="stable")
+    for i, curve in enumerate(curves):
+        merged[f"c{i}"] = merged[f"c{i}"].ffill().fillna(curve.start)
+    total = merged[[f"c{i}" for i in range(len(curves))]].sum(axis=1)
+    return merged["t"].to_numpy(dtype=np.int64), total.to_numpy(dtype=np.int64)
+
+
+def _usable_steps(steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+    timed = steps.dropna(subset=["t_start", "t_end"]).sort_values("step", kind="stable")
+    return timed.iloc[warmup_steps:] if warmup_steps > 0 else timed
+
+
+def _describe_steps(all_steps: pd.DataFrame) -> str:
+    numbers = [str(int(s)) for s in all_steps["step"].dropna()]
+    timed = int(all_steps.dropna(subset=["t_start", "t_end"]).shape[0])
+    listed = ", ".join(numbers[:5]) + (", …" if len(numbers) > 5 else "")
+    return f"{len(numbers)} step(s){' (' + listed + ')' if numbers else ''}, {timed} with start/end times"
+
+
+def _step_growth(
+    steps: pd.DataFrame, times: np.ndarray, allocated: np.ndarray, warmup: int, all_steps: pd.DataFrame
+) -> tuple[int | float | None, str | None]:
+    if len(steps) < 2:
+        return None, (
+            f"needs at least 2 timed steps after {warmup} warmup step(s); the profile has "
+            f"{_describe_steps(all_steps)} (profile more steps, e.g. schedule active>=3)"
+        )
+    ends = steps["t_end"].to_numpy(dtype=np.int64)
+    idx = np.searchsorted(times, ends, side="right") - 1
+    xs = steps["step"].to_numpy(dtype=np.int64)[idx >= 0]
+    ys = allocated[idx[idx >= 0]]
+    if len(xs) < 2:
+        return None, "fewer than 2 steps end after the first allocator sample"
+    return theil_sen(list(map(int, xs)), list(map(int, ys))), None
+
+
+def theil_sen(xs: list[int], ys: list[int]) -> int | float:
+    """Median of pairwise slopes, exact; an int when the median is a whole number."""
+    slopes = sorted(Fraction(y2 - y1, x2 - x1) for (x1, y1), (x2, y2) in combinations(zip(xs, ys), 2) if x2 != x1)
+    n = len(slopes)
+    if n == 0:
+        return 0
+    median = slopes[n // 2] if n % 2 else (slopes[n // 2 - 1] + slopes[n // 2]) / 2
+    return int(median) if median.denominator == 1 else float(median)
+
+
+def _leaked(
+    device: DeviceModel, steps: pd.DataFrame, warmup: int, all_steps: pd.DataFrame
+) -> tuple[int | None, str | None]:
+    blocks = device.blocks
+    if len(blocks) == 0:
+        return None, "no per-block data (operator_memory / allocation events) to find unfreed blocks"
+    if len(steps) == 0:
+        return None, (
+            f"needs at least 1 timed step after {warmup} warmup step(s); the profile has {_describe_steps(all_steps)}"
+        )
+    open_blocks = blocks[blocks["t_free"].isna() & blocks["t_alloc"].notna()]
+    t = open_blocks["t_alloc"].to_numpy(dtype=np.int64)
+    inside = np.zeros(len(t), dtype=bool)
+    for start, end in zip(steps["t_start"].to_numpy(dtype=np.int64), steps["t_end"].to_numpy(dtype=np.int64)):
+        inside |= (t >= start) & (t <= end)
+    return int(open_blocks["size"].to_numpy(dtype=np.int64)[inside].sum()), None
+
+
+def top_at(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...], n: int = TOP_N) -> list[dict[str, Any]]:
+    """The ``n`` largest blocks live at ``t_ns`` (allocated at or before it, not yet freed)."""
+    if len(blocks) == 0:
+        return []
+    live = (blocks["t_alloc"].isna() | (blocks["t_alloc"] <= t_ns)) & (blocks["t_free"].isna() | (blocks["t_free"] > t_ns))
+    if components:
+        live &= blocks["component"].isin([c for c in components if c]) | blocks["component"].isna()
+    chosen = blocks[live.fillna(False)].sort_values("size", ascending=False, kind="stable").head(n)
+    result = []
+    for row in chosen.itertuples(index=False):
+        result.append(
+            {
+                "size": int(row.size),
+                "op": None if pd.isna(row.op) else str(row.op),
+                "stream": None if pd.isna(row.stream) else str(row.stream),
+                "owner": None if pd.isna(row.owner) else str(row.owner),
+                "t_alloc": None if pd.isna(row.t_alloc) else int(row.t_alloc),
+                "component": None if pd.isna(row.component) else str(row.component),
+            }
+        )
+    return result
+
+
+def step_at(steps: pd.DataFrame, t_ns: int | None) -> int | None:
+    if t_ns is None:
+        return None
+    timed = steps.dropna(subset=["t_start", "t_end"])
+    hit = timed[(timed["t_start"] <= t_ns) & (timed["t_end"] >= t_ns)]
+    return int(hit["step"].iloc[0]) if len(hit) else None
+
+
+def profile_metrics(profile: Profile, *, component: str | None = None, warmup_steps: int = 1) -> list[DeviceMetrics]:
+    return [device_metrics(profile, d, component=component, warmup_steps=warmup_steps) for d in profile.devices]

@@ -1,0 +1,147 @@
+"""Reconcile a device's blocks against the totals the writer recorded.
+
+Pure functions over the normalized model. The block list of a profile only covers the profiling
+window, while the allocator totals written next to each block (torch_npu ``Allocation Total
+Allocated``, Kineto ``Total Allocated``) include memory allocated before it. The difference, the
+pre-window baseline, is estimated once per block and the most common estimate wins; the share of
+blocks that agree with it is reported as the consistency figure, never hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memgate.model import DeviceModel
+
+
+@dataclass(frozen=True)
+class BlockCurve:
+    """The allocated curve rebuilt from blocks: ``baseline + live block bytes`` at each event."""
+
+    t_ns: np.ndarray  # int64, one entry per alloc/free event, time order (frees first on ties)
+    allocated: np.ndarray  # int64, after the event
+    start: int  # allocated at the window start (baseline + blocks live before it)
+
+
+@dataclass(frozen=True)
+class ComponentFacts:
+    component: str
+    blocks: int
+    pre_window_blocks: int  # freed inside the window, allocated before it
+    open_blocks: int  # still live when the window ended
+    baseline_bytes: int  # allocator total at window start that no block row accounts for
+    consistency: float | None  # share of blocks whose recorded total agrees with the baseline
+    checked_blocks: int
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    components: dict[str, ComponentFacts] = field(default_factory=dict)
+    sum_checks: dict[str, float] = field(default_factory=dict)  # e.g. PTA+GE → share of rows = PTA + GE
+    curves: dict[str, BlockCurve] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "components": {
+                name: {
+                    "blocks": f.blocks,
+                    "pre_window_blocks": f.pre_window_blocks,
+                    "open_blocks": f.open_blocks,
+                    "baseline_bytes": f.baseline_bytes,
+                    "consistency": f.consistency,
+                    "checked_blocks": f.checked_blocks,
+                }
+                for name, f in sorted(self.components.items())
+            },
+            "sum_checks": dict(sorted(self.sum_checks.items())),
+        }
+
+
+def reconcile(device: DeviceModel) -> DeviceFacts:
+    facts = DeviceFacts()
+    blocks = device.blocks
+    for component, group in blocks.groupby("component", sort=True, dropna=False):
+        name = "allocator" if pd.isna(component) else str(component)
+        component_facts, curve = _reconcile_blocks(name, group)
+        facts.components[name] = component_facts
+        facts.curves[name] = curve
+    for total, parts in device.sum_components.items():
+        share = _sum_check(device, total, parts)
+        if share is not None:
+            facts.sum_checks[total] = share
+    return facts
+
+
+def _reconcile_blocks(component: str, blocks: pd.DataFrame) -> tuple[ComponentFacts, BlockCurve]:
+    size = blocks["size"].to_numpy(dtype=np.int64)
+    t_alloc = blocks["t_alloc"]
+    t_free = blocks["t_free"]
+    pre = t_alloc.isna().to_numpy()
+    freed = t_free.notna().to_numpy()
+    start_live = int(size[pre].sum())
+
+    # Events: frees (kind 0) before allocs (kind 1) at the same ns; allocs keep file order.
+    alloc_idx = np.flatnonzero(~pre)
+    free_idx = np.flatnonzero(freed)
+    times = np.concatenate([t_free.to_numpy(dtype=np.int64, na_value=0)[free_idx],
+                            t_alloc.to_numpy(dtype=np.int64, na_value=0)[alloc_idx]])
+    kinds = np.concatenate([np.zeros(len(free_idx), np.int8), np.ones(len(alloc_idx), np.int8)])
+    rows = np.concatenate([free_idx, alloc_idx])
+    deltas = np.concatenate([-size[free_idx], size[alloc_idx]])
+    order = np.lexsort((rows, kinds, times))
+    running = start_live + np.cumsum(deltas[order])
+
+    totals = blocks["alloc_total"]
+    checked = 0
+    consistency: float | None = None
+    baseline = 0
+    if totals.notna().any():
+        is_alloc_event = kinds[order] == 1
+        event_rows = rows[order][is_alloc_event]
+        live_at_alloc = running[is_alloc_event]
+        recorded = totals.to_numpy(dtype=np.int64, na_value=-1)[event_rows]
+        has_total = recorded >= 0
+        estimates = recorded[has_total] - live_at_alloc[has_total]
+        checked = int(len(estimates))
+        if checked:
+            values, counts = np.unique(estimates, return_counts=True)
+            baseline = int(values[np.argmax(counts)])
+            consistency = float(counts.max() / checked)
+    facts = ComponentFacts(
+        component=component,
+        blocks=int(len(blocks)),
+        pre_window_blocks=int(pre.sum()),
+        open_blocks=int((~freed).sum()),
+        baseline_bytes=baseline,
+        consistency=consistency,
+        checked_blocks=checked,
+    )
+    curve = BlockCurve(t_ns=times[order], allocated=running + baseline, start=start_live + baseline)
+    return facts, curve
+
+
+def _sum_check(device: DeviceModel, total: str, parts: tuple[str, ...]) -> float | None:
+    """Share of ``total`` rows equal to the sum of each part's latest value at that time."""
+    if total not in device.series or not any(p in device.series for p in parts):
+        return None
+    frames = []
+    for part in parts:
+        if part in device.series:
+            f = device.series[part].frame[["t_ns", "allocated"]].copy()
+            f["part"] = part
+            frames.append(f)
+    merged = pd.concat(frames, ignore_index=True)
+    merged = merged.reset_index().sort_values(["t_ns", "index"], kind="stable")
+    latest = merged.pivot_table(index="index", columns="part", values="allocated", aggfunc="first")
+    latest = latest.reindex(merged["index"]).ffill().fillna(0)
+    running = pd.DataFrame({"t_ns": merged["t_ns"].to_numpy(), "sum": latest.sum(axis=1).to_numpy()})
+    running = running.groupby("t_ns").last()
+    target = device.series[total].frame[["t_ns", "allocated"]]
+    if len(target) == 0:
+        return None
+    expected = running["sum"].reindex(target["t_ns"].to_numpy(), method="ffill")
+    agree = np.asarray(expected.to_numpy(dtype=float) == target["allocated"].to_numpy(dtype=float))
+    return float(agree.mean())

@@ -1,0 +1,124 @@
+"""The JSON report (``--memgate-json``, ``memgate inspect --json``) and the text summary table."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from memgate import __version__
+from memgate.budgets import LIMITS, Outcome
+from memgate.metrics import DeviceMetrics
+from memgate.model import Profile
+from memgate.sizes import format_size
+
+
+def profile_entry(profile: Profile, metrics: list[DeviceMetrics]) -> dict[str, Any]:
+    steps = [
+        {k: (None if v is None or v != v else int(v)) for k, v in row.items()}
+        for row in profile.steps.astype(object).where(profile.steps.notna(), None).to_dict("records")
+    ]
+    return {
+        "path": profile.path,
+        "format": profile.format,
+        "rank": profile.rank,
+        "metadata": profile.metadata,
+        "steps": steps,
+        "devices": [m.as_json() for m in metrics],
+    }
+
+
+def outcome_entry(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "profile": outcome.profile_path,
+        "rank": outcome.rank,
+        "budget": outcome.budget,
+        "metric": outcome.metric,
+        "limit": outcome.limit,
+        "value": outcome.value,
+        "passed": outcome.passed,
+        "device": outcome.device,
+        "message": outcome.message,
+    }
+
+
+def build_report(
+    profiles: Iterable[dict[str, Any]], outcomes: Iterable[dict[str, Any]], errors: Iterable[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    return {
+        "memgate_version": __version__,
+        "profiles": list(profiles),
+        "budgets": list(outcomes),
+        "errors": list(errors),
+    }
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON next to ``path`` and rename it into place, so readers never see half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False)
+            fh.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cell(metric: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if metric == "fragmentation" or (metric in LIMITS and LIMITS[metric][1] == "ratio"):
+        return f"{value:.3f}"
+    return format_size(value)
+
+
+def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
+    """Measured vs limit per rank, one row per (profile, budget, metric)."""
+    header = ("rank", "budget", "metric", "measured", "limit", "result")
+    rows = []
+    for o in outcomes:
+        result = "error" if o.get("error") else ("pass" if o["passed"] else "FAIL")
+        rows.append((
+            str(o.get("rank", "?")) + (f" {o['device']}" if o.get("device") else ""),
+            o["budget"],
+            o["metric"],
+            _cell(o["metric"].split("[")[0], o.get("value")),
+            _cell(o["metric"].split("[")[0], o["limit"]),
+            result,
+        ))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
+
+
+def inspect_text(entry: dict[str, Any]) -> list[str]:
+    """Human-readable metrics of one profile (``memgate inspect``)."""
+    lines = [f"{entry['path']}  [{entry['format']}, rank {entry['rank']}]"]
+    for dev in entry["devices"]:
+        m = dev["metrics"]
+        lines.append(f"  {dev['device']}  series {dev['component'] or '-'}")
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "step_growth_bytes", "leaked_bytes"):
+            value = m[key]
+            shown = f"{format_size(value)} ({value} B)" if value is not None else f"not measurable: {dev['not_measurable'].get(key, '-')}"
+            lines.append(f"    {key:<24} {shown}")
+        frag = m["fragmentation"]
+        lines.append(f"    {'fragmentation':<24} {frag:.4f}" if frag is not None else f"    {'fragmentation':<24} -")
+        ops = sorted(m["op_max_block_bytes"].items(), key=lambda kv: -kv[1])[:5]
+        if ops:
+            lines.append("    largest block per operator: " + ", ".join(f"{op} {format_size(v)}" for op, v in ops))
+        for block in m["top_at_peak"][:5]:
+            lines.append(f"    at peak: {format_size(block['size']):>12}  {block['op'] or block['owner'] or '(no op)'}")
+        for name, facts in dev["reconciliation"]["components"].items():
+            if facts["consistency"] is not None:
+                lines.append(
+                    f"    reconciled {name}: baseline {format_size(facts['baseline_bytes'])}, "
+                    f"{facts['consistency']:.1%} of {facts['checked_blocks']} blocks agree"
+                )
+    return lines

@@ -1,0 +1,20 @@
+"""The JSON Schemas shipped in ``memgate/schemas/`` (also reachable as ``schemas/`` in the repo)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """Return the parsed schema ``<name>.schema.json``."""
+    text = resources.files("memgate").joinpath("schemas", f"{name}.schema.json").read_text("utf-8")
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def schema_names() -> list[str]:
+    folder = resources.files("memgate").joinpath("schemas")
+    return sorted(p.name.removesuffix(".schema.json") for p in folder.iterdir() if p.name.endswith(".schema.json"))
