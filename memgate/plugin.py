@@ -144,22 +144,29 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     try:
         found = discover(state.root)
     except MemgateError as exc:
-        items.append(MemgateErrorItem.from_parent(collector, name=str(state.root), error=exc))
+        error_item = MemgateErrorItem.from_parent(collector, name=str(state.root), error=exc)
+        items.append(error_item)
+        session.ihook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, [error_item]))
         return
-    labels = _profile_labels(found, Path(config.rootpath))
-    for entry, label in zip(found, labels):
-        for budget in state.budget_file.budgets:
-            for metric in budget.checks():
-                items.append(MemgateItem.from_parent(collector, name=f"{label}::{budget.name}::{metric}",
-                                                     found=entry, budget=budget, metric=metric))
+    labels = _profile_labels(found, state.root)
+    generated: list[pytest.Item] = [
+        MemgateItem.from_parent(collector, name=f"{label}::{budget.name}::{metric}", found=entry, budget=budget, metric=metric)
+        for entry, label in zip(found, labels)
+        for budget in state.budget_file.budgets
+        for metric in budget.checks()
+    ]
+    items.extend(generated)
+    # Announce them like any collected items, so "collected N items" and collect-only count them.
+    session.ihook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, generated))
 
 
-def _profile_labels(found: list[Found], rootdir: Path) -> list[str]:
-    """Item-id labels: the profile's path relative to the rootdir (unique, readable in JUnit)."""
+def _profile_labels(found: list[Found], root: Path) -> list[str]:
+    """Item-id labels: each profile's path from the --memgate root's parent (unique, readable in JUnit)."""
+    base = root.resolve().parent
     labels = []
     for entry in found:
         try:
-            labels.append(entry.path.resolve().relative_to(rootdir.resolve()).as_posix())
+            labels.append(entry.path.resolve().relative_to(base).as_posix())
         except ValueError:
             labels.append(entry.path.as_posix())
     return labels
@@ -303,8 +310,8 @@ MARKER_OUTCOMES = pytest.StashKey[list[Outcome]]()
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     state = item.config.stash[STATE]
-    if call.excinfo is not None and isinstance(call.excinfo.value, (BudgetExceeded, MemgateError)) \
-            and not isinstance(item, (MemgateItem, MemgateErrorItem)):
+    if call.excinfo is not None and isinstance(call.excinfo.value, (BudgetExceeded, MemgateError)):
+        # pytest renders setup errors with the traceback renderer, not repr_failure: replace both.
         report.longrepr = _short_repr(item, call.excinfo)
     outcomes: list[Outcome] = []
     if isinstance(item, MemgateItem) and call.when == "call" and OUTCOME in item.stash:
@@ -316,7 +323,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         payload["outcomes"] = [outcome_entry(o) for o in outcomes]
         for o in outcomes:
             unit = "ratio" if o.metric == "fragmentation" else "bytes"
-            report.user_properties.extend([
+            # JUnit writes the teardown report's properties, which pytest copies from the item.
+            item.user_properties.extend([
                 (f"memgate.{o.metric}.measured", o.value), (f"memgate.{o.metric}.limit", o.limit),
                 (f"memgate.{o.metric}.unit", unit),
             ])
