@@ -158,7 +158,20 @@ class Outcome:
     device: str | None
     step: int | None
     message: str  # the one-line verdict
-    detail: str  # top holders at the peak, series and file
+    holders: tuple[dict[str, Any], ...]  # the largest live blocks at the peak of the worst device
+    where: str  # the series and file the value came from
+
+    def detail(self, top: int = 5) -> str:
+        """The section under the failure line: top ``top`` holders at the peak, then the source."""
+        lines = []
+        if self.holders:
+            lines.append(f"top {min(top, len(self.holders))} of {len(self.holders)} live blocks at the peak ({self.device}):")
+            for block in self.holders[:top]:
+                what = block.get("op") or block.get("owner") or "(no op)"
+                stream = f"  stream {block['stream']}" if block.get("stream") else ""
+                lines.append(f"  {format_size(block['size']):>12}  {what}{stream}")
+        lines.append(self.where)
+        return "\n".join(lines)
 
 
 class MetricCache:
@@ -224,7 +237,8 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         device=worst.device,
         step=worst.peak_step,
         message=message,
-        detail=detail_section(worst, profile),
+        holders=tuple(worst.values.get("top_at_peak") or ()),
+        where=source_lines(worst, profile),
     )
 
 
@@ -243,14 +257,8 @@ def verdict_line(metric: str, kind: str, value: int | float, limit: int | float,
     return f"{head} — {where}"
 
 
-def detail_section(metrics: DeviceMetrics, profile: Profile, top: int = 5) -> str:
+def source_lines(metrics: DeviceMetrics, profile: Profile) -> str:
     lines = []
-    holders = metrics.values.get("top_at_peak") or []
-    if holders:
-        lines.append(f"top {min(top, len(holders))} live blocks at the peak ({metrics.device}):")
-        for block in holders[:top]:
-            what = block.get("op") or block.get("owner") or "(no op)"
-            lines.append(f"  {format_size(block['size']):>12}  {what}" + (f"  stream {block['stream']}" if block.get("stream") else ""))
     if metrics.component:
         lines.append(f"series: {metrics.component} from {metrics.source}")
     lines.append(f"profile: {profile.path} ({profile.format}, rank {profile.rank})")
