@@ -241,7 +241,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             "memgate: --memgate is set but no budgets are declared "
             "(--memgate-budgets=FILE, memgate.toml or [tool.memgate] in pyproject.toml)"
         )
-    collector = MemgateCollector.from_parent(session, name="memgate")
+    collector = MemgateCollector.from_parent(session, name="memgate", nodeid="memgate")
     generated: list[pytest.Item] = []
     try:
         found = discover(settings.root)
