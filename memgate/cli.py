@@ -11,13 +11,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from memgate import __version__
-from memgate.budgets import find_budget_file, load_budget_file
 from memgate.errors import ConfigError, MemgateError
-from memgate.report import build_report, inspect_text, summary_table, write_json_atomic
-from memgate.session import judge_all, load_all, profile_entries
+
+if TYPE_CHECKING:
+    from memgate.session import LoadedProfile
+
+# The core (pandas, pyarrow: ~0.5 s to import) is imported inside the commands, so usage errors,
+# --help and --version answer at once.
 
 EXIT_OK, EXIT_EXCEEDED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -54,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `memgate inspect --json | head`: the reader left; no error to report
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
     except Exception as exc:  # never a traceback for a user; MEMGATE_DEBUG=1 shows it
         if os.environ.get("MEMGATE_DEBUG"):
             raise
@@ -62,11 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _first_error(loaded: list) -> MemgateError | None:
+def _first_error(loaded: list[LoadedProfile]) -> MemgateError | None:
     return next((item.error for item in loaded if item.error is not None), None)
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from memgate.report import build_report, inspect_text
+    from memgate.session import load_all, profile_entries
+
     loaded = load_all(args.path)
     entries = profile_entries(loaded, warmup_steps=args.warmup_steps)
     errors = [{"profile": str(i.found.path), "error": i.error.one_line()} for i in loaded if i.error]
@@ -84,9 +94,14 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from memgate.budgets import find_budget_file, load_budget_file
+    from memgate.report import build_report, summary_table, write_json_atomic
+    from memgate.session import judge_all, load_all, profile_entries
+
     budget_file = load_budget_file(args.budgets) if args.budgets else find_budget_file(Path.cwd())
     if budget_file is None or not budget_file.budgets:
-        raise ConfigError("no budgets declared", expected="--budgets FILE, ./memgate.toml or [tool.memgate] in ./pyproject.toml")
+        raise ConfigError("no budgets declared", file=budget_file.path if budget_file else None,
+                          expected="[[budgets]] entries in --budgets FILE, ./memgate.toml or [tool.memgate] in ./pyproject.toml")
     root = args.path or budget_file.profiles
     if root is None:
         raise ConfigError("no profile path", expected="PATH or 'profiles = ...' in the budget file")
@@ -100,7 +115,11 @@ def _check(args: argparse.Namespace) -> int:
     for o in failed:
         print(f"FAILED {o['budget']}::{o['metric']}: {o['message']}")
     if args.json_out:
-        write_json_atomic(args.json_out, build_report(profile_entries(loaded), outcomes, errors))
+        try:
+            write_json_atomic(args.json_out, build_report(profile_entries(loaded), outcomes, errors))
+        except OSError as exc:
+            raise ConfigError(f"cannot write the JSON report: {exc.strerror or exc}", file=args.json_out,
+                              expected="a writable file path for --json") from None
     problems = errors + [o for o in outcomes if o.get("error")]
     if problems:
         print(f"memgate: error: {problems[0]['error']}", file=sys.stderr)
@@ -109,6 +128,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from memgate.session import load_all
+
     loaded = load_all(args.path)
     for item in loaded:
         status = "ok" if item.error is None else f"INVALID: {item.error.one_line()}"

@@ -23,9 +23,8 @@ class Format:
     load: Callable[[Path], Profile]
 
 
-FORMATS: list[Format] = [
-    Format("torch_npu", lambda p: p.is_dir() and torch_npu.is_profile_dir(p), torch_npu.load),
-]
+TORCH_NPU = Format("torch_npu", lambda p: p.is_dir() and torch_npu.is_profile_dir(p), torch_npu.load)
+FORMATS: list[Format] = [TORCH_NPU]
 
 
 def register(fmt: Format, *, before: str | None = None) -> None:
@@ -57,12 +56,29 @@ def discover(root: str | os.PathLike[str]) -> list[Found]:
     """All profiles under ``root`` (or ``root`` itself), in a stable order."""
     _load_plugins()
     root = Path(root)
+    try:
+        return _discover(root)
+    except OSError as exc:  # an unreadable folder below the root: say so, never skip a rank silently
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or root,
+                         expected="read and search permission on every folder under the profile root") from None
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def _discover(root: Path) -> list[Found]:
     if not root.exists():
-        raise InputError("no such file or directory", file=root)
-    if not os.access(root, os.R_OK):
-        raise InputError("not readable (permission denied)", file=root)
+        raise InputError("no such file or directory", file=root,
+                         expected="a profile directory or file", found="nothing at this path")
+    if not os.access(root, os.R_OK) or (root.is_dir() and not os.access(root, os.X_OK)):
+        raise InputError("not readable (permission denied)", file=root,
+                         expected="read permission" + (" and search (x) permission" if root.is_dir() else ""))
     if root.is_dir() and root.name == torch_npu.OUTPUT_DIR and torch_npu.is_profile_dir(root):
-        return [Found(root.parent if _claim(root.parent) else root, FORMATS[0])]
+        # The output folder given directly: the profile is its parent (profiler_info, rank), in the
+        # format that claims the parent (FORMATS[0] need not be torch_npu once others registered).
+        parent_fmt = _claim(root.parent)
+        return [Found(root.parent, parent_fmt) if parent_fmt else Found(root, TORCH_NPU)]
     fmt = _claim(root)
     if fmt is not None:
         return [Found(root, fmt)]
@@ -71,7 +87,7 @@ def discover(root: str | os.PathLike[str]) -> list[Found]:
                          expected="a profile directory or file (see `memgate inspect --help`)")
     found: list[Found] = []
     seen: set[tuple[int, int]] = set()
-    for current, dirs, files in os.walk(root, followlinks=True):
+    for current, dirs, files in os.walk(root, onerror=_raise, followlinks=True):
         here = Path(current)
         st = here.stat()
         if (st.st_dev, st.st_ino) in seen:  # a symlink loop

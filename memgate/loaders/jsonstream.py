@@ -28,10 +28,11 @@ def iter_array(path: Path, prefix: str = "item", fh: IO[bytes] | None = None) ->
     try:
         for index, element in enumerate(ijson.items(stream, prefix, use_float=True)):
             yield element
-    except ijson.common.IncompleteJSONError as exc:
-        raise syntax_error(path, exc, index + 1) from None
-    except ijson.JSONError as exc:
-        raise syntax_error(path, exc, index + 1) from None
+    except ijson.JSONError as exc:  # IncompleteJSONError is a subclass
+        raise syntax_error(path, exc, index + 1, prefix=prefix) from None
+    except UnicodeDecodeError:
+        raise InputError("file is not UTF-8 text", file=path, column=_json_path(prefix, index + 1),
+                         expected="UTF-8 JSON") from None
     except RecursionError:
         raise InputError("JSON nested too deeply", file=path) from None
     finally:
@@ -47,16 +48,50 @@ def top_level_kind(path: Path) -> str:
     return {b"[": "array", b"{": "object"}.get(head[:1], "other")
 
 
-def syntax_error(path: Path, exc: Exception, element: int) -> InputError:
+def syntax_error(path: Path, exc: Exception, element: int, *, prefix: str = "item") -> InputError:
+    """An InputError for a JSON syntax error met while streaming element ``element`` under ``prefix``.
+
+    A file that ends early (a trace cut off by a full disk or a killed job) says so, with the line
+    it ends on; other errors are located by line and character when the file is small enough.
+    """
+    where = _json_path(prefix, element)
     size = path.stat().st_size
+    if _is_premature_end(exc):
+        return InputError(
+            f"truncated JSON: the file ends inside element {where}",
+            file=path, line=_count_lines(path), column=where,
+            expected="the rest of the array and its closing ']'", found=f"end of file after {size} bytes",
+        )
     if size <= _LOCATE_LIMIT:
         try:
             with open(path, "rb") as fh:
                 json.loads(fh.read())
         except json.JSONDecodeError as located:
-            return InputError(f"invalid JSON: {located.msg}", file=path, line=located.lineno,
-                              column=f"char {located.colno}")
+            return InputError(f"invalid JSON at char {located.colno}: {located.msg}", file=path,
+                              line=located.lineno, column=where)
         except (RecursionError, UnicodeDecodeError, ValueError):
             pass
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return InputError(f"invalid JSON near element [{element}]: {reason}", file=path)
+    return InputError(f"invalid JSON: {reason}", file=path, column=where)
+
+
+def _json_path(prefix: str, element: int) -> str:
+    """``item`` → ``[12]``, ``traceEvents.item`` → ``traceEvents[12]`` (the DESIGN's JSON-path form)."""
+    base = prefix[: -len("item")].rstrip(".") if prefix.endswith("item") else prefix
+    return f"{base.replace('.item.', '[].').replace('.item', '[]')}[{element}]"
+
+
+def _is_premature_end(exc: Exception) -> bool:
+    # yajl backends: "parse error: premature EOF"; the pure-Python backend: "Incomplete JSON content"
+    text = str(exc)
+    return "premature EOF" in text or "Incomplete JSON content" in text
+
+
+def _count_lines(path: Path) -> int:
+    """1-based number of the file's last line (only on the error path: one pass over the bytes)."""
+    lines, last = 1, b""
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            lines += chunk.count(b"\n")
+            last = chunk
+    return lines - 1 if last.endswith(b"\n") else lines

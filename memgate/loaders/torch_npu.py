@@ -5,12 +5,15 @@ Both header generations (≤2.5 and 2.6+) of every file; see FORMATS.md §1.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import convert
@@ -53,6 +56,13 @@ def device_label(text: str) -> str:
 
 
 def load(profile_dir: Path) -> Profile:
+    try:
+        return _load(profile_dir)
+    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or profile_dir) from None
+
+
+def _load(profile_dir: Path) -> Profile:
     out = output_dir(profile_dir)
     if not any((out / name).exists() for name in MARKER_FILES):
         raise InputError(
@@ -133,6 +143,27 @@ def load(profile_dir: Path) -> Profile:
     )
 
 
+_R = TypeVar("_R")
+
+
+def _file_errors(read: Callable[[Path], _R]) -> Callable[[Path], _R]:
+    """A value the schema admits but int64 cannot hold (a 25-digit timestamp) is bad input, not a crash.
+
+    The conversion does not say which row failed, so the error names the file only.
+    """
+
+    @functools.wraps(read)
+    def wrapper(path: Path) -> _R:
+        try:
+            return read(path)
+        except (pa.ArrowInvalid, OverflowError) as exc:
+            raise InputError(f"a value is out of range: {str(exc).splitlines()[0]}", file=path,
+                             expected="bytes and ns that fit in int64") from None
+
+    return wrapper
+
+
+@_file_errors
 def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.memory_record"))
     _require_when(table, "Component", lambda c: pc.not_equal(c, "APP"), ("Total Allocated(MB)", "Total Reserved(MB)"))
@@ -168,9 +199,11 @@ def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str,
             raise InputError(
                 f"empty cell in a {table.column(key)[row].as_py()} row",
                 file=table.path, line=table.line_of(row), column=column, expected="a number",
+                found="an empty cell",
             )
 
 
+@_file_errors
 def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.operator_memory"))
     size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
@@ -182,15 +215,19 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
     bad = (release_only & alloc.notna()) | (~release_only & alloc.isna())
     if bad.any():
         row = int(bad.to_numpy().nonzero()[0][0])
+        has_alloc = bool(pd.notna(alloc.iloc[row]))
         raise InputError(
             "a block needs an allocation time unless its Size is negative (allocated before the window)",
             file=path, line=table.line_of(row), column="Allocation Time(us)",
-            found=f"Size(KB) {table.column('Size(KB)')[row].as_py()}",
+            expected="an empty cell for a negative Size" if has_alloc else "a time in us for a positive Size",
+            found=f"Size(KB) {table.column('Size(KB)')[row].as_py()} with "
+            + ("an allocation time" if has_alloc else "an empty cell"),
         )
     if (release_only & release.isna()).any():
         row = int((release_only & release.isna()).to_numpy().nonzero()[0][0])
         raise InputError("a release-only row (negative Size) needs a Release Time", file=path,
-                         line=table.line_of(row), column="Release Time(us)")
+                         line=table.line_of(row), column="Release Time(us)", expected="a time in us",
+                         found=f"an empty cell (Size(KB) {table.column('Size(KB)')[row].as_py()})")
     is_ge = name.fillna("").str.startswith("cann::") | (name.isna() & stream.isna())
     blocks = pd.DataFrame(
         {
@@ -208,6 +245,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
     return [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices, sort=True)]
 
 
+@_file_errors
 def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.npu_module_mem"))
     frame = pd.DataFrame(
@@ -223,6 +261,7 @@ def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
     return _split_series(frame)
 
 
+@_file_errors
 def read_kernel_steps(path: Path) -> pd.DataFrame:
     """Step time ranges from kernel start/duration grouped by ``Step Id`` (empty if no steps)."""
     table = read_csv(path, load_schema("torch_npu.kernel_details"))
@@ -237,6 +276,7 @@ def read_kernel_steps(path: Path) -> pd.DataFrame:
     return grouped.reset_index().astype("Int64")
 
 
+@_file_errors
 def read_step_numbers(path: Path) -> pd.DataFrame:
     """Step numbers without times (step_trace_time.csv holds durations only)."""
     table = read_csv(path, load_schema("torch_npu.step_trace_time"))
@@ -268,9 +308,12 @@ def _read_small_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_bytes())
     except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON: {exc.msg}", file=path, line=exc.lineno, column=f"char {exc.colno}") from None
-    except UnicodeDecodeError:
-        raise InputError("file is not UTF-8 text", file=path) from None
+        raise InputError(f"invalid JSON at char {exc.colno}: {exc.msg}", file=path, line=exc.lineno,
+                         expected="valid JSON", found=repr(exc.doc[exc.pos:exc.pos + 20]) if exc.doc[exc.pos:] else "end of file",
+                         ) from None
+    except UnicodeDecodeError as exc:
+        raise InputError("file is not UTF-8 text", file=path, expected="UTF-8 JSON",
+                         found=f"byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}") from None
     if not isinstance(value, dict):
         raise InputError("expected a JSON object", file=path, line=1, found=type(value).__name__)
     return value
@@ -282,13 +325,11 @@ _DIR_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
     """Rank from profiler_info's ``rank_id`` (int or string), the file name, or the directory name."""
     rank = info.get("rank_id")
-    if isinstance(rank, (int, str)) and not isinstance(rank, bool) and str(rank).strip().lstrip("-").isdigit():
-        if int(rank) >= 0:
-            return str(int(rank))
-    name = info.get("_info_file", "")
-    if m := _INFO_NAME.match(name):
-        if m.group(1) is not None:
-            return m.group(1)
+    if (isinstance(rank, (int, str)) and not isinstance(rank, bool) and str(rank).strip().lstrip("-").isdigit()
+            and int(rank) >= 0):  # -1: not distributed
+        return str(int(rank))
+    if (m := _INFO_NAME.match(info.get("_info_file", ""))) and m.group(1) is not None:
+        return m.group(1)
     for part in (profile_dir.name, profile_dir.parent.name):
         if m := _DIR_RANK.search(part):
             return str(int(m.group(1)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -28,21 +29,23 @@ def us_to_ns(value: Any, path: Path, where: str) -> int:
     """µs as a JSON string or number → exact int ns."""
     try:
         return int(Decimal(str(value).strip()) * 1000)
-    except (InvalidOperation, ValueError):
+    except (InvalidOperation, ValueError, OverflowError):  # text, NaN, Infinity
         raise InputError("malformed time", file=path, column=where, expected="µs as a number or numeric string",
                          found=repr(value)) from None
 
 
 def read_trace_view(path: Path) -> TraceView:
-    if top_level_kind(path) != "array":
+    kind = top_level_kind(path)
+    if kind != "array":
         raise InputError("trace_view.json must be a JSON array of events", file=path, line=1,
-                         expected="'['", found="an object" if top_level_kind(path) == "object" else "something else")
+                         expected="a JSON array of events", found="a JSON object" if kind == "object" else "no JSON array")
     steps: list[tuple[int, int, int]] = []
     samples: dict[tuple[Any, str], list[tuple[int, int]]] = {}
     mem_pids: set[Any] = set()
     for index, event in enumerate(iter_array(path)):
         if not isinstance(event, dict):
-            raise InputError("event is not an object", file=path, column=f"[{index}]", found=type(event).__name__)
+            raise InputError("event is not an object", file=path, column=f"[{index}]", expected="a JSON object",
+                             found=type(event).__name__)
         ph = event.get("ph")
         name = event.get("name")
         if ph == "X" and isinstance(name, str) and (m := STEP_NAME.match(name)):
@@ -52,7 +55,7 @@ def read_trace_view(path: Path) -> TraceView:
         elif ph == "C" and name in MEMORY_COUNTERS:
             args = event.get("args")
             kb = args.get("KB") if isinstance(args, dict) else None
-            if not isinstance(kb, (int, float)) or isinstance(kb, bool) or kb != kb or kb in (float("inf"), -float("inf")):
+            if not isinstance(kb, (int, float)) or isinstance(kb, bool) or not math.isfinite(kb):
                 raise InputError("memory counter without a finite KB value", file=path,
                                  column=f"[{index}].args.KB", expected="a number", found=repr(kb))
             t = us_to_ns(event.get("ts"), path, f"[{index}].ts")

@@ -1,0 +1,143 @@
+"""Small helpers shared by the tests: run the CLI, copy a sample, rewrite a file's lines."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "tests" / "data" / "samples"
+ASCEND = SAMPLES / "ascend"
+PTA271 = ASCEND / "msinsight_st_pta271_level2_rank0"
+PTA21_L1 = ASCEND / "msinsight_pta21_level1_rank0"
+PTA21_L0 = ASCEND / "msinsight_pta21_level0_rank0"
+TORCH_NPU_SAMPLES = (PTA271, PTA21_L1, PTA21_L0)
+
+
+@dataclass(frozen=True)
+class CliResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    def __iter__(self):  # type: ignore[no-untyped-def]  # allows ``rc, out, err = run_cli(...)``
+        return iter((self.rc, self.stdout, self.stderr))
+
+
+def run_cli(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    prelude: str = "",
+    timeout: float = 120,
+) -> CliResult:
+    """Run ``python -m memgate ARGS`` in a fresh interpreter.
+
+    ``prelude`` is Python run in that interpreter before the CLI (e.g. to simulate a permission
+    error when the tests run as root, where chmod 000 does not stop reads).
+    """
+    argv = [str(a) for a in args]
+    if prelude:
+        code = f"{prelude}\nimport sys\nfrom memgate.cli import main\nsys.exit(main({argv!r}))"
+        command = [sys.executable, "-c", code]
+    else:
+        command = [sys.executable, "-m", "memgate", *argv]
+    env = {k: v for k, v in os.environ.items() if k != "MEMGATE_DEBUG"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+SCRIPT = Path(sys.executable).parent / "memgate"  # the console script pip installed
+
+
+def run_cli_all(
+    commands: Sequence[Sequence[str | os.PathLike[str]]],
+    *,
+    prelude: str = "",
+    script: Sequence[bool] = (),
+    timeout: float = 120,
+) -> list[CliResult]:
+    """Run several CLI commands at once (each in its own interpreter) and wait for all of them.
+
+    Interpreter start-up (pandas, pyarrow) dominates a CLI run; overlapping them halves the wait.
+    ``script[i]`` runs command ``i`` through the ``memgate`` console script instead of
+    ``python -m memgate`` (ignored with a ``prelude``, which needs ``python -c``).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "MEMGATE_DEBUG"}
+    procs = []
+    for i, args in enumerate(commands):
+        argv = [str(a) for a in args]
+        if prelude:
+            code = f"{prelude}\nimport sys\nfrom memgate.cli import main\nsys.exit(main({argv!r}))"
+            command = [sys.executable, "-c", code]
+        elif i < len(script) and script[i]:
+            command = [str(SCRIPT), *argv]
+        else:
+            command = [sys.executable, "-m", "memgate", *argv]
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        results.append(CliResult(proc.returncode, out, err))
+    return results
+
+
+def copy_sample(sample: Path, dest: Path) -> Path:
+    """Copy a sample directory to ``dest`` (created) and make it writable (the originals are read-only)."""
+    shutil.copytree(sample, dest, copy_function=shutil.copyfile)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if path.is_dir() else 0))
+    return dest
+
+
+def read_lines(path: Path) -> list[bytes]:
+    """The file's lines with their line endings kept (CRLF stays CRLF)."""
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def write_lines(path: Path, lines: Sequence[bytes]) -> None:
+    path.write_bytes(b"".join(lines))
+
+
+def eol_of(line: bytes) -> bytes:
+    return b"\r\n" if line.endswith(b"\r\n") else b"\n" if line.endswith(b"\n") else b""
+
+
+def split_row(line: bytes) -> tuple[list[str], bytes]:
+    """A simple CSV row (no quoted commas) as fields plus its line ending."""
+    eol = eol_of(line)
+    return line[: len(line) - len(eol)].decode("utf-8").split(","), eol
+
+
+def join_row(fields: Sequence[str], eol: bytes) -> bytes:
+    return ",".join(fields).encode("utf-8") + eol
+
+
+def one_stderr_line(stderr: str) -> str:
+    """The single line the CLI must print on a usage or input error."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, f"expected exactly one stderr line, got {len(lines)}:\n{stderr}"
+    assert "Traceback" not in stderr
+    assert lines[0].startswith("memgate: error: "), lines[0]
+    return lines[0]
+
+
+def in_process(args: Sequence[str | os.PathLike[str]], capsys: Any) -> CliResult:
+    """``memgate ARGS`` through ``memgate.cli.main`` in this process (what ``python -m memgate`` runs).
+
+    For large error matrices: a subprocess costs ~1 s of imports each; a few subprocess tests
+    cover the real entry points. ``capsys`` is pytest's fixture.
+    """
+    from memgate import cli
+
+    capsys.readouterr()
+    rc = cli.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return CliResult(rc, captured.out, captured.err)

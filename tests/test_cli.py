@@ -1,0 +1,308 @@
+"""``memgate inspect|check|validate``: exit codes 0/1/2, one stderr line on errors, the JSON report.
+
+Real samples throughout; the numbers the CLI must print are derived here from the raw CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import jsonschema
+import pytest
+from helpers import (
+    PTA21_L0,
+    PTA21_L1,
+    PTA271,
+    REPO,
+    copy_sample,
+    in_process,
+    one_stderr_line,
+    run_cli,
+    run_cli_all,
+)
+
+from memgate import cli
+
+MIB = 2**20
+
+
+def peak(sample: Path, column: str, component: str = "PTA+GE") -> int:
+    """max of a memory_record.csv column over one component's rows, in bytes (MB = 2**20 bytes)."""
+    with open(sample / "memory_record.csv", newline="", encoding="utf-8") as fh:
+        values = [Decimal(r[column]) for r in csv.DictReader(fh) if r["Component"] == component and r[column]]
+    return int(max(values) * MIB)
+
+
+def budget_file(tmp_path: Path, body: str, name: str = "memgate.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(body, "utf-8")
+    return path
+
+
+def report_schema() -> dict:
+    return json.loads((REPO / "schemas" / "report.schema.json").read_text())
+
+
+# ---- inspect / validate ------------------------------------------------------------------------
+
+
+def test_inspect_text_shows_exact_bytes_per_profile() -> None:
+    rc, out, err = run_cli(["inspect", PTA271])
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[0] == f"{PTA271}  [torch_npu, rank 0]"
+    assert f"peak_allocated_bytes     10.04 GiB ({peak(PTA271, 'Total Allocated(MB)')} B)" in out
+    assert f"({peak(PTA271, 'Total Reserved(MB)')} B)" in out
+    assert f"({peak(PTA271, 'Total Reserved(MB)', 'APP')} B)" in out
+    assert "step_growth_bytes        not measurable: needs at least 2 timed steps" in out
+
+
+def test_inspect_json_is_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = in_process(["inspect", PTA21_L1, "--json"], capsys)
+    assert (rc, err) == (0, "")
+    report = json.loads(out)
+    jsonschema.Draft202012Validator(report_schema()).validate(report)
+    (profile,) = report["profiles"]
+    assert profile["path"] == str(PTA21_L1) and profile["rank"] == "0"
+    assert profile["devices"][0]["metrics"]["peak_allocated_bytes"] == peak(PTA21_L1, "Total Allocated(MB)")
+    assert report["budgets"] == [] and report["errors"] == []
+
+
+def test_inspect_bad_rank_does_not_hide_the_good_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "prof"
+    copy_sample(PTA21_L1, root / "a_rank0_ascend_pt")
+    bad = copy_sample(PTA21_L1, root / "b_rank1_ascend_pt")
+    (bad / "memory_record.csv").write_bytes(b"")
+    rc, out, err = in_process(["inspect", root, "--json"], capsys)
+    assert rc == 2
+    line = one_stderr_line(err)
+    assert str(bad / "memory_record.csv") in line
+    report = json.loads(out)
+    jsonschema.Draft202012Validator(report_schema()).validate(report)
+    assert [p["rank"] for p in report["profiles"]] == ["0"]
+    assert [e["profile"] for e in report["errors"]] == [str(bad)]
+
+
+def test_validate_lists_every_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for sample in (PTA271, PTA21_L1, PTA21_L0):
+        assert tuple(in_process(["validate", sample], capsys)) == (0, f"{sample} [torch_npu]: ok\n", "")
+    root = tmp_path / "prof"
+    ok = copy_sample(PTA21_L0, root / "a_rank0_ascend_pt")
+    bad = copy_sample(PTA21_L0, root / "b_rank1_ascend_pt")
+    (bad / "trace_view.json").write_text("{}")
+    rc, out, err = run_cli(["validate", root])  # the real entry point once
+    assert rc == 2
+    invalid = (
+        f"{bad} [torch_npu]: INVALID: {bad / 'trace_view.json'}:1: trace_view.json must be a JSON array of events; "
+        "expected a JSON array of events, found 'a JSON object'"
+    )
+    assert out.splitlines() == [f"{ok} [torch_npu]: ok", invalid]
+    assert one_stderr_line(err) == "memgate: error: " + out.splitlines()[1].split("INVALID: ", 1)[1]
+
+
+# ---- check -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("delta", "rc"), [(0, 0), (-1, 1)], ids=["at-limit-passes", "one-byte-over-fails"])
+def test_check_at_the_exact_boundary(delta: int, rc: int, tmp_path: Path) -> None:
+    limit = peak(PTA271, "Total Allocated(MB)") + delta
+    budgets = budget_file(tmp_path, f'[[budgets]]\nname = "train"\npeak_allocated = {limit}\n')
+    result = run_cli(["check", PTA271, "--budgets", budgets])
+    assert (result.rc, result.stderr) == (rc, "")
+    verdict = "pass" if rc == 0 else "FAIL"
+    assert any(line.split()[-1] == verdict and "peak_allocated" in line for line in result.stdout.splitlines())
+    if rc == 1:
+        assert "FAILED train::peak_allocated: peak_allocated 10.04 GiB exceeds budget 10.04 GiB by 1 B" in result.stdout
+        assert "rank 0 npu:0, step 13" in result.stdout
+
+
+def test_check_one_failing_budget_among_passing_ones_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    budgets = budget_file(tmp_path, """
+[[budgets]]
+name = "roomy"
+peak_allocated = "2 GiB"
+peak_reserved = "2 GiB"
+peak_app_reserved = "3 GiB"
+fragmentation = 0.5
+
+[[budgets]]
+name = "tight-matmul"
+op_caps = { "aten::mm" = "100 MiB", "cann::*" = "1 GiB" }
+""")
+    rc, out, err = in_process(["check", PTA21_L1, "--budgets", budgets], capsys)
+    assert (rc, err) == (1, "")
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert failed == [
+        (
+            "FAILED tight-matmul::op_caps[aten::mm]: op_caps[aten::mm] 144.00 MiB exceeds budget 100.00 MiB "
+            "by 44.00 MiB (+44.0%) — rank 0 npu:0, op aten::mm"
+        )
+    ]
+    assert sum(line.rstrip().endswith("pass") for line in out.splitlines()) == 5
+
+
+def test_check_uses_profiles_from_the_budget_file_relative_to_it(tmp_path: Path) -> None:
+    copy_sample(PTA21_L1, tmp_path / "ci" / "prof" / "n_rank0_ascend_pt")
+    budget_file(tmp_path / "ci", '[tool.memgate]\nprofiles = "prof"\n\n[[tool.memgate.budgets]]\nname = "b"\n'
+                'peak_allocated = "2 GiB"\n', name="pyproject.toml")
+    rc, out, err = run_cli(["check"], cwd=tmp_path / "ci")
+    assert (rc, err) == (0, "")
+    (row,) = [line.split() for line in out.splitlines() if "peak_allocated" in line]
+    assert row == ["0", "npu:0", "b", "peak_allocated", "1.23", "GiB", "2.00", "GiB", "pass"]
+
+
+BAD_BUDGETS = {
+    "invalid-toml": ('[[budgets]\nname = "b"\n', ("invalid TOML", "line 1")),
+    "unknown-key": ('[[budgets]]\nname = "b"\npeak_alocated = "12 GiB"\n', ("'peak_alocated'",)),
+    "bad-size": ('[[budgets]]\nname = "b"\npeak_allocated = "12 GB!"\n', ("'12 GB!'",)),
+    "no-budgets": ('profiles = "prof"\n', ("no budgets",)),
+    "duplicate-names": ('[[budgets]]\nname = "b"\nleaked = 1\n[[budgets]]\nname = "b"\nleaked = 2\n', ("duplicate", "'b'")),
+    "ratio-out-of-range": ('[[budgets]]\nname = "b"\nfragmentation = 1.5\n', ("fragmentation",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BUDGETS))
+def test_check_bad_budget_file_exits_2(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    body, says = BAD_BUDGETS[case]
+    budgets = budget_file(tmp_path, body)
+    rc, _, err = in_process(["check", PTA21_L1, "--budgets", budgets], capsys)
+    assert rc == 2
+    line = one_stderr_line(err)
+    assert str(budgets) in line
+    for fragment in says:
+        assert fragment in line, line
+    if case == "bad-size" and "GiB" not in line:
+        pytest.xfail("DESIGN: a bad size lists the accepted units; the budgets schema's regex message wins "
+                     "over sizes.parse_size's (budgets.py, reported)")
+
+
+def test_check_missing_budget_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = in_process(["check", PTA21_L1, "--budgets", tmp_path / "nope.toml"], capsys)
+    assert rc == 2
+    assert one_stderr_line(err) == f"memgate: error: {tmp_path / 'nope.toml'}: budget file not found"
+
+
+def test_check_not_measurable_says_what_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A leak budget on a one-step profile is an error, never a silent pass."""
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "leak"\nstep_growth = "16 MiB"\n')
+    rc, out, err = in_process(["check", PTA271, "--budgets", budgets], capsys)
+    assert rc == 2
+    line = one_stderr_line(err)
+    assert "step_growth is not measurable" in line
+    assert "needs at least 2 timed steps" in line and "1 step(s) (13)" in line
+    assert "pass" not in out
+
+
+# ---- check --json --------------------------------------------------------------------------------
+
+
+def test_check_json_report_replaces_the_file_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "out" / "memgate.json"
+    target.parent.mkdir()
+    target.write_text("old report\n")
+    old_inode = target.stat().st_ino
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\npeak_allocated = "1 GiB"\n')
+    rc, _, err = run_cli(["check", PTA21_L1, "--budgets", budgets, "--json", target])
+    assert (rc, err) == (1, "")  # 1.23 GiB > 1 GiB
+    report = json.loads(target.read_text())
+    jsonschema.Draft202012Validator(report_schema()).validate(report)
+    (outcome,) = report["budgets"]
+    assert (outcome["metric"], outcome["value"], outcome["limit"], outcome["passed"]) == (
+        "peak_allocated", peak(PTA21_L1, "Total Allocated(MB)"), 2**30, False)
+    assert target.stat().st_ino != old_inode  # renamed into place, not rewritten in place
+    assert sorted(p.name for p in target.parent.iterdir()) == ["memgate.json"]  # no temp file left
+
+
+def test_check_json_failure_keeps_the_old_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "memgate.json"
+    target.write_text('{"old": true}\n')
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\npeak_allocated = "2 GiB"\n')
+
+    def dump_half(data: object, fh, **kwargs: object) -> None:  # type: ignore[no-untyped-def]
+        fh.write('{"memgate_version": ')
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("memgate.report.json.dump", dump_half)
+    rc = cli.main(["check", str(PTA21_L1), "--budgets", str(budgets), "--json", str(target)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert one_stderr_line(err) == (f"memgate: error: {target}: cannot write the JSON report: No space left on device; "
+                                    "expected a writable file path for --json")
+    assert target.read_text() == '{"old": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memgate.json", "memgate.toml"]
+
+
+def test_check_json_into_a_file_path_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "blocker").write_text("a file where a folder should be")
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\npeak_allocated = "2 GiB"\n')
+    rc, _, err = in_process(["check", PTA21_L1, "--budgets", budgets, "--json", tmp_path / "blocker" / "r.json"], capsys)
+    assert rc == 2
+    assert "cannot write the JSON report" in one_stderr_line(err)
+
+
+# ---- usage -------------------------------------------------------------------------------------
+
+USAGE = {
+    "no-command": ([], "required: command"),
+    "unknown-command": (["frobnicate", "x"], "invalid choice: 'frobnicate'"),
+    "inspect-without-path": (["inspect"], "required: path"),
+    "validate-without-path": (["validate"], "required: path"),
+    "unknown-option": (["inspect", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    "bad-int": (["inspect", "x", "--warmup-steps", "two"], "invalid int value: 'two'"),
+}
+
+
+def test_usage_errors_exit_2_with_one_line() -> None:
+    results = run_cli_all([args for args, _ in USAGE.values()])
+    for (case, (_, says)), result in zip(USAGE.items(), results):
+        assert result.rc == 2, case
+        assert result.stdout == "", case
+        line = one_stderr_line(result.stderr)
+        assert says in line, (case, line)
+
+
+def test_check_without_budgets_anywhere_exits_2(tmp_path: Path) -> None:
+    rc, _, err = run_cli(["check", PTA21_L1], cwd=tmp_path)
+    assert rc == 2
+    assert "no budgets declared" in one_stderr_line(err)
+
+
+def test_version_and_help_exit_0() -> None:
+    version, help_ = run_cli_all([["--version"], ["--help"]])
+    assert (version.rc, version.stdout.strip()) == (0, f"memgate {cli.__version__}")
+    assert help_.rc == 0 and "inspect" in help_.stdout and "validate" in help_.stdout
+
+
+def test_internal_errors_are_one_line_without_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug in memgate is exit 3 with one line; MEMGATE_DEBUG=1 shows the traceback."""
+
+    def boom(root: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("memgate.session.load_all", boom)
+    monkeypatch.delenv("MEMGATE_DEBUG", raising=False)
+    assert cli.main(["inspect", str(PTA21_L1)]) == cli.EXIT_INTERNAL
+    line = capsys.readouterr().err.strip()
+    assert line == "memgate: internal error: ZeroDivisionError: division by zero (set MEMGATE_DEBUG=1 for a traceback)"
+    monkeypatch.setenv("MEMGATE_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["inspect", str(PTA21_L1)])
+
+
+def test_broken_pipe_is_not_an_error() -> None:
+    """`memgate inspect --json | head -c0`: the reader is gone before memgate writes; no error, no traceback."""
+    read_end, write_end = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != "MEMGATE_DEBUG"}
+    proc = subprocess.Popen([sys.executable, "-m", "memgate", "inspect", str(PTA21_L1), "--json"],
+                            stdout=write_end, stderr=subprocess.PIPE, env=env)
+    os.close(write_end)
+    os.close(read_end)  # long before the child has imported pandas and written a byte
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err.decode()) == (141, "")

@@ -1,0 +1,341 @@
+"""The real torch_npu samples: memgate's metrics equal the values derived here from the raw files.
+
+The expected values are computed with the ``csv``/``json`` modules and ``Decimal`` only, straight
+from the files (DESIGN.md metric table), never copied from memgate's output. Then the same
+profiles in every directory layout torch_npu writes (and CRLF/LF) must give the same numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from helpers import PTA21_L0, PTA21_L1, PTA271, REPO, TORCH_NPU_SAMPLES, copy_sample, run_cli
+
+from memgate.discover import discover, load
+from memgate.metrics import TOP_N, DeviceMetrics, profile_metrics
+from memgate.model import Profile
+
+MIB, KIB = 2**20, 2**10
+
+
+# ---- the expected values, from the raw files --------------------------------------------------
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _bytes(text: str, unit: int) -> int:
+    value = Decimal(text) * unit
+    assert value == value.to_integral_value(), f"{text} x {unit} is not a whole number of bytes"
+    return int(value)
+
+
+def _ns(us_text: str | Decimal) -> int:
+    value = Decimal(str(us_text).strip()) * 1000
+    assert value == value.to_integral_value()
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Expected:
+    rank: str
+    device: str
+    peak_allocated: int | None
+    peak_reserved: int | None
+    peak_app_reserved: int | None
+    peak_t_ns: int | None
+    op_max_block: dict[str, int]
+    top_sizes: list[int]  # sizes of the TOP_N largest blocks live at the peak
+    top_candidates: dict[int, set[str]]  # size -> op names of live blocks of that size (ties)
+    steps: list[tuple[int, int | None, int | None]]
+    peak_step: int | None
+
+
+@cache
+def expected(sample: Path) -> Expected:
+    info_path = sample / "profiler_info_0.json"
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    rank = str(int(info["rank_id"])) if "rank_id" in info else "0"  # "0" in 2.7.1, 0 in 2.1
+
+    peak_allocated = peak_reserved = peak_app = peak_t = None
+    device = "npu"  # a trace_view.json alone names no device id: its NPU MEM counters carry none
+    record = sample / "memory_record.csv"
+    if record.exists():
+        rows = _rows(record)
+        devices = {r["Device Type"] for r in rows}
+        assert len(devices) == 1
+        device = devices.pop().lower()
+        components = {r["Component"] for r in rows}
+        framework = "PTA+GE" if "PTA+GE" in components else "PTA"
+        fw = [r for r in rows if r["Component"] == framework]
+        peak_allocated = max(_bytes(r["Total Allocated(MB)"], MIB) for r in fw)
+        peak_reserved = max(_bytes(r["Total Reserved(MB)"], MIB) for r in fw)
+        peak_t = min(_ns(r["Timestamp(us)"]) for r in fw if _bytes(r["Total Allocated(MB)"], MIB) == peak_allocated)
+        peak_app = max(_bytes(r["Total Reserved(MB)"], MIB) for r in rows if r["Component"] == "APP")
+
+    trace: list[dict[str, Any]] = []
+    if (sample / "trace_view.json").exists():
+        trace = json.loads((sample / "trace_view.json").read_text("utf-8"), parse_float=Decimal)
+    if peak_app is None and trace:
+        mem_pids = {e["pid"] for e in trace if e.get("ph") == "M" and e.get("name") == "process_name"
+                    and e["args"].get("name") == "NPU MEM"}
+        app = [e["args"]["KB"] for e in trace if e.get("ph") == "C" and e.get("name") == "APP/Memory" and e["pid"] in mem_pids]
+        peak_app = _bytes(str(max(app)), KIB)
+
+    op_max: dict[str, int] = {}
+    top_sizes: list[int] = []
+    top_candidates: dict[int, set[str]] = {}
+    if (sample / "operator_memory.csv").exists():
+        blocks = _rows(sample / "operator_memory.csv")
+        for b in blocks:
+            if b["Name"] and b["Allocation Time(us)"]:
+                size = _bytes(b["Size(KB)"], KIB)
+                op_max[b["Name"]] = max(op_max.get(b["Name"], 0), size)
+        assert peak_t is not None
+        live = [b for b in blocks
+                if (not b["Allocation Time(us)"] or _ns(b["Allocation Time(us)"]) <= peak_t)
+                and (not b["Release Time(us)"] or _ns(b["Release Time(us)"]) > peak_t)]
+        top_sizes = sorted((abs(_bytes(b["Size(KB)"], KIB)) for b in live), reverse=True)[:TOP_N]
+        for b in live:
+            top_candidates.setdefault(abs(_bytes(b["Size(KB)"], KIB)), set()).add(b["Name"] or "")
+
+    steps: list[tuple[int, int | None, int | None]] = []
+    step_events = [e for e in trace if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    if step_events:
+        for e in step_events:
+            start = _ns(e["ts"])
+            steps.append((int(e["name"].split("#")[1]), start, start + _ns(e["dur"])))
+    elif (sample / "kernel_details.csv").exists():
+        spans: dict[int, tuple[int, int]] = {}
+        for k in _rows(sample / "kernel_details.csv"):
+            if k["Step Id"]:
+                start = _ns(k["Start Time(us)"])
+                end = start + _ns(k["Duration(us)"])
+                lo, hi = spans.get(int(k["Step Id"]), (start, end))
+                spans[int(k["Step Id"])] = (min(lo, start), max(hi, end))
+        steps = [(s, lo, hi) for s, (lo, hi) in sorted(spans.items())]
+    elif (sample / "step_trace_time.csv").exists():
+        steps = [(int(r["Step"]), None, None) for r in _rows(sample / "step_trace_time.csv") if r["Step"]]
+    peak_step = next((s for s, lo, hi in steps if lo is not None and hi is not None and peak_t is not None
+                      and lo <= peak_t <= hi), None)
+    return Expected(rank, device, peak_allocated, peak_reserved, peak_app, peak_t, op_max, top_sizes,
+                    top_candidates, sorted(steps), peak_step)
+
+
+# ---- what memgate says -----------------------------------------------------------------------
+
+
+def load_one(root: Path) -> Profile:
+    found = discover(root)
+    assert len(found) == 1, found
+    assert found[0].format.name == "torch_npu"
+    return load(found[0])
+
+
+def steps_of(profile: Profile) -> list[tuple[int, int | None, int | None]]:
+    return [
+        (int(r.step), None if r.t_start is None else int(r.t_start), None if r.t_end is None else int(r.t_end))
+        for r in profile.steps.astype(object).where(profile.steps.notna(), None).itertuples(index=False)
+    ]
+
+
+def only_device(profile: Profile) -> DeviceMetrics:
+    metrics = profile_metrics(profile)
+    assert len(metrics) == 1
+    return metrics[0]
+
+
+def assert_matches(profile: Profile, want: Expected) -> None:
+    m = only_device(profile)
+    assert profile.format == "torch_npu"
+    assert m.device == want.device
+    assert m.values["peak_allocated_bytes"] == want.peak_allocated
+    assert m.values["peak_reserved_bytes"] == want.peak_reserved
+    assert m.values["peak_app_reserved_bytes"] == want.peak_app_reserved
+    assert m.peak_t_ns == want.peak_t_ns
+    assert m.values["op_max_block_bytes"] == want.op_max_block
+    top = m.values["top_at_peak"]
+    assert [b["size"] for b in top] == want.top_sizes
+    for block in top:
+        assert (block["op"] or "") in want.top_candidates[block["size"]], block
+    assert steps_of(profile) == want.steps
+    assert m.peak_step == want.peak_step
+    if want.peak_allocated is not None and want.peak_reserved:
+        assert m.values["fragmentation"] == pytest.approx(1 - want.peak_allocated / want.peak_reserved, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[Path, Profile]:
+    return {sample: load_one(sample) for sample in TORCH_NPU_SAMPLES}
+
+
+@pytest.mark.parametrize("sample", TORCH_NPU_SAMPLES, ids=lambda p: p.name)
+def test_sample_metrics_equal_the_raw_files(sample: Path, loaded: dict[Path, Profile]) -> None:
+    profile = loaded[sample]
+    want = expected(sample)
+    assert profile.rank == want.rank
+    assert profile.path == str(sample)
+    assert_matches(profile, want)
+
+
+def test_the_derivation_itself_on_the_271_sample() -> None:
+    """The brief's hand-checked numbers, so a wrong derivation above cannot hide a wrong loader."""
+    want = expected(PTA271)
+    assert want.peak_allocated == 10782243840 == int(Decimal("10282.7490234375") * MIB)
+    assert want.peak_reserved == 10875830272
+    assert want.peak_app_reserved == 12504285184
+    assert [s for s, _, _ in want.steps] == [13]
+    assert want.peak_step == 13
+    assert len(want.op_max_block) > 20 and len(want.top_sizes) == TOP_N
+
+
+def test_rank_id_is_a_string_in_271_and_an_int_in_21() -> None:
+    assert json.loads((PTA271 / "profiler_info_0.json").read_text())["rank_id"] == "0"
+    assert json.loads((PTA21_L1 / "profiler_info_0.json").read_text())["rank_id"] == 0
+
+
+def test_ge_blocks_count_for_op_caps_and_the_peak(loaded: dict[Path, Profile]) -> None:
+    """pta21 level1 has `cann::` GE blocks; they belong to the PTA+GE series and its op caps."""
+    m = only_device(loaded[PTA21_L1])
+    assert m.component == "PTA+GE"
+    ge_ops = {op for op in expected(PTA21_L1).op_max_block if op.startswith("cann::")}
+    assert ge_ops and ge_ops <= set(m.values["op_max_block_bytes"])
+
+
+def test_missing_metrics_say_what_is_missing(loaded: dict[Path, Profile]) -> None:
+    m = only_device(loaded[PTA21_L0])  # trace_view.json only: NPU MEM counters, no allocator
+    assert m.values["peak_allocated_bytes"] is None
+    assert "no allocator series" in m.missing["peak_allocated_bytes"]
+    m = only_device(loaded[PTA271])  # one profiled step
+    assert m.values["step_growth_bytes"] is None
+    assert "at least 2 timed steps" in m.missing["step_growth_bytes"]
+
+
+# ---- layouts ---------------------------------------------------------------------------------
+
+META_FILES = ("profiler_info_0.json", "profiler_metadata.json")
+
+
+def as_ascend_pt(sample: Path, dest: Path, *, info_name: str = "profiler_info_0.json",
+                 rank_id: object = ..., keep_info: bool = True) -> Path:
+    """Lay a flat sample out as torch_npu writes it: metadata at the root, CSVs in ASCEND_PROFILER_OUTPUT/."""
+    out = dest / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    for f in sample.iterdir():
+        if f.name in META_FILES:
+            if not keep_info and f.name.startswith("profiler_info"):
+                continue
+            target = dest / (info_name if f.name.startswith("profiler_info") else f.name)
+            if f.name.startswith("profiler_info") and rank_id is not ...:
+                info = json.loads(f.read_text())
+                if rank_id is None:
+                    info.pop("rank_id", None)
+                else:
+                    info["rank_id"] = rank_id
+                target.write_text(json.dumps(info, indent=4))
+            else:
+                shutil.copyfile(f, target)
+        else:
+            shutil.copyfile(f, out / f.name)
+    (dest / "FRAMEWORK").mkdir()  # raw folders torch_npu leaves beside the output; not profiles
+    (dest / "PROF_000001_20251127_abcdefg").mkdir()
+    return dest
+
+
+def test_ascend_pt_dir_with_output_folder(tmp_path: Path) -> None:
+    root = as_ascend_pt(PTA271, tmp_path / "node0_4011_20251127183437_ascend_pt")
+    profile = load_one(root)
+    assert profile.path == str(root)
+    assert profile.rank == "0"
+    assert profile.metadata["torch_npu_version"] == "2.7.1"
+    assert_matches(profile, expected(PTA271))
+
+
+def test_output_folder_passed_directly_is_its_parent_profile(tmp_path: Path) -> None:
+    root = as_ascend_pt(PTA21_L1, tmp_path / "node0_77_20250109_ascend_pt", rank_id=5)
+    found = discover(root / "ASCEND_PROFILER_OUTPUT")
+    assert [f.path for f in found] == [root]  # profiler_info (the rank) lives in the parent
+    profile = load(found[0])
+    assert profile.rank == "5"
+    assert_matches(profile, expected(PTA21_L1))
+
+
+def test_root_with_one_ascend_pt_dir_per_rank(tmp_path: Path) -> None:
+    root = tmp_path / "prof"
+    ranks = {
+        as_ascend_pt(PTA21_L1, root / "hostA_101_20250109_ascend_pt", rank_id=0): "0",  # int, as 2.1 writes it
+        as_ascend_pt(PTA271, root / "hostA_102_20251127_ascend_pt", rank_id="1"): "1",  # string, as 2.7.1 does
+        as_ascend_pt(PTA21_L1, root / "hostB_103_20250109_ascend_pt", info_name="profiler_info_2.json",
+                     rank_id=None): "2",  # no rank_id: the file name's suffix
+        as_ascend_pt(PTA21_L1, root / "job_rank3_ascend_pt", keep_info=False): "3",  # no profiler_info: the dir name
+    }
+    (root / "logs").mkdir()
+    (root / "logs" / "train.log").write_text("not a profile\n")
+    found = discover(root)
+    assert [f.path for f in found] == sorted(ranks)
+    for f in found:
+        profile = load(f)
+        assert profile.rank == ranks[f.path], f.path
+        sample = PTA271 if "hostA_102" in f.path.name else PTA21_L1
+        assert_matches(profile, expected(sample))
+
+
+@pytest.mark.parametrize(("sample", "eol"), [(PTA271, b"\r\n"), (PTA21_L1, b"\n")], ids=["271-to-crlf", "21-to-lf"])
+def test_line_endings_do_not_change_the_numbers(sample: Path, eol: bytes, tmp_path: Path) -> None:
+    root = copy_sample(sample, tmp_path / sample.name)
+    for name in ("memory_record.csv", "operator_memory.csv", "npu_module_mem.csv", "step_trace_time.csv"):
+        path = root / name
+        original = path.read_bytes()
+        path.write_bytes(eol.join(original.splitlines()) + eol)
+        assert (b"\r\n" in path.read_bytes()) == (eol == b"\r\n")
+    assert (PTA21_L1 / "memory_record.csv").read_bytes().count(b"\r\n") == 1005  # the original is CRLF
+    assert_matches(load_one(root), expected(sample))
+
+
+def test_crlf_errors_still_name_the_right_line(tmp_path: Path) -> None:
+    """Line numbers count CRLF lines as lines (the pta21 memory_record is CRLF)."""
+    from memgate.errors import InputError
+
+    root = copy_sample(PTA21_L1, tmp_path / "crlf")
+    path = root / "memory_record.csv"
+    lines = path.read_bytes().split(b"\r\n")
+    lines[500] = lines[500].replace(b"NPU:0", b"GPU:0")
+    path.write_bytes(b"\r\n".join(lines))
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    assert (info.value.line, info.value.column) == (501, "Device Type")
+    assert "'GPU:0'" in info.value.one_line()
+
+
+# ---- the JSON report -------------------------------------------------------------------------
+
+
+def test_inspect_json_validates_against_the_report_schema() -> None:
+    rc, out, err = run_cli(["inspect", PTA271, "--json"])
+    assert rc == 0, err
+    report = json.loads(out)
+    schema = json.loads((REPO / "schemas" / "report.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(report)
+    (profile,) = report["profiles"]
+    (device,) = profile["devices"]
+    want = expected(PTA271)
+    assert profile["rank"] == want.rank and device["device"] == want.device
+    metrics = device["metrics"]
+    assert metrics["peak_allocated_bytes"] == want.peak_allocated == 10782243840
+    assert metrics["peak_reserved_bytes"] == want.peak_reserved == 10875830272
+    assert metrics["peak_app_reserved_bytes"] == want.peak_app_reserved == 12504285184
+    assert metrics["op_max_block_bytes"] == want.op_max_block
+    assert [s["step"] for s in profile["steps"]] == [13]
+    assert '"peak_allocated_bytes": 10782243840' in out  # an exact integer, not 1.078e10
