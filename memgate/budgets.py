@@ -95,6 +95,13 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     )
 
 
+def _parse_size_in(origin: str, value: object, what: str) -> int:
+    try:
+        return parse_size(value, what=what)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, file=origin, expected=exc.expected, found=exc.found) from None
+
+
 @dataclass(frozen=True)
 class BudgetFile:
     path: str | None
@@ -103,6 +110,16 @@ class BudgetFile:
 
 
 def parse_budget_table(table: dict[str, Any], origin: str) -> BudgetFile:
+    # Sizes first: parse_size's message lists the accepted units, the schema's regex would not.
+    for raw in table.get("budgets", []) if isinstance(table.get("budgets"), list) else []:
+        if isinstance(raw, dict):
+            name = raw.get("name", "budget")
+            for key, (_, kind) in LIMITS.items():
+                if kind == "size" and key in raw:
+                    _parse_size_in(origin, raw[key], f"{name}.{key}")
+            if isinstance(raw.get("op_caps"), dict):
+                for glob, size in raw["op_caps"].items():
+                    _parse_size_in(origin, size, f"{name}.op_caps[{glob!r}]")
     validator = jsonschema.Draft202012Validator(load_schema("budgets"))
     error = jsonschema.exceptions.best_match(validator.iter_errors(table))
     if error is not None:

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from memgate import __version__
 from memgate.errors import ConfigError, MemgateError
@@ -45,13 +45,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", dest="json_out", help="also write the JSON report here")
     p = sub.add_parser("validate", help="validate every profile file under PATH against its schema")
     p.add_argument("path")
+    p = sub.add_parser("diff", help="metric and per-operator deltas between two runs (profiles, JSON reports or baselines)")
+    p.add_argument("base")
+    p.add_argument("current")
+    p.add_argument("--fail", action="append", default=[], metavar="EXPR",
+                   help="exit 1 when a metric grew past EXPR, e.g. peak_allocated:5%%, peak_allocated:2.5%%+256MiB")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON")
+    p.add_argument("--top", type=int, default=10, help="operators listed per change kind (default 10)")
+    p = sub.add_parser("suggest", help="print a [tool.memgate] budget block from the measured values plus headroom")
+    p.add_argument("path")
+    p.add_argument("--headroom", default="10%", help="added to every measured value (default 10%%)")
+    p.add_argument("--name", default="default", help="budget name (default 'default')")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"inspect": _inspect, "check": _check, "validate": _validate}[args.command](args)
+        commands = {"inspect": _inspect, "check": _check, "validate": _validate, "diff": _diff, "suggest": _suggest}
+        return commands[args.command](args)
     except MemgateError as exc:
         print(f"memgate: error: {exc.one_line()}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -143,3 +155,64 @@ def _validate(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+def _entries_of(path: str) -> list[dict[str, Any]]:
+    """Profile entries of a run: a JSON report or baseline file as saved, else the profiles under PATH."""
+    from memgate.compare import load_baseline, looks_like_memgate_json
+    from memgate.session import load_all, profile_entries
+
+    if looks_like_memgate_json(Path(path)):
+        data = json.loads(Path(path).read_text("utf-8"))
+        if isinstance(data.get("profiles"), list):
+            return list(data["profiles"])
+        baseline = load_baseline(path)
+        return [
+            {"rank": rank, "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
+             "devices": [{"device": d, "metrics": v["metrics"]} for d, v in p["devices"].items()]}
+            for rank, p in baseline["profiles"].items()
+        ]
+    loaded = load_all(path)
+    error = _first_error(loaded)
+    if error is not None:
+        raise error
+    return profile_entries(loaded)
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from memgate.compare import baseline_from_entries, compare_entry, diff_entries, diff_text, parse_rule
+
+    rules = [parse_rule(r) for r in args.fail]
+    base, current = _entries_of(args.base), _entries_of(args.current)
+    diff = diff_entries(base, current)
+    regressions = []
+    baseline = baseline_from_entries(base)
+    for rule in rules:
+        for entry in current:
+            if entry["rank"] in baseline["profiles"]:
+                regressions.append(compare_entry(entry, baseline, rule))
+    if args.json:
+        diff["regressions"] = [r.__dict__ for r in regressions]
+        print(json.dumps(diff, indent=2))
+    else:
+        for line in diff_text(diff, top=args.top):
+            print(line)
+        for r in regressions:
+            print(("FAILED " if not r.passed else "ok     ") + r.message)
+    return EXIT_EXCEEDED if any(not r.passed for r in regressions) else EXIT_OK
+
+
+def _suggest(args: argparse.Namespace) -> int:
+    from decimal import Decimal, InvalidOperation
+
+    from memgate.compare import suggest_toml
+
+    text = args.headroom.strip().removesuffix("%")
+    try:
+        headroom = Decimal(text)
+    except InvalidOperation:
+        raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage such as 10%") from None
+    if headroom < 0:
+        raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage >= 0")
+    print(suggest_toml(_entries_of(args.path), headroom, name=args.name), end="")
+    return EXIT_OK

@@ -119,6 +119,15 @@ def ratchet(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def looks_like_memgate_json(path: Path) -> bool:
+    """A JSON report or baseline written by memgate (they start with their version key)."""
+    if not path.is_file() or path.suffix != ".json":
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(256).lstrip()
+    return head.startswith(b"{") and (b'"memgate_version"' in head or b'"memgate_baseline"' in head)
+
+
 def load_baseline(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
@@ -183,10 +192,13 @@ def compare_entry(entry: dict[str, Any], baseline: dict[str, Any], rule: Compare
     passed = value <= allowed
     growth = value - base
     pct = f" ({growth / base * 100:+.1f}%)" if base else ""
-    verb = "exceeds" if not passed else "within"
-    message = (f"{rule.metric} {_fmt(rule.metric, value)} {verb} baseline {_fmt(rule.metric, base)} "
-               f"{'by ' + _fmt(rule.metric, growth) if growth >= 0 else 'shrank by ' + _fmt(rule.metric, -growth)}{pct}, "
-               f"allowed {rule.describe()} — rank {rank} {device}")
+    sign = "+" if growth >= 0 else "-"
+    change = f"{sign}{_fmt(rule.metric, abs(growth))}{pct}"
+    if passed:
+        head = f"{rule.metric} {_fmt(rule.metric, value)} vs baseline {_fmt(rule.metric, base)}: {change}"
+    else:
+        head = f"{rule.metric} {_fmt(rule.metric, value)} exceeds baseline {_fmt(rule.metric, base)} by {change.lstrip('+')}"
+    message = f"{head}, allowed {rule.describe()} — rank {rank} {device}"
     return Regression(rank, rule.metric, base, value, allowed, passed, device, message)
 
 

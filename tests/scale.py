@@ -13,7 +13,8 @@ def scaled_copy(source: Path, target: Path, factor: float, ops: tuple[str, ...] 
     """Copy ``source`` to ``target`` with memory_record / operator_memory sizes × ``factor``.
 
     ``ops`` limits operator_memory scaling to those op names (totals are scaled regardless).
-    KB values are rounded to whole KB and MB values to whole KB too, so the text stays exact.
+    Values are rounded to whole 512-byte units (torch_npu's block granule), so the text stays exact
+    and a factor of 1.0 changes nothing.
     """
     shutil.copytree(source, target)
     out = target / "ASCEND_PROFILER_OUTPUT" if (target / "ASCEND_PROFILER_OUTPUT").is_dir() else target
@@ -32,8 +33,8 @@ def scaled_copy(source: Path, target: Path, factor: float, ops: tuple[str, ...] 
                 if not column.endswith(SCALED_SUFFIXES) or row[i] == "":
                     continue
                 kib = float(row[i]) * (1024 if column.endswith("(MB)") else 1)
-                scaled_kib = round(kib * factor)
-                row[i] = repr(scaled_kib / 1024) if column.endswith("(MB)") else repr(float(scaled_kib))
+                scaled_kib = round(kib * factor * 2) / 2
+                row[i] = repr(scaled_kib / 1024) if column.endswith("(MB)") else repr(scaled_kib)
         text = newline.join(",".join(r) for r in rows) + newline
         path.write_bytes(text.encode("utf-8"))
     return target
