@@ -294,3 +294,13 @@ def test_xdist_gives_the_same_outcomes_and_one_report(pytester: pytest.Pytester)
     assert a["budgets"] == b["budgets"]
     assert sorted(p["rank"] for p in b["profiles"]) == ["0", "1", "2"]
     assert a["profiles"] == b["profiles"]
+
+
+@pytest.mark.parametrize(("verbosity", "shown"), [((), 5), (("-v",), 10)])
+def test_detail_section_is_capped_and_verbosity_raises_the_cap(pytester: pytest.Pytester, verbosity: tuple[str, ...],
+                                                                shown: int) -> None:
+    _budget_file(pytester, alloc='"1 GiB"')
+    result = pytester.runpytest(f"--memgate={SAMPLE}", *verbosity)
+    result.stdout.fnmatch_lines([f"*top {shown} of 10 live blocks at the peak (npu:0):*"])
+    holder_lines = [line for line in result.stdout.lines if line.startswith("  ") and "MiB  " in line]
+    assert len(holder_lines) == shown
