@@ -1,4 +1,4 @@
-"""``memgate inspect|check|validate``: a thin shell over :mod:`memgate.session`.
+"""``memgate inspect|check|validate|diff|suggest``: a thin shell over :mod:`memgate.session`.
 
 Exit codes: 0 ok, 1 a budget exceeded, 2 bad input or usage (one line on stderr, no traceback).
 """
@@ -17,7 +17,7 @@ from memgate import __version__
 from memgate.errors import ConfigError, MemgateError
 
 if TYPE_CHECKING:
-    from memgate.session import LoadedProfile
+    from memgate.session import ProfileResult
 
 # The core (pandas, pyarrow: ~0.5 s to import) is imported inside the commands, so usage errors,
 # --help and --version answer at once.
@@ -35,24 +35,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="memgate", description="Memory budgets for ML runs, from profiler output.")
     parser.add_argument("--version", action="version", version=f"memgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser("inspect", help="print the metrics of every profile under PATH")
+    loading = _Parser(add_help=False)
+    loading.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                         help="load profiles (ranks) in N processes (default 1)")
+    shown = loading.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true", default=None,
+                       help="show progress of loads over ~2 s even when stderr is not a terminal")
+    shown.add_argument("--no-progress", action="store_false", dest="progress", help="never show progress")
+    p = sub.add_parser("inspect", parents=[loading], help="print the metrics of every profile under PATH")
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of text")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps dropped before step_growth/leaked (default 1)")
-    p = sub.add_parser("check", help="judge every profile under PATH against the budgets")
+    p = sub.add_parser("check", parents=[loading], help="judge every profile under PATH against the budgets")
     p.add_argument("path", nargs="?", help="profile root (default: 'profiles' from the budget file)")
     p.add_argument("--budgets", metavar="FILE", help="memgate.toml or pyproject.toml (default: ./memgate.toml, ./pyproject.toml)")
     p.add_argument("--json", metavar="FILE", dest="json_out", help="also write the JSON report here")
-    p = sub.add_parser("validate", help="validate every profile file under PATH against its schema")
+    p = sub.add_parser("validate", parents=[loading], help="validate every profile file under PATH against its schema")
     p.add_argument("path")
-    p = sub.add_parser("diff", help="metric and per-operator deltas between two runs (profiles, JSON reports or baselines)")
+    p = sub.add_parser("diff", parents=[loading], help="metric and per-operator deltas between two runs (profiles, JSON reports or baselines)")
     p.add_argument("base")
     p.add_argument("current")
     p.add_argument("--fail", action="append", default=[], metavar="EXPR",
                    help="exit 1 when a metric grew past EXPR, e.g. peak_allocated:5%%, peak_allocated:2.5%%+256MiB")
     p.add_argument("--json", action="store_true", help="print the diff as JSON")
     p.add_argument("--top", type=int, default=10, help="operators listed per change kind (default 10)")
-    p = sub.add_parser("suggest", help="print a [tool.memgate] budget block from the measured values plus headroom")
+    p = sub.add_parser("suggest", parents=[loading], help="print a [tool.memgate] budget block from the measured values plus headroom")
     p.add_argument("path")
     p.add_argument("--headroom", default="10%", help="added to every measured value (default 10%%)")
     p.add_argument("--name", default="default", help="budget name (default 'default')")
@@ -81,26 +88,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _first_error(loaded: list[LoadedProfile]) -> MemgateError | None:
-    return next((item.error for item in loaded if item.error is not None), None)
+def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = (), warmup_steps: int = 1) -> list[ProfileResult]:
+    from memgate.progress import stderr_writer, wanted
+    from memgate.session import run_profiles
+
+    if args.jobs < 1:
+        raise ConfigError(f"invalid --jobs {args.jobs}", expected="a number of processes >= 1")
+    write = stderr_writer() if wanted(sys.stderr, args.progress) else None
+    return run_profiles(root, budgets, warmup_steps=warmup_steps, jobs=args.jobs, write_progress=write)
+
+
+def _report_errors(results: list[ProfileResult]) -> list[dict[str, Any]]:
+    return [r.error_entry() for r in results if r.error is not None]
+
+
+def _first_error_line(results: list[ProfileResult]) -> str | None:
+    return next((r.error.one_line() for r in results if r.error is not None), None)
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from memgate.report import build_report, inspect_text
-    from memgate.session import load_all, profile_entries
 
-    loaded = load_all(args.path)
-    entries = profile_entries(loaded, warmup_steps=args.warmup_steps)
-    errors = [{"profile": str(i.found.path), "error": i.error.one_line()} for i in loaded if i.error]
+    if args.warmup_steps < 0:
+        raise ConfigError(f"invalid --warmup-steps {args.warmup_steps}", expected="an integer >= 0")
+    results = _run(args, args.path, warmup_steps=args.warmup_steps)
+    entries = [r.entry for r in results if r.entry is not None]
     if args.json:
-        print(json.dumps(build_report(entries, [], errors), indent=2))
+        print(json.dumps(build_report(entries, [], _report_errors(results)), indent=2))
     else:
         for entry in entries:
             print("\n".join(inspect_text(entry)))
-    if errors:
-        error = _first_error(loaded)
-        assert error is not None
-        print(f"memgate: error: {error.one_line()}", file=sys.stderr)
+    error = _first_error_line(results)
+    if error is not None:
+        print(f"memgate: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return EXIT_OK
 
@@ -108,7 +128,6 @@ def _inspect(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from memgate.budgets import find_budget_file, load_budget_file
     from memgate.report import build_report, summary_table, write_json_atomic
-    from memgate.session import judge_all, load_all, profile_entries
 
     budget_file = load_budget_file(args.budgets) if args.budgets else find_budget_file(Path.cwd())
     if budget_file is None or not budget_file.budgets:
@@ -119,16 +138,18 @@ def _check(args: argparse.Namespace) -> int:
         raise ConfigError("no profile path", expected="PATH or 'profiles = ...' in the budget file")
     if args.path is None and budget_file.path:
         root = str(Path(budget_file.path).parent / root)
-    loaded = load_all(root)
-    outcomes, errors = judge_all(loaded, budget_file.budgets)
+    results = _run(args, root, budget_file.budgets)
+    outcomes = [o for r in results for o in r.outcomes]
+    errors = _report_errors(results)
     for line in summary_table(outcomes):
         print(line)
     failed = [o for o in outcomes if o["passed"] is False]
     for o in failed:
         print(f"FAILED {o['budget']}::{o['metric']}: {o['message']}")
     if args.json_out:
+        entries = [r.entry for r in results if r.entry is not None]
         try:
-            write_json_atomic(args.json_out, build_report(profile_entries(loaded), outcomes, errors))
+            write_json_atomic(args.json_out, build_report(entries, outcomes, errors))
         except OSError as exc:
             raise ConfigError(f"cannot write the JSON report: {exc.strerror or exc}", file=args.json_out,
                               expected="a writable file path for --json") from None
@@ -140,27 +161,20 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from memgate.session import load_all
-
-    loaded = load_all(args.path)
-    for item in loaded:
-        status = "ok" if item.error is None else f"INVALID: {item.error.one_line()}"
-        print(f"{item.found.path} [{item.found.format.name}]: {status}")
-    error = _first_error(loaded)
+    results = _run(args, args.path)
+    for r in results:
+        status = "ok" if r.error is None else f"INVALID: {r.error.one_line()}"
+        print(f"{r.path} [{r.format}]: {status}")
+    error = _first_error_line(results)
     if error is not None:
-        print(f"memgate: error: {error.one_line()}", file=sys.stderr)
+        print(f"memgate: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return EXIT_OK
 
 
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
-
-
-def _entries_of(path: str) -> list[dict[str, Any]]:
+def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
     """Profile entries of a run: a JSON report or baseline file as saved, else the profiles under PATH."""
     from memgate.compare import load_baseline, looks_like_memgate_json
-    from memgate.session import load_all, profile_entries
 
     if looks_like_memgate_json(Path(path)):
         data = json.loads(Path(path).read_text("utf-8"))
@@ -172,18 +186,18 @@ def _entries_of(path: str) -> list[dict[str, Any]]:
              "devices": [{"device": d, "metrics": v["metrics"]} for d, v in p["devices"].items()]}
             for rank, p in baseline["profiles"].items()
         ]
-    loaded = load_all(path)
-    error = _first_error(loaded)
-    if error is not None:
-        raise error
-    return profile_entries(loaded)
+    results = _run(args, path)
+    for r in results:
+        if r.error is not None:
+            raise r.error
+    return [r.entry for r in results if r.entry is not None]
 
 
 def _diff(args: argparse.Namespace) -> int:
     from memgate.compare import baseline_from_entries, compare_entry, diff_entries, diff_text, parse_rule
 
     rules = [parse_rule(r) for r in args.fail]
-    base, current = _entries_of(args.base), _entries_of(args.current)
+    base, current = _entries_of(args, args.base), _entries_of(args, args.current)
     diff = diff_entries(base, current)
     regressions = []
     baseline = baseline_from_entries(base)
@@ -214,5 +228,9 @@ def _suggest(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage such as 10%") from None
     if headroom < 0:
         raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage >= 0")
-    print(suggest_toml(_entries_of(args.path), headroom, name=args.name), end="")
+    print(suggest_toml(_entries_of(args, args.path), headroom, name=args.name), end="")
     return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -340,7 +340,9 @@ class MemgateItem(_GateItem):
 
     def setup(self) -> None:
         assert self.found is not None
-        _, cache = self.config.stash[STATE].load(self.found)
+        profile, cache = self.config.stash[STATE].load(self.found)
+        if not self.budget.selects_rank(profile.rank):
+            pytest.skip(f"budget {self.budget.name!r} selects ranks {self.budget.ranks!r}; this is rank {profile.rank}")
         self.stash[OUTCOME] = judge(cache, self.budget, self.metric)
 
     def runtest(self) -> None:

@@ -1,77 +1,98 @@
-"""The core the CLI and the pytest plugin share: discover, load, measure, judge. No pytest here."""
+"""The core the CLI and the pytest plugin share: discover, load, measure, judge. No pytest here.
+
+Each profile is processed on its own (:func:`process_profile`), so many ranks can be spread over
+processes (``--jobs``): what comes back is plain JSON, small next to the profile itself.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from memgate.budgets import Budget, MetricCache, Outcome, judge
+from memgate.budgets import Budget, MetricCache, judge
 from memgate.discover import Found, discover, load
 from memgate.errors import MemgateError
 from memgate.model import Profile
+from memgate.progress import describe, progress
 from memgate.report import outcome_entry, profile_entry
 
 
 @dataclass
-class LoadedProfile:
-    found: Found
-    profile: Profile | None
-    error: MemgateError | None
-    cache: MetricCache | None = None
+class ProfileResult:
+    """What one profile gives: its report entry and verdicts, or the error that stopped it."""
 
-    @property
-    def label(self) -> str:
-        return self.profile.rank if self.profile else self.found.path.name
+    path: str
+    format: str
+    entry: dict[str, Any] | None
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    error: MemgateError | None = None
+
+    def error_entry(self) -> dict[str, Any]:
+        assert self.error is not None
+        return {"profile": self.path, "error": self.error.one_line()}
 
 
-def load_all(root: str | Path) -> list[LoadedProfile]:
-    """Every profile under ``root``; a bad one carries its error instead of stopping the rest."""
-    result = []
-    for found in discover(root):
-        try:
-            profile = load(found)
-        except MemgateError as exc:
-            result.append(LoadedProfile(found, None, exc))
+def error_outcome(profile: Profile | None, path: str, budget: Budget, metric: str, error: MemgateError) -> dict[str, Any]:
+    """The report entry of a (profile, budget, metric) that could not be judged."""
+    limit = budget.limits.get(metric, budget.op_caps.get(metric[len("op_caps["):-1], 0))
+    return {
+        "profile": profile.path if profile else path, "rank": profile.rank if profile else "?",
+        "budget": budget.name, "metric": metric, "limit": limit, "value": None, "passed": None,
+        "device": None, "error": error.one_line(), "message": error.one_line(),
+    }
+
+
+def judge_profile(cache: MetricCache, budgets: Sequence[Budget]) -> list[dict[str, Any]]:
+    """Verdicts of every budget that selects this profile's rank."""
+    profile = cache.profile
+    outcomes = []
+    for budget in budgets:
+        if not budget.selects_rank(profile.rank):
             continue
-        result.append(LoadedProfile(found, profile, None, MetricCache(profile)))
-    return result
+        for metric in budget.checks():
+            try:
+                outcomes.append(outcome_entry(judge(cache, budget, metric)))
+            except MemgateError as exc:
+                outcomes.append(error_outcome(profile, profile.path, budget, metric, exc))
+    return outcomes
 
 
-def judge_all(loaded: list[LoadedProfile], budgets: list[Budget] | tuple[Budget, ...]) -> tuple[list[dict], list[dict]]:
-    """(outcome entries, error entries) for every (profile, budget, metric)."""
-    outcomes: list[dict] = []
-    errors: list[dict] = []
-    for item in loaded:
-        if item.error is not None:
-            errors.append({"profile": str(item.found.path), "error": item.error.one_line()})
-            continue
-        assert item.profile is not None and item.cache is not None
-        for budget in budgets:
-            if not budget.selects_rank(item.profile.rank):
-                continue
-            for metric in budget.checks():
-                try:
-                    outcomes.append(outcome_entry(judge(item.cache, budget, metric)))
-                except MemgateError as exc:
-                    outcomes.append({
-                        "profile": item.profile.path, "rank": item.profile.rank, "budget": budget.name,
-                        "metric": metric, "limit": budget.limits.get(metric, budget.op_caps.get(metric[8:-1], 0)),
-                        "value": None, "passed": None, "device": None, "error": exc.one_line(),
-                        "message": exc.one_line(),
-                    })
-    return outcomes, errors
+def process_profile(
+    found: Found,
+    budgets: Sequence[Budget] = (),
+    warmup_steps: int = 1,
+    loader: Callable[[Found], Profile] = load,
+) -> ProfileResult:
+    try:
+        profile = loader(found)
+    except MemgateError as exc:
+        return ProfileResult(str(found.path), found.format.name, None, error=exc)
+    cache = MetricCache(profile)
+    entry = profile_entry(profile, cache.get(None, warmup_steps))
+    return ProfileResult(profile.path, profile.format, entry, judge_profile(cache, budgets))
 
 
-def profile_entries(loaded: list[LoadedProfile], warmup_steps: int = 1) -> list[dict]:
-    return [
-        profile_entry(item.profile, item.cache.get(None, warmup_steps))
-        for item in loaded
-        if item.profile is not None and item.cache is not None
-    ]
-
-
-def outcome_of(item: LoadedProfile, budget: Budget, metric: str) -> Outcome:
-    if item.error is not None:
-        raise item.error
-    assert item.cache is not None
-    return judge(item.cache, budget, metric)
+def run_profiles(
+    root: str | Path,
+    budgets: Sequence[Budget] = (),
+    *,
+    warmup_steps: int = 1,
+    jobs: int = 1,
+    loader: Callable[[Found], Profile] = load,
+    write_progress: Callable[[str], None] | None = None,
+) -> list[ProfileResult]:
+    """Every profile under ``root``, in discovery order; a bad one carries its error."""
+    found = discover(root)
+    if jobs > 1 and len(found) > 1:
+        with progress(f"{len(found)} profiles on {jobs} processes", write_progress):
+            with ProcessPoolExecutor(max_workers=min(jobs, len(found))) as pool:
+                futures = [pool.submit(process_profile, f, tuple(budgets), warmup_steps, loader) for f in found]
+                return [future.result() for future in futures]
+    results = []
+    for entry in found:
+        with progress(lambda: describe(entry.path), write_progress):
+            results.append(process_profile(entry, budgets, warmup_steps, loader))
+    return results

@@ -283,10 +283,10 @@ def test_internal_errors_are_one_line_without_traceback(monkeypatch: pytest.Monk
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """A bug in memgate is exit 3 with one line; MEMGATE_DEBUG=1 shows the traceback."""
 
-    def boom(root: object) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("memgate.session.load_all", boom)
+    monkeypatch.setattr("memgate.session.run_profiles", boom)
     monkeypatch.delenv("MEMGATE_DEBUG", raising=False)
     assert cli.main(["inspect", str(PTA21_L1)]) == cli.EXIT_INTERNAL
     line = capsys.readouterr().err.strip()
