@@ -44,6 +44,15 @@ class Found:
     path: Path
     format: Format
 
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        # Formats hold plain functions and lambdas: send the name, look it up on the other side.
+        return _found_by_name, (str(self.path), self.format.name)
+
+
+def _found_by_name(path: str, format_name: str) -> Found:
+    _load_plugins()
+    return Found(Path(path), next(f for f in FORMATS if f.name == format_name))
+
 
 def _claim(path: Path) -> Format | None:
     for fmt in FORMATS:
