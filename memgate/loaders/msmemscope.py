@@ -1,0 +1,612 @@
+"""msMemScope dumps: ``memscope_dump_{ts}.csv`` / ``.db`` (and ``leaks_dump_{ts}.csv`` of msleaks).
+
+FORMATS.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
+plus ``Call Stack(Python)`` / ``Call Stack(C)`` when stacks were collected (msleaks wrote
+``Timestamp(us)``); the db holds the same columns in table ``memscope_dump``.
+
+How the events become the model:
+
+- **Blocks.** MALLOC/FREE rows of every pool (Event Type PTA, PTA_WORKSPACE, HAL, ATB, MINDSPORE,
+  HOST, HOST_PINNED → the block's component; MINDSPORE is named ``MindSpore`` like the MindSpore
+  profiler's series). A FREE is matched to the latest earlier MALLOC with the same (process, pool,
+  ptr), in (timestamp, ID) order — rows are grouped per allocation in the file, not sorted. The
+  device is not part of the key: a ptr is a virtual address of its process, and old files write
+  ``Device Id`` N/A on HAL FREE rows; the block takes the MALLOC's device. A FREE without a MALLOC
+  is a block allocated before the window (its size from its own ``size``; dropped and counted when
+  it has none, as HAL frees of some versions); a MALLOC without a FREE is still live at the end.
+  The op of a pool block (not HAL / host: those are the segments under the pools) is the innermost
+  ``OP_LAUNCH`` span (ATEN_START/END, ATB_START/END) open on the same thread at the MALLOC, by its
+  raw name (``torch._ops.aten.mm.default``); its owner is Attr's ``owner`` (``PTA@…@…``).
+- **Series.** ``used`` / ``total`` of a pool's MALLOC/FREE rows (the pool's allocated / reserved
+  after the event) → one series per pool. Old writers put a ``total`` below ``used`` (it was not the
+  pool's reserved size then): such a series keeps allocated and drops reserved, and says so.
+- **Steps.** ``SYSTEM`` / ``STEP`` rows (``msmemscope.step()``, Name = step number) start a step;
+  it ends at the next STEP of the same process and device, else at STOP_TRACE, else at the
+  process's last event. Steps of several processes are merged by number (earliest start, latest end).
+- **Devices.** ``npu:<Device Id>``; host pools and ``Device Id`` ``host`` → ``cpu``. IDs are unique
+  only per process and one file can hold several processes (old fixtures): with more than one
+  process the label is ``npu:0/pid<pid>``, one device model per (process, device), since two
+  processes' allocators are separate (globs like ``npu:0*`` still select them).
+- **Time.** ``Timestamp(ns)`` is ns since the epoch (19 digits). Old fixtures wrote 16-digit µs
+  values under that header: when every epoch-looking value has 16 digits (1e15 ≤ t < 1e16) the
+  column is read as µs and ``metadata["timestamp_note"]`` says so; a file mixing 16- and 19-digit
+  values is rejected. ``Timestamp(us)`` (msleaks) is µs.
+- **Attr** is ``{k:v,...}`` with unquoted keys (the db stores it as JSON with quoted keys and string
+  values); it is parsed with vectorized regular expressions, never ``json.loads`` per row.
+
+Detection: a ``.csv`` whose first line is an msMemScope header (the tool's default names are
+``memscope_dump_*.csv`` / ``leaks_dump_*.csv``, but copies get renamed), or a
+``memscope_dump_*.db`` / ``leaks_dump_*.db`` with the sqlite header.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memgate import discover
+from memgate.csvtable import describe, re2_pattern, read_csv
+from memgate.errors import InputError
+from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
+from memgate.schemas import load_schema
+from memgate.sqlitetable import is_sqlite, open_db, quote_ident, validate_table
+
+FORMAT = "msmemscope"
+TABLE = "memscope_dump"
+DB_NAME = re.compile(r"(?:^|_)(?:memscope|leaks)_dump_[0-9]+.*\.db$")
+HEADER_PREFIX = "ID,Event,Event Type,Name,Timestamp("
+COLUMNS = ("ID", "Event", "Event Type", "Name", "Timestamp", "Process Id", "Thread Id", "Device Id", "Ptr", "Attr")
+POOL_COMPONENTS = {"PTA": "PTA", "PTA_WORKSPACE": "PTA_WORKSPACE", "ATB": "ATB", "MINDSPORE": "MindSpore",
+                   "HAL": "HAL", "HOST": "HOST", "HOST_PINNED": "HOST_PINNED"}
+HOST_POOLS = ("HOST", "HOST_PINNED")
+SPAN_START = ("ATEN_START", "ATB_START")
+SPAN_END = ("ATEN_END", "ATB_END")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+US_LOW, US_HIGH, NS_LOW = 10**15, 10**16, 10**17  # 16-digit µs epoch vs 19-digit ns epoch
+
+
+
+# --- pairing (shared with the CANN NPU_OP_MEM reader) --------------------------------------------
+
+@dataclass(frozen=True)
+class Pairs:
+    """Blocks made of alloc/free events: row indices into the event arrays, -1 where absent."""
+
+    alloc_rows: np.ndarray  # -1 = allocated before the window (a free without an alloc)
+    free_rows: np.ndarray  # -1 = still live at the window's end
+    reused: int  # allocs followed by another alloc of the same key (a free the file does not show)
+
+
+def pair_events(keys: Sequence[np.ndarray], t: np.ndarray, seq: np.ndarray, is_alloc: np.ndarray) -> Pairs:
+    """Match every free to the latest earlier alloc with the same ``keys`` in (t, seq) order, vectorized.
+
+    ``keys`` are parallel arrays (e.g. process, pool, address). Events of one key alternate alloc,
+    free, alloc, … in a complete record; a free right after an alloc closes it, a free after a free
+    (or first of its key) is a block from before the window, an alloc not followed by a free is
+    still live (or, followed by another alloc, lost its free).
+    """
+    n = len(t)
+    if n == 0:
+        empty = np.array([], dtype=np.int64)
+        return Pairs(empty, empty, 0)
+    order = np.lexsort((seq, t, *reversed([np.asarray(k) for k in keys])))
+    al = np.asarray(is_alloc, dtype=bool)[order]
+    same_next = np.zeros(n, dtype=bool)
+    same_next[:-1] = True
+    for key in keys:
+        k = np.asarray(key)[order]
+        same_next[:-1] &= k[1:] == k[:-1]
+    next_is_free = np.zeros(n, dtype=bool)
+    next_is_free[:-1] = ~al[1:]
+    closed = al & same_next & next_is_free
+    same_prev = np.zeros(n, dtype=bool)
+    same_prev[1:] = same_next[:-1]
+    prev_is_alloc = np.zeros(n, dtype=bool)
+    prev_is_alloc[1:] = al[:-1]
+    matched_free = ~al & same_prev & prev_is_alloc
+    alloc_pos = np.flatnonzero(al)
+    lone_free_pos = np.flatnonzero(~al & ~matched_free)
+    free_pos = np.where(closed[alloc_pos], alloc_pos + 1, 0)
+    alloc_rows = np.concatenate([order[alloc_pos], np.full(len(lone_free_pos), -1)]).astype(np.int64)
+    free_rows = np.concatenate([np.where(closed[alloc_pos], order[free_pos], -1), order[lone_free_pos]]).astype(np.int64)
+    reused = int((al & same_next & ~next_is_free).sum())
+    return Pairs(alloc_rows, free_rows, reused)
+
+
+def take(values: pd.Series, rows: np.ndarray) -> pd.Series:
+    """``values`` at ``rows`` (positional), NA where a row is -1; keeps the dtype."""
+    picked = values.iloc[np.maximum(rows, 0)].reset_index(drop=True)
+    return picked.where(pd.Series(rows >= 0))
+
+
+# --- detection -----------------------------------------------------------------------------------
+
+def claims(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    name = path.name.lower()
+    if name.endswith(".csv"):
+        try:
+            with open(path, "rb") as fh:
+                first = fh.read(256)
+        except OSError:
+            return False
+        return first.decode("utf-8-sig", errors="replace").startswith(HEADER_PREFIX)
+    return bool(DB_NAME.search(name)) and is_sqlite(path)
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rows:
+    """The dump's columns as text (null when empty), plus how to name a row in an error."""
+
+    path: Path
+    table: pa.Table  # COLUMNS, all string
+    time_unit: str  # the header's unit: "ns" or "us"
+    rowids: np.ndarray | None  # db rowids; None for a CSV (row i is line i + 2)
+
+    def col(self, name: str) -> pa.ChunkedArray:
+        return self.table.column(name)
+
+    def error(self, row: int, message: str, column: str, *, expected: str | None = None,
+              found: str | None = None) -> InputError:
+        if self.rowids is None:
+            return InputError(message, file=self.path, line=row + 2, column=column, expected=expected, found=found)
+        return InputError(f"table {TABLE} rowid {int(self.rowids[row])}: {message}", file=self.path,
+                          column=f"{TABLE}.{column}", expected=expected, found=found)
+
+
+def read_csv_rows(path: Path) -> Rows:
+    table = read_csv(path, load_schema("msmemscope.dump"))
+    unit = "us" if table.has("Timestamp(us)") else "ns"
+    columns = [table.column(f"Timestamp({unit})" if c == "Timestamp" else c) for c in COLUMNS]
+    return Rows(path, pa.table(columns, names=list(COLUMNS)), unit, None)
+
+
+def read_db_rows(path: Path) -> Rows:
+    schema = load_schema("msmemscope.memscope_dump")
+    with open_db(path) as db:
+        validate_table(db, schema)
+        names = ["ID", "Event", "Event Type", "Name", "Timestamp(ns)", "Process Id", "Thread Id", "Device Id", "Ptr",
+                 "Attr"]
+        select = ", ".join(f"CAST({quote_ident(n)} AS TEXT)" for n in names)
+        rows = db.query(f"SELECT rowid, {select} FROM {quote_ident(TABLE)} ORDER BY rowid", table=TABLE)
+    if not rows:
+        raise InputError(f"table {TABLE} has no rows", file=path, column=TABLE)
+    grid = np.array(rows, dtype=object).reshape(len(rows), len(names) + 1)  # cheaper than zip(*rows)
+    rowids = grid[:, 0].astype(np.int64)
+    arrays = []
+    for i in range(1, len(names) + 1):
+        arr = pa.array(grid[:, i], type=pa.string(), from_pandas=False)
+        arrays.append(pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr))
+    result = Rows(path, pa.table(arrays, names=list(COLUMNS)), "ns", rowids)
+    _check_patterns(result)
+    return result
+
+
+def _check_patterns(rows: Rows) -> None:
+    """The CSV row schema's cell patterns, applied to the db's values as text."""
+    props = load_schema("msmemscope.dump")["properties"]
+    first: tuple[int, str] | None = None
+    for name in COLUMNS:
+        prop = props["Timestamp(ns)" if name == "Timestamp" else name]
+        col = rows.col(name)
+        bad = pc.is_null(col)
+        if "null" in prop["type"]:
+            bad = pc.and_(bad, pa.scalar(False))
+        if "pattern" in prop:
+            ok = pc.fill_null(pc.match_substring_regex(col, re2_pattern(prop["pattern"])), True)
+            bad = pc.or_(bad, pc.invert(ok))
+        if pc.any(bad).as_py():
+            row = int(pc.index(bad, True).as_py())
+            if first is None or row < first[0]:
+                first = (row, name)
+    if first is not None:
+        row, name = first
+        prop = props["Timestamp(ns)" if name == "Timestamp" else name]
+        value = rows.col(name)[row].as_py()
+        raise rows.error(row, "malformed value", "Timestamp(ns)" if name == "Timestamp" else name,
+                         expected=describe(prop), found=repr(value) if value is not None else "an empty cell")
+
+
+def load(path: Path) -> Profile:
+    rows = read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
+    return build_profile(rows)
+
+
+# --- normalization -------------------------------------------------------------------------------
+
+def _np_bool(mask: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _na_to_null(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.if_else(pc.equal(col, "N/A"), pa.scalar(None, pa.string()), col)
+
+
+def _int_or(col: pa.ChunkedArray, missing: int) -> np.ndarray:
+    """Decimal text (already pattern-checked) → int64, ``missing`` where null / N/A."""
+    values = pc.cast(_na_to_null(col), pa.int64())
+    return np.asarray(pc.fill_null(values, missing).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _strings(values: pa.ChunkedArray | pa.Array) -> pd.Series:
+    return pd.Series(values.to_pandas(), dtype="string").reset_index(drop=True)
+
+
+def timestamps_ns(rows: Rows) -> tuple[np.ndarray, str | None]:
+    """Timestamps as int64 ns and a note when the unit was decided by magnitude."""
+    col = rows.col("Timestamp")
+    try:
+        raw = np.asarray(pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+    except pa.ArrowInvalid:
+        row = int(pc.index(pc.greater(pc.utf8_length(col), 18), True).as_py())
+        raise rows.error(row, "timestamp out of range", "Timestamp(ns)", expected="at most 19 digits",
+                         found=repr(col[row].as_py())) from None
+    if rows.time_unit == "us":
+        return raw * 1000, None
+    us_like = (raw >= US_LOW) & (raw < US_HIGH)
+    ns_like = raw >= NS_LOW
+    if us_like.any() and ns_like.any():
+        row = int(max(np.flatnonzero(us_like)[0], np.flatnonzero(ns_like)[0]))  # where the second kind starts
+        raise rows.error(row, "Timestamp(ns) mixes 16-digit (µs-looking) and 19-digit (ns) epoch values",
+                         "Timestamp(ns)", expected="one unit for the whole file", found=repr(col[row].as_py()))
+    if us_like.any():
+        return raw * 1000, ("Timestamp(ns) holds 16-digit values (µs since the epoch, as old msMemScope "
+                            "fixtures wrote them): read as µs")
+    return raw, None
+
+
+_HEX_LUT = np.full(256, 255, dtype=np.uint8)
+_HEX_LUT[np.frombuffer(b"0123456789", dtype=np.uint8)] = np.arange(10, dtype=np.uint8)
+_HEX_LUT[np.frombuffer(b"abcdef", dtype=np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+
+
+def parse_ptr(text: pa.Array | pa.ChunkedArray | pd.Series) -> np.ndarray:
+    """``0x…`` hex or decimal addresses (no nulls) → uint64, vectorized (no per-row int(x, 16))."""
+    arr = pa.array(text, type=pa.string()) if isinstance(text, pd.Series) else text
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    lower = pc.utf8_lower(arr)
+    is_hex = _np_bool(pc.starts_with(lower, "0x"))
+    out = np.zeros(len(arr), dtype=np.uint64)
+    if (~is_hex).any():
+        out[~is_hex] = pc.cast(pc.filter(lower, pa.array(~is_hex)), pa.uint64()).to_numpy(zero_copy_only=False)
+    if is_hex.any():
+        digits = pc.utf8_ltrim(pc.utf8_slice_codeunits(pc.filter(lower, pa.array(is_hex)), 2), "0")
+        if pc.max(pc.utf8_length(digits)).as_py() > 16:
+            raise ValueError("address wider than 64 bits")
+        padded = pc.utf8_lpad(digits, 16, "0")
+        offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32)[padded.offset:padded.offset + len(padded) + 1]
+        data = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(-1, 16)
+        nibbles = _HEX_LUT[data]
+        if (nibbles == 255).any():
+            raise ValueError("not a hex address")
+        shifts = (4 * np.arange(15, -1, -1)).astype(np.uint64)
+        out[is_hex] = np.bitwise_or.reduce(nibbles.astype(np.uint64) << shifts, axis=1)
+    return out
+
+
+@dataclass(frozen=True)
+class Attr:
+    """The memory keys of Attr, one entry per memory row (NA where a row lacks the key)."""
+
+    allocation_id: pd.Series  # Int64
+    addr: pd.Series  # string
+    size: pd.Series  # Int64
+    used: pd.Series  # Int64
+    total: pd.Series  # Int64
+    owner: pd.Series  # string
+
+
+def parse_attr(rows: Rows, mem_idx: np.ndarray, is_malloc: np.ndarray) -> Attr:
+    """Parse ``{k:v,...}`` (keys unquoted; the db's JSON form too) of the memory rows ``mem_idx``.
+
+    Split on ``,`` then on the first ``:`` with Arrow list kernels — linear, no regex scan per key.
+    """
+    m = len(mem_idx)
+    attr = pc.replace_substring(rows.col("Attr").take(pa.array(mem_idx, type=pa.int64())), '"', "")
+    attr = pc.utf8_trim_whitespace(attr).combine_chunks() if m else pa.array([], pa.string())
+
+    def fail(i: int, message: str, expected: str) -> InputError:
+        row = int(mem_idx[i])
+        value = rows.col("Attr")[row].as_py()
+        return rows.error(row, message, "Attr", expected=expected,
+                          found=repr(value) if value is not None else "an empty cell")
+
+    if m and pc.any(pc.is_null(attr)).as_py():
+        raise fail(int(pc.index(pc.is_null(attr), True).as_py()), "MALLOC/FREE row without Attr",
+                   "{allocation_id:…,addr:…,size:…}")
+    braced = pc.and_(pc.starts_with(attr, "{"), pc.ends_with(attr, "}"))
+    if m and not pc.all(braced).as_py():
+        raise fail(int(pc.index(braced, False).as_py()), "malformed Attr", "{key:value,...} with unquoted keys")
+    parts = pc.split_pattern(pc.utf8_slice_codeunits(attr, 1, -1), ",")
+    flat = pc.utf8_trim_whitespace(pc.list_flatten(parts))
+    parent = np.asarray(pc.list_parent_indices(parts).to_numpy(zero_copy_only=False), dtype=np.int64)
+    nonempty = pc.not_equal(flat, "")
+    kv = pc.split_pattern(pc.binary_join_element_wise(flat, ":", ""), ":", max_splits=1)  # always 2 items
+    key = pc.utf8_trim_whitespace(pc.list_element(kv, 0))
+    value = pc.utf8_trim_whitespace(pc.utf8_slice_codeunits(pc.list_element(kv, 1), 0, -1))
+    encoded = pc.dictionary_encode(key)
+    names = encoded.dictionary.to_pylist()  # the distinct keys: a handful, checked once each
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    bad_names = [i for i, k in enumerate(names) if k is None or not _KEY.match(k)]
+    no_colon = _np_bool(pc.less(pc.find_substring(flat, ":"), 0))
+    bad = _np_bool(nonempty) & (no_colon | np.isin(codes, bad_names))
+    if bad.any():
+        raise fail(int(parent[np.flatnonzero(bad)[0]]), "malformed Attr", "{key:value,...} with unquoted keys")
+
+    def text(name: str) -> pd.Series:
+        hit = np.flatnonzero(codes == names.index(name)) if name in names else np.array([], dtype=np.int64)
+        out = pd.Series(pd.NA, index=range(m), dtype="string")
+        if len(hit):
+            # a repeated key: the last one wins
+            keep = hit[~pd.Index(parent[hit]).duplicated(keep="last")]
+            out.iloc[parent[keep]] = _strings(value.take(pa.array(keep))).to_numpy()
+        return out.mask(out == "")
+
+    def integer(name: str, required: np.ndarray) -> pd.Series:
+        raw = text(name)
+        need = required & raw.isna().to_numpy()
+        if need.any():
+            raise fail(int(np.flatnonzero(need)[0]), f"Attr has no {name}", f"{name}:<integer>")
+        arrow = pa.array(raw, type=pa.string())
+        well = pc.fill_null(pc.match_substring_regex(arrow, r"^-?[0-9]+$"), True)
+        if not pc.all(well).as_py():
+            raise fail(int(pc.index(well, False).as_py()), f"malformed {name} in Attr", f"{name}:<integer>")
+        return pd.Series(pc.cast(arrow, pa.int64()).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get),
+                         dtype="Int64")
+
+    none = np.zeros(m, dtype=bool)
+    return Attr(
+        allocation_id=integer("allocation_id", none),
+        addr=text("addr"),
+        size=integer("size", is_malloc),
+        used=integer("used", none),
+        total=integer("total", none),
+        owner=text("owner"),
+    )
+
+
+def enclosing_ops(group: np.ndarray, t: np.ndarray, seq: np.ndarray, delta: np.ndarray, names: pd.Series,
+                  target: np.ndarray) -> pd.Series:
+    """For each ``target`` row, the name of the innermost span (delta +1 start / -1 end) open on its group.
+
+    Depth is a cumulative sum per group (an END without its START lowers the floor instead of going
+    negative); the innermost open span at depth d is the latest START that reached depth d — one
+    forward-fill per depth level, not a loop over rows.
+    """
+    n = len(group)
+    result = pd.Series(pd.NA, index=range(n), dtype="string")
+    if not target.any() or not (delta > 0).any():
+        return result
+    relevant = np.flatnonzero((delta != 0) | target)
+    order = relevant[np.lexsort((seq[relevant], t[relevant], group[relevant]))]
+    g = pd.Series(group[order])
+    depth = pd.Series(delta[order]).groupby(g, sort=False).cumsum()
+    floor = depth.clip(upper=0).groupby(g, sort=False).cummin()
+    level = (depth - floor).to_numpy()
+    is_start = delta[order] > 0
+    is_target = target[order]
+    sorted_names = names.iloc[order].reset_index(drop=True)
+    out = pd.Series(pd.NA, index=range(len(order)), dtype="string")
+    for lv in np.unique(level[is_start]):
+        at_level = sorted_names.where(pd.Series(is_start & (level == lv)))
+        filled = at_level.groupby(g, sort=False).ffill()
+        pick = is_target & (level == lv)
+        out[pick] = filled[pick]
+    result.iloc[order] = out.to_numpy()
+    return result
+
+
+def build_profile(rows: Rows) -> Profile:
+    event = pc.utf8_upper(rows.col("Event"))
+    sub = pc.utf8_upper(rows.col("Event Type"))
+    t_ns, time_note = timestamps_ns(rows)
+    seq = _int_or(rows.col("ID"), -1)
+    pid = _int_or(rows.col("Process Id"), -1)
+    is_malloc = _np_bool(pc.equal(event, "MALLOC"))
+    memory = is_malloc | _np_bool(pc.equal(event, "FREE"))
+    if (memory & (pid < 0)).any():
+        row = int(np.flatnonzero(memory & (pid < 0))[0])
+        raise rows.error(row, "MALLOC/FREE row without a process id", "Process Id", expected="an integer", found="N/A")
+    mem_idx = np.flatnonzero(memory)
+    if not len(mem_idx):
+        raise InputError("no MALLOC/FREE events in this dump", file=rows.path,
+                         expected="a dump recorded with memory events (MALLOC/FREE rows)")
+    take_mem = pa.array(mem_idx, type=pa.int64())
+    m_alloc = is_malloc[mem_idx]
+    attr = parse_attr(rows, mem_idx, m_alloc)
+    m_pool = _strings(sub.take(take_mem))
+    m_comp = m_pool.map(POOL_COMPONENTS).fillna(m_pool).astype("string")
+    ptr_text = _strings(_na_to_null(rows.col("Ptr")).take(take_mem)).fillna(attr.addr)
+    if ptr_text.isna().any():
+        row = int(mem_idx[np.flatnonzero(ptr_text.isna().to_numpy())[0]])
+        raise rows.error(row, "MALLOC/FREE row without an address", "Ptr", expected="0x-hex or decimal", found="N/A")
+    try:
+        ptr = parse_ptr(pa.array(ptr_text, type=pa.string()))
+    except (ValueError, pa.ArrowInvalid):
+        row = int(mem_idx[0]) if len(mem_idx) else 0
+        raise rows.error(row, "address out of range or not hex/decimal", "Ptr", expected="a 64-bit address",
+                         found=repr(rows.col("Ptr")[row].as_py())) from None
+    notes: list[str] = [time_note] if time_note else []
+    m_pid = pid[mem_idx]
+    m_t_raw = t_ns[mem_idx]
+    m_seq = seq[mem_idx]
+    processes = sorted(int(p) for p in np.unique(m_pid))
+    comp_code = pd.factorize(m_comp)[0]
+    pairs = pair_events((m_pid, comp_code, ptr), m_t_raw, m_seq, m_alloc)
+    if pairs.reused:
+        notes.append(f"{pairs.reused} MALLOC(s) reuse a live address without a FREE in between: counted as "
+                     "never freed")
+
+    # Device of each memory row: its own, else (FREE rows with N/A) its MALLOC's, else the process's only one.
+    m_dev = _strings(_na_to_null(rows.col("Device Id")).take(take_mem))
+    a, f = pairs.alloc_rows, pairs.free_rows
+    both = (a >= 0) & (f >= 0)
+    from_malloc = pd.Series(pd.NA, index=range(len(m_dev)), dtype="string")
+    from_malloc.iloc[f[both]] = m_dev.iloc[a[both]].to_numpy()
+    m_dev = m_dev.fillna(from_malloc)
+    if m_dev.isna().any():
+        per_pid = pd.DataFrame({"pid": m_pid, "dev": m_dev}).dropna().drop_duplicates()
+        counts = per_pid.groupby("pid")["dev"].transform("size")
+        only = per_pid[counts == 1].set_index("pid")["dev"]
+        m_dev = m_dev.fillna(pd.Series(m_pid).map(only).astype("string"))
+    unplaced = int(m_dev.isna().sum())
+    if unplaced:
+        notes.append(f"{unplaced} FREE row(s) with Device Id N/A and no MALLOC to take a device from: dropped")
+    host = (m_comp.isin(list(HOST_POOLS)) | (m_dev == "host")).fillna(False)
+    label = ("npu:" + m_dev).where(~host, "cpu")
+    if len(processes) > 1:
+        label = label + "/pid" + pd.Series(m_pid).astype("string")
+
+    # Blocks. HAL / host blocks are the driver's segments under the pools: naming them after the op
+    # that triggered them would count the op's memory twice, so only pool blocks get an op.
+    framework = is_malloc.copy()
+    framework[mem_idx] &= ~m_pool.isin(["HAL", *HOST_POOLS]).fillna(True).to_numpy(dtype=bool)
+    ops = enclosing_ops(*_span_inputs(rows, event, sub, pid, t_ns, seq, framework))
+    m_t = pd.Series(pd.array(m_t_raw, dtype="Int64"))
+    first = np.where(a >= 0, a, f)
+    blocks = pd.DataFrame({
+        "size": take(attr.size, first).abs(),
+        "t_alloc": take(m_t, a),
+        "t_free": take(m_t, f),
+        "op": take(ops.iloc[mem_idx].reset_index(drop=True), a),
+        "stream": pd.Series(pd.NA, index=range(len(first)), dtype="string"),
+        "owner": take(attr.owner, a),
+        "component": take(m_comp, first),
+        "alloc_total": take(attr.used, a),
+    })
+    block_label = take(label, first)
+    sizeless = (blocks["size"].isna() | (blocks["size"] == 0)).fillna(True).to_numpy(dtype=bool) & (a < 0)
+    if sizeless.any():
+        notes.append(f"{int(sizeless.sum())} FREE row(s) without a MALLOC and without a size: dropped")
+    keep = ~sizeless & block_label.notna().to_numpy(dtype=bool)
+    order = np.flatnonzero(keep)
+    start = np.where(a >= 0, m_t_raw[np.maximum(a, 0)], m_t_raw[np.maximum(f, 0)])
+    order = order[np.lexsort((m_seq[first[order]], start[order]))]
+    blocks, block_label = blocks.iloc[order].reset_index(drop=True), block_label.iloc[order].reset_index(drop=True)
+
+    # Series: a pool's used/total after each of its events.
+    sampled = (attr.used.notna() & label.notna()).to_numpy(dtype=bool)
+    series_rows = pd.DataFrame({
+        "device": label[sampled].to_numpy(), "component": m_comp[sampled].to_numpy(), "t_ns": m_t_raw[sampled],
+        "seq": m_seq[sampled], "allocated": attr.used[sampled].to_numpy(), "reserved": attr.total[sampled].to_numpy(),
+    })
+    device_series: dict[str, dict[str, Series]] = {}
+    for (device, comp), group in series_rows.groupby(["device", "component"], sort=True):
+        group = group.sort_values(["t_ns", "seq"], kind="stable")
+        frame = pd.DataFrame({
+            "t_ns": pd.array(group["t_ns"].to_numpy(), dtype="Int64"),
+            "allocated": pd.array(group["allocated"], dtype="Int64"),
+            "reserved": pd.array(group["reserved"], dtype="Int64"),
+            "active": pd.array([pd.NA] * len(group), dtype="Int64"),
+        })
+        if (frame["allocated"] > frame["reserved"]).fillna(False).any():
+            notes.append(f"{device} {comp}: Attr 'total' is below 'used' (not the pool's reserved size in this "
+                         "writer version): reserved left empty")
+            frame["reserved"] = pd.array([pd.NA] * len(frame), dtype="Int64")
+        device_series.setdefault(str(device), {})[str(comp)] = Series(str(comp), frame, str(rows.path))
+
+    steps = read_steps(rows, event, sub, pid, t_ns, seq)
+    models = []
+    labels = block_label.to_numpy(dtype=object)
+    for device in sorted(set(labels.tolist()) | set(device_series)):
+        device_blocks = blocks[labels == device].reset_index(drop=True)
+        models.append(DeviceModel(
+            device=str(device),
+            series=device_series.get(str(device), {}),
+            blocks=_typed_blocks(device_blocks),
+            blocks_source=str(rows.path) if len(device_blocks) else None,
+        ))
+    metadata: dict[str, Any] = {
+        "timestamp_unit": "us" if (rows.time_unit == "us" or time_note) else "ns",
+        "processes": processes,
+        "unmatched_frees": int((a < 0).sum()),
+    }
+    if notes:
+        metadata["notes"] = notes
+    return Profile(
+        path=str(rows.path),
+        format=FORMAT,
+        rank=_rank(rows.path),
+        devices=tuple(models),
+        steps=steps,
+        steps_source=str(rows.path) if len(steps) else None,
+        metadata=metadata,
+    )
+
+
+def _span_inputs(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np.ndarray, t_ns: np.ndarray,
+                 seq: np.ndarray, target: np.ndarray) -> tuple[Any, ...]:
+    is_launch = _np_bool(pc.equal(event, "OP_LAUNCH"))
+    starts = is_launch & _np_bool(pc.is_in(sub, pa.array(SPAN_START)))
+    ends = is_launch & _np_bool(pc.is_in(sub, pa.array(SPAN_END)))
+    delta = starts.astype(np.int64) - ends.astype(np.int64)
+    tid = _int_or(rows.col("Thread Id"), -1)
+    group = np.unique(np.stack([pid, tid], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
+    names = _strings(_na_to_null(rows.col("Name")))
+    return group, t_ns, seq, delta, names, target
+
+
+def _typed_blocks(frame: pd.DataFrame) -> pd.DataFrame:
+    out = empty_blocks().reindex(range(len(frame)))
+    for column in ("size", "t_alloc", "t_free", "alloc_total"):
+        out[column] = pd.array(frame[column], dtype="Int64")
+    for column in ("op", "stream", "owner", "component"):
+        out[column] = pd.array(frame[column], dtype="string")
+    return out[list(BLOCK_COLUMNS)]
+
+
+def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np.ndarray, t_ns: np.ndarray,
+               seq: np.ndarray) -> pd.DataFrame:
+    system = _np_bool(pc.equal(event, "SYSTEM"))
+    is_step = system & _np_bool(pc.equal(sub, "STEP"))
+    if not is_step.any():
+        return empty_steps()
+    step_idx = np.flatnonzero(is_step)
+    names = _strings(rows.col("Name").take(pa.array(step_idx)))
+    number = names.str.strip().str.strip('"')
+    bad = ~number.str.fullmatch(r"[0-9]+").fillna(False).to_numpy(dtype=bool)
+    if bad.any():
+        row = int(step_idx[np.flatnonzero(bad)[0]])
+        raise rows.error(row, "STEP row without a step number", "Name", expected="the step number",
+                         found=repr(rows.col("Name")[row].as_py()))
+    device = _strings(_na_to_null(rows.col("Device Id"))).fillna("N/A")
+    # Int64 throughout: a float64 detour (NaN from shift) would round ns timestamps.
+    frame = pd.DataFrame({"pid": pid, "device": device, "t": pd.array(t_ns, dtype="Int64"), "seq": seq})
+    stops = frame[system & _np_bool(pc.equal(sub, "STOP_TRACE"))]
+    stop_at = stops.groupby("pid")["t"].max()
+    last_at = frame.groupby("pid")["t"].max()
+    marks = frame.iloc[step_idx].assign(step=number.astype("int64").to_numpy())
+    marks = marks.sort_values(["pid", "device", "t", "seq"], kind="stable")
+    following = marks.groupby(["pid", "device"], sort=False)["t"].shift(-1)
+    stop = pd.Series(marks["pid"].map(stop_at), dtype="Int64")
+    stop = stop.where(stop >= marks["t"])
+    last = pd.Series(marks["pid"].map(last_at), dtype="Int64")
+    marks["t_end"] = following.fillna(stop).fillna(last)
+    steps = marks.groupby("step", sort=True).agg(t_start=("t", "min"), t_end=("t_end", "max")).reset_index()
+    return steps[["step", "t_start", "t_end"]].astype("Int64")
+
+
+_DIR_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+def _rank(path: Path) -> str:
+    """msMemScope records no rank: a ``rank_N`` directory names it, else "0"."""
+    for part in reversed(path.parts[:-1]):
+        if m := _DIR_RANK.search(part):
+            return str(int(m.group(1)))
+    return "0"
+
+
+discover.register(discover.Format(FORMAT, claims, load))

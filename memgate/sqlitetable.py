@@ -1,0 +1,269 @@
+"""Open profiler sqlite databases read-only and validate their tables against JSON Schemas.
+
+A db schema (``memgate/schemas/<writer>.<table>.schema.json``) describes one row of a table as a
+JSON object whose values are the sqlite values: ``"type"`` over ``integer`` / ``number`` /
+``string`` / ``null``, optional ``enum`` and ``minimum``, ``required`` = the columns the table must
+have, and two annotations: ``x-memgate-table`` (the table name) and ``x-references``
+(``"STRING_IDS.id"``: the value is an id that must exist in that table). Every check runs as one
+SQL scan per table (``typeof()`` in a ``WHERE``), never a Python loop over rows; the first bad row in
+rowid order is reported with its rowid, column, what was expected and what was found.
+
+The file is opened with a ``mode=ro`` URI (``immutable=1`` unless a write-ahead log is pending), so
+nothing is ever written next to it: no journal, no ``-shm``, no lock file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import struct
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from memgate.csvtable import check_readable
+from memgate.errors import InputError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+HEADER_SIZE = 100
+# Ascend dbs write this (uint32 -1) where an id is unknown (device, stream, string id).
+INVALID_ID = 4294967295
+
+# JSON Schema type → sqlite typeof() values it admits ("integer" also admits a whole REAL, as JSON
+# Schema's integer is any number with a zero fractional part; NUMERIC columns can hold one).
+_TYPEOF = {"integer": ("integer",), "number": ("integer", "real"), "string": ("text",), "null": ("null",),
+           "boolean": ("integer",)}
+
+
+def is_sqlite(path: Path) -> bool:
+    """Whether ``path`` starts with the sqlite header (cheap: reads 16 bytes; False when unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class Database:
+    """A read-only connection plus the names of its tables."""
+
+    path: Path
+    conn: sqlite3.Connection
+    tables: frozenset[str]
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def columns(self, table: str) -> list[str]:
+        return [str(row[1]) for row in self.query(f"PRAGMA table_info({quote_ident(table)})", table=table)]
+
+    def query(self, sql: str, params: Sequence[Any] = (), *, table: str | None = None) -> list[tuple[Any, ...]]:
+        """Run ``sql``; a corrupt page or any sqlite failure becomes an InputError naming the table."""
+        try:
+            return self.conn.execute(sql, tuple(params)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc, table) from None
+
+    def frame(self, sql: str, names: Sequence[str], kinds: Sequence[str], *, table: str | None = None) -> pd.DataFrame:
+        """Rows of ``sql`` as a DataFrame: kind ``int`` → exact Int64 (never via float64), ``text`` → string."""
+        rows = self.query(sql, table=table)
+        # One 2-D object array, then Arrow per column: far cheaper than zip(*rows) on big tables.
+        grid = np.array(rows, dtype=object).reshape(len(rows), len(names))
+        data: dict[str, pd.Series] = {}
+        for i, (name, kind) in enumerate(zip(names, kinds)):
+            column = grid[:, i]
+            data[name] = int64_series(column) if kind == "int" else pd.Series(
+                pa.array(column, type=pa.string(), from_pandas=False), dtype="string")
+        return pd.DataFrame(data)
+
+
+def int64_series(values: Sequence[Any] | np.ndarray) -> pd.Series:
+    """sqlite integers (or whole REALs, already validated) with NULLs → exact nullable Int64.
+
+    Python ints go straight into an Arrow int64 array: a float64 detour would round ns timestamps.
+    """
+    try:
+        arr = pa.array(values, type=pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):  # a NUMERIC column handed back a float
+        obj = np.asarray(values, dtype=object)
+        mask = np.asarray(pd.isna(obj), dtype=bool)
+        return pd.Series(pd.arrays.IntegerArray(np.where(mask, 0, obj).astype(np.int64), mask))
+    return pd.Series(arr.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get), dtype="Int64")
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@contextmanager
+def open_db(path: Path) -> Iterator[Database]:
+    """Open ``path`` read-only after checking it is a complete sqlite file."""
+    check_readable(path)
+    header = _read_header(path)
+    wal_pending = header[18] == 2 and (p := Path(str(path) + "-wal")).exists() and p.stat().st_size > 0
+    # immutable=1 skips locking and never creates -shm/-journal files; it would ignore a pending
+    # WAL, so such a db is opened plain read-only (sqlite then needs -shm next to it).
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + ("?mode=ro" if wal_pending else "?mode=ro&immutable=1")
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error as exc:
+        raise InputError(f"cannot open the database read-only: {exc}", file=path) from None
+    try:
+        db = Database(path, conn, frozenset())
+        names = db.query("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        yield Database(path, conn, frozenset(str(n[0]) for n in names))
+    except InputError as exc:
+        if wal_pending and "unable to open" in exc.message:
+            raise InputError("the database has a pending write-ahead log (-wal) and its directory is read-only",
+                             file=path, expected="a checkpointed db (open it once with sqlite3 where it is writable)"
+                             ) from None
+        raise
+    finally:
+        conn.close()
+
+
+def _read_header(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        header = fh.read(HEADER_SIZE)
+    if not header.startswith(SQLITE_MAGIC[: len(header)]) or len(header) < len(SQLITE_MAGIC):
+        raise InputError("not a sqlite database", file=path, expected="a file starting with 'SQLite format 3\\0'",
+                         found=repr(header[:16]))
+    if len(header) < HEADER_SIZE:
+        raise InputError("truncated database: shorter than the 100-byte sqlite header", file=path,
+                         expected=f"at least {HEADER_SIZE} bytes", found=f"{len(header)} bytes")
+    page_size = struct.unpack(">H", header[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    change_counter, pages = struct.unpack(">II", header[24:32])
+    valid_for = struct.unpack(">I", header[92:96])[0]
+    size = path.stat().st_size
+    # The in-header page count is trustworthy only when version-valid-for equals the change counter.
+    if pages and valid_for == change_counter and size < pages * page_size:
+        raise InputError("truncated database: the file is shorter than its header says", file=path,
+                         expected=f"{pages * page_size} bytes ({pages} pages of {page_size})",
+                         found=f"{size} bytes")
+    return header
+
+
+def _db_error(path: Path, exc: sqlite3.DatabaseError, table: str | None) -> InputError:
+    text = str(exc)
+    where = f"table {table}: " if table else ""
+    if "malformed" in text or "not a database" in text or "disk I/O" in text:
+        return InputError(f"{where}corrupt or truncated database ({text})", file=path, column=table)
+    return InputError(f"{where}cannot read the database ({text})", file=path, column=table)
+
+
+def require_table(db: Database, table: str, why: str) -> None:
+    if not db.has(table):
+        present = ", ".join(sorted(db.tables)) or "none"
+        raise InputError(f"missing table {table}", file=db.path, column=table, expected=f"table {table} ({why})",
+                         found=f"tables: {_clip_list(present)}")
+
+
+def _clip_list(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def validate_table(db: Database, schema: dict[str, Any]) -> None:
+    """Check that the table of ``schema`` has its required columns and that every row fits it."""
+    table = str(schema["x-memgate-table"])
+    require_table(db, table, str(schema.get("title", "")))
+    present = db.columns(table)
+    for column in schema.get("required", []):
+        if column not in present:
+            raise InputError(f"table {table} has no column {column!r}", file=db.path, column=f"{table}.{column}",
+                             expected=f"columns {', '.join(schema['required'])}",
+                             found=f"columns {', '.join(present)}")
+    props: dict[str, Any] = schema["properties"]
+    checks: list[tuple[str, str, str]] = []  # (column, SQL condition that is true for a bad row, problem)
+    for column in present:
+        prop = props.get(column)
+        if prop is None:
+            continue
+        for condition, problem in _conditions(quote_ident(column), prop):
+            checks.append((column, condition, problem))
+    if not checks:
+        return
+    case = " ".join(f"WHEN {cond} THEN {i}" for i, (_, cond, _) in enumerate(checks))
+    where = " OR ".join(f"({cond})" for _, cond, _ in checks)
+    sql = f"SELECT rowid, CASE {case} END FROM {quote_ident(table)} WHERE {where} ORDER BY rowid LIMIT 1"
+    bad = db.query(sql, table=table)
+    if bad:
+        rowid, index = bad[0]
+        column, _, problem = checks[int(index)]
+        raise_bad_value(db, table, int(rowid), column, problem, describe(props[column]))
+    for column in present:
+        ref = props.get(column, {}).get("x-references")
+        if ref:
+            check_reference(db, table, column, ref)
+
+
+def raise_bad_value(db: Database, table: str, rowid: int, column: str, problem: str, expected: str) -> None:
+    found = db.query(f"SELECT typeof({quote_ident(column)}), quote({quote_ident(column)}) FROM {quote_ident(table)} "
+                     f"WHERE rowid = ?", (rowid,), table=table)
+    kind, value = found[0] if found else ("?", "?")
+    raise InputError(f"table {table} rowid {rowid}: {problem}", file=db.path, column=f"{table}.{column}",
+                     expected=expected, found=f"{kind} {value}")
+
+
+def check_reference(db: Database, table: str, column: str, ref: str) -> None:
+    """Every id in ``table.column`` (except NULL and the invalid-id marker) exists in ``ref``."""
+    ref_table, ref_column = ref.split(".", 1)
+    if not db.has(ref_table):
+        require_table(db, ref_table, f"{table}.{column} refers to it")
+    col, rcol = quote_ident(column), quote_ident(ref_column)
+    sql = (f"SELECT t.rowid, t.{col} FROM {quote_ident(table)} t LEFT JOIN {quote_ident(ref_table)} r "
+           f"ON r.{rcol} = t.{col} WHERE t.{col} IS NOT NULL AND t.{col} != {INVALID_ID} AND r.{rcol} IS NULL "
+           f"ORDER BY t.rowid LIMIT 1")
+    bad = db.query(sql, table=table)
+    if bad:
+        rowid, value = bad[0]
+        raise InputError(f"table {table} rowid {rowid}: id not found in {ref_table}", file=db.path,
+                         column=f"{table}.{column}", expected=f"an id present in {ref}", found=repr(value))
+
+
+def _conditions(col: str, prop: dict[str, Any]) -> list[tuple[str, str]]:
+    types = prop.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    out: list[tuple[str, str]] = []
+    if types:
+        allowed = {t for name in types for t in _TYPEOF[name]}
+        whole_real = "integer" in types and "number" not in types
+        if whole_real:
+            allowed.add("real")
+        listed = ", ".join(f"'{t}'" for t in sorted(allowed))
+        cond = f"typeof({col}) NOT IN ({listed})"
+        if whole_real:  # a REAL is fine for an integer column only when it is whole
+            cond = f"{cond} OR (typeof({col}) = 'real' AND {col} != CAST({col} AS INTEGER))"
+        out.append((cond, "wrong type"))
+    if "enum" in prop:
+        values = ", ".join(_sql_literal(v) for v in prop["enum"] if v is not None)
+        out.append((f"{col} IS NOT NULL AND {col} NOT IN ({values})", "value not allowed"))
+    if "minimum" in prop:
+        out.append((f"typeof({col}) IN ('integer', 'real') AND {col} < {prop['minimum']!r}", "value below the minimum"))
+    return out
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+def describe(prop: dict[str, Any]) -> str:
+    types = prop.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    words = {"integer": "an integer", "number": "a number", "string": "text", "null": "NULL"}
+    what = " or ".join(words.get(t, t) for t in types) or "a value"
+    if "enum" in prop:
+        what = "one of " + ", ".join(repr(v) for v in prop["enum"])
+    if "minimum" in prop:
+        what += f" >= {prop['minimum']}"
+    unit = prop.get("x-unit")
+    return f"{what} ({unit})" if unit else what

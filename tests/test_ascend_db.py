@@ -1,0 +1,417 @@
+"""memgate.loaders.ascend_db + memgate.sqlitetable: the real torch_npu db sample, the writers'
+round trip, and bad input.
+
+Expected values are derived here from the raw file with sqlite3 (and csv for the text export),
+never copied from memgate's output.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import jsonschema
+import pytest
+from groundtruth import expected_metrics
+from helpers import ASCEND, PTA21_L1, one_stderr_line, run_cli
+from hypothesis import given
+from strategies import traces
+from writers.ascend_db import app_peak, write_msprof_db, write_torch_db
+
+from memgate import discover
+from memgate.errors import InputError
+from memgate.loaders import ascend_db
+from memgate.metrics import device_metrics
+from memgate.schemas import load_schema, schema_names
+
+DB_DIR = ASCEND / "msinsight_pta21_db_level0_rank0"
+DB = DB_DIR / "ascend_pytorch_profiler_0.db"
+METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "step_growth_bytes", "leaked_bytes",
+           "op_max_block_bytes")
+
+
+def raw(sql: str, path: Path = DB) -> list[tuple]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def component_max(column: str, component: str) -> int:
+    return raw(f"SELECT max(m.{column}) FROM MEMORY_RECORD m JOIN STRING_IDS s ON s.id = m.component "
+               f"WHERE s.value = '{component}'")[0][0]
+
+
+@pytest.fixture(scope="module")
+def sample() -> tuple:
+    profile = ascend_db.load(DB)
+    assert [d.device for d in profile.devices] == ["npu:0"]
+    return profile, device_metrics(profile, profile.devices[0])
+
+
+# --- the real sample -------------------------------------------------------------------------------
+
+def test_sample_peaks_come_from_the_pta_ge_series(sample: tuple) -> None:
+    profile, metrics = sample
+    peak_alloc, peak_res = component_max("totalAllocated", "PTA+GE"), component_max("totalReserved", "PTA+GE")
+    assert (peak_alloc, peak_res) == (1245819904, 1600913408)  # sanity: what sqlite3 says
+    assert metrics.component == "PTA+GE"
+    assert metrics.values["peak_allocated_bytes"] == peak_alloc
+    assert metrics.values["peak_reserved_bytes"] == peak_res
+    assert metrics.values["fragmentation"] == 1 - peak_alloc / peak_res
+    for component in ("PTA", "GE"):
+        frame = profile.devices[0].series[component].frame
+        assert int(frame["allocated"].max()) == component_max("totalAllocated", component)
+        assert len(frame) == raw(f"SELECT count(*) FROM MEMORY_RECORD m JOIN STRING_IDS s ON s.id = m.component "
+                                 f"WHERE s.value = '{component}'")[0][0]
+
+
+def test_sample_app_series_is_app_ddr_plus_hbm(sample: tuple) -> None:
+    profile, metrics = sample
+    (app,) = raw("SELECT max(n.ddr + n.hbm) FROM NPU_MEM n JOIN STRING_IDS s ON s.id = n.type WHERE s.value = 'app'")[0]
+    (device,) = raw("SELECT max(n.ddr + n.hbm) FROM NPU_MEM n JOIN STRING_IDS s ON s.id = n.type "
+                    "WHERE s.value = 'device'")[0]
+    assert metrics.values["peak_app_reserved_bytes"] == app == 2212081664
+    series = profile.devices[0].series
+    assert int(series["NPU MEM Device/Memory"].frame["reserved"].max()) == device
+    assert len(series["APP"].frame) == raw("SELECT count(*) FROM NPU_MEM n JOIN STRING_IDS s ON s.id = n.type "
+                                           "WHERE s.value = 'app'")[0][0]
+
+
+def test_sample_module_series(sample: tuple) -> None:
+    profile, _ = sample
+    expected = dict(raw("SELECT e.name, max(m.totalReserved) FROM NPU_MODULE_MEM m JOIN ENUM_MODULE e "
+                        "ON e.id = m.moduleId GROUP BY e.name"))
+    got = {name.removeprefix("module:"): int(s.frame["reserved"].max())
+           for name, s in profile.devices[0].series.items() if name.startswith("module:")}
+    assert got == expected
+    assert got["HCCL"] == 423690240
+
+
+def test_sample_blocks_and_op_max(sample: tuple) -> None:
+    profile, metrics = sample
+    rows = raw("SELECT s.value, o.size, o.allocationTime, o.releaseTime, o.streamPtr FROM OP_MEMORY o "
+               "LEFT JOIN STRING_IDS s ON s.id = o.name")
+    expected: dict[str, int] = {}
+    for name, size, alloc, _release, stream in rows:
+        op = name if stream is not None else f"cann::{name}"  # GE blocks: no stream, no cann:: prefix
+        if alloc is not None and name:
+            expected[op] = max(expected.get(op, 0), size)
+    assert metrics.values["op_max_block_bytes"] == expected
+    assert expected["aten::_foreach_add"] == 150995456
+    blocks = profile.devices[0].blocks
+    assert len(blocks) == len(rows) == 184
+    assert int(blocks["t_free"].isna().sum()) == sum(r[3] is None for r in rows) == 24
+    assert int((blocks["component"] == "GE").sum()) == sum(r[4] is None for r in rows) == 57
+    assert sorted(blocks["size"].astype(int)) == sorted(r[1] for r in rows)
+
+
+def test_sample_steps_rank_and_exact_ns(sample: tuple) -> None:
+    profile, _ = sample
+    assert profile.rank == "0" and profile.format == "ascend_db"
+    assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == raw("SELECT id, startNs, endNs FROM STEP_TIME")
+    first = raw("SELECT min(m.timestamp) FROM MEMORY_RECORD m JOIN STRING_IDS s ON s.id = m.component "
+                "WHERE s.value = 'PTA'")[0][0]
+    assert int(profile.devices[0].series["PTA"].frame["t_ns"].iloc[0]) == first == 1736407067941451180
+    assert profile.metadata["schema_version"] == "1.0.0"
+
+
+def test_sample_inspect_json_cli() -> None:
+    rc, out, err = run_cli(["inspect", DB, "--json"])
+    assert rc == 0, err
+    (entry,) = json.loads(out)["profiles"]
+    assert entry["format"] == "ascend_db" and entry["rank"] == "0"
+    (device,) = entry["devices"]
+    assert device["metrics"]["peak_allocated_bytes"] == component_max("totalAllocated", "PTA+GE")
+    assert device["metrics"]["peak_app_reserved_bytes"] == 2212081664
+    assert entry["steps"] == [{"step": 50, "t_start": 1736407067933660740, "t_end": 1736407068072327480}]
+
+
+def test_sample_is_the_same_workload_as_the_level1_text_export_but_another_run() -> None:
+    """The db (level0) and the text export (level1) of the msinsight campaign: same blocks and per-
+    component curves, different runs (30 min apart), so only PTA+GE's peak differs."""
+    with open(PTA21_L1 / "operator_memory.csv", newline="", encoding="utf-8") as fh:
+        text_blocks = list(csv.DictReader(fh))
+    with open(PTA21_L1 / "memory_record.csv", newline="", encoding="utf-8") as fh:
+        records = list(csv.DictReader(fh))
+    text_sizes = sorted(round(float(r["Size(KB)"]) * 1024) for r in text_blocks)
+    assert text_sizes == sorted(r[0] for r in raw("SELECT size FROM OP_MEMORY"))
+    for component in ("PTA", "GE"):
+        text_max = max(round(float(r["Total Allocated(MB)"]) * 1024 * 1024) for r in records
+                       if r["Component"] == component)
+        assert text_max == component_max("totalAllocated", component)
+    text_pta_ge = max(round(float(r["Total Allocated(MB)"]) * 1024 * 1024) for r in records
+                      if r["Component"] == "PTA+GE")
+    assert text_pta_ge == 1322299392 != component_max("totalAllocated", "PTA+GE")
+    text_start = min(int(r["Timestamp(us)"].strip().split(".")[0]) for r in records) * 1000
+    db_start = raw("SELECT min(timestamp) FROM MEMORY_RECORD")[0][0]
+    assert abs(text_start - db_start) > 60 * 10**9
+
+
+def test_loading_writes_nothing_next_to_the_db(tmp_path: Path) -> None:
+    before = sorted(os.listdir(DB_DIR))
+    ascend_db.load(DB)  # the sample directory is read-only
+    assert sorted(os.listdir(DB_DIR)) == before
+    copy = tmp_path / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(DB, copy)
+    stamp = copy.stat().st_mtime_ns
+    ascend_db.load(copy)
+    assert os.listdir(tmp_path) == [copy.name] and copy.stat().st_mtime_ns == stamp
+
+
+# --- detection ---------------------------------------------------------------------------------------
+
+def _rank_dir(tmp_path: Path, rank: int = 3) -> Path:
+    out = tmp_path / "node1_1234_20250101_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    shutil.copyfile(DB, out / f"ascend_pytorch_profiler_{rank}.db")
+    return out.parent
+
+
+def test_discover_claims_an_ascend_pt_dir_with_only_the_db(tmp_path: Path) -> None:
+    profile_dir = _rank_dir(tmp_path)
+    (found,) = discover.discover(tmp_path)
+    assert found.path == profile_dir and found.format.name == "ascend_db"
+    profile = discover.load(found)
+    assert profile.rank == "3" and profile.path == str(profile_dir)
+
+
+def test_text_export_wins_over_the_db(tmp_path: Path) -> None:
+    profile_dir = _rank_dir(tmp_path)
+    for name in ("memory_record.csv", "operator_memory.csv"):
+        shutil.copyfile(PTA21_L1 / name, profile_dir / "ASCEND_PROFILER_OUTPUT" / name)
+    (found,) = discover.discover(tmp_path)
+    assert found.path == profile_dir and found.format.name == "torch_npu"
+
+
+def test_db_beats_a_lone_trace_view(tmp_path: Path) -> None:
+    """A db export at level0 also writes trace_view.json: the db has the memory tables, it wins."""
+    profile_dir = _rank_dir(tmp_path)
+    shutil.copyfile(ASCEND / "msinsight_pta21_level0_rank0" / "trace_view.json",
+                    profile_dir / "ASCEND_PROFILER_OUTPUT" / "trace_view.json")
+    (found,) = discover.discover(tmp_path)
+    assert found.format.name == "ascend_db"
+    (inner,) = discover.discover(profile_dir / "ASCEND_PROFILER_OUTPUT")
+    assert (inner.path, inner.format.name) == (profile_dir, "ascend_db")
+
+
+def test_rank_from_rank_device_map_without_a_suffix(tmp_path: Path) -> None:
+    path = mutated(tmp_path, "UPDATE RANK_DEVICE_MAP SET rankId = 7")
+    plain = path.rename(tmp_path / "ascend_pytorch_profiler.db")
+    assert raw("SELECT rankId FROM RANK_DEVICE_MAP", plain) == [(7,)]
+    assert ascend_db.load(plain).rank == "7"
+    mutated(tmp_path, "UPDATE RANK_DEVICE_MAP SET rankId = 4294967295").rename(plain)
+    assert ascend_db.load(plain).rank == "0"  # not distributed
+
+
+def test_claims_by_name_and_sqlite_header(tmp_path: Path) -> None:
+    assert ascend_db.claims(DB)
+    other = tmp_path / "profile.db"
+    shutil.copyfile(DB, other)
+    assert not ascend_db.claims(other)
+    fake = tmp_path / "ascend_pytorch_profiler_1.db"
+    fake.write_text("not sqlite\n")
+    assert not ascend_db.claims(fake)
+    msprof = tmp_path / "msprof_20250101123456.db"
+    shutil.copyfile(DB, msprof)
+    assert ascend_db.claims(msprof)
+
+
+# --- writers: round trip -------------------------------------------------------------------------------
+
+@given(traces())
+def test_torch_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) -> None:  # type: ignore[no-untyped-def]
+    path = write_torch_db(trace, tmp_path_factory.mktemp("db"), rank=5)
+    profile = ascend_db.load(path)
+    assert profile.rank == "5"
+    (device,) = profile.devices
+    assert device.device == f"npu:{trace.device_id}"
+    got = device_metrics(profile, device).values
+    expected = expected_metrics(trace, separate_allocators=True)  # PTA+GE: two allocators' reserved summed
+    assert {k: got[k] for k in METRICS} == {k: expected[k] for k in METRICS}
+    assert got["peak_app_reserved_bytes"] == app_peak(trace)
+    assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == sorted(trace.steps)
+
+
+@given(traces())
+def test_msprof_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) -> None:  # type: ignore[no-untyped-def]
+    """CANN NPU_OP_MEM events of one allocator (every block); ops get the cann:: prefix."""
+    path = write_msprof_db(trace, tmp_path_factory.mktemp("msprof"))
+    profile = ascend_db.load(path)
+    (device,) = profile.devices
+    metrics = device_metrics(profile, device)
+    expected = expected_metrics(trace)
+    assert metrics.component == "GE"
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation"):
+        assert metrics.values[key] == expected[key]
+    assert metrics.values["op_max_block_bytes"] == {
+        "cann::" + op.removeprefix("cann::"): size for op, size in expected["op_max_block_bytes"].items()}
+    assert metrics.values["leaked_bytes"] is None  # msprof dbs have no steps
+    blocks = device.blocks
+    assert int(blocks["t_alloc"].isna().sum()) == sum(b.t_alloc is None for b in trace.blocks)
+    assert int(blocks["t_free"].isna().sum()) == sum(b.t_free is None for b in trace.blocks)
+    assert int(device.series["module:APP"].frame["reserved"].max()) == max(r for _, r in trace.reserved_curve())
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+
+def mutated(tmp_path: Path, *statements: str) -> Path:
+    path = tmp_path / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(DB, path)
+    conn = sqlite3.connect(path)
+    try:
+        for sql in statements:
+            conn.execute(sql)
+        conn.commit()
+    finally:
+        conn.close()
+    return path
+
+
+BAD = {
+    "no memory tables": (("DROP TABLE MEMORY_RECORD", "DROP TABLE OP_MEMORY"),
+                         "missing table MEMORY_RECORD", "MEMORY_RECORD", None),
+    "no STRING_IDS": (("DROP TABLE STRING_IDS",), "missing table STRING_IDS", "STRING_IDS", None),
+    "text in an integer column": (("UPDATE MEMORY_RECORD SET totalAllocated = '12 MB' WHERE rowid = 7",),
+                                  "table MEMORY_RECORD rowid 7: wrong type", "MEMORY_RECORD.totalAllocated",
+                                  "text '12 MB'"),
+    "NULL size": (("UPDATE OP_MEMORY SET size = NULL WHERE rowid = 3",),
+                  "table OP_MEMORY rowid 3: wrong type", "OP_MEMORY.size", "null NULL"),
+    "fractional bytes": (("UPDATE NPU_MEM SET hbm = 1.5 WHERE rowid = 2",),
+                         "table NPU_MEM rowid 2: wrong type", "NPU_MEM.hbm", "real 1.5"),
+    "negative total": (("UPDATE MEMORY_RECORD SET totalReserved = -1 WHERE rowid = 9",),
+                       "table MEMORY_RECORD rowid 9: value below the minimum", "MEMORY_RECORD.totalReserved", "integer -1"),
+    "dangling string id": (("UPDATE MEMORY_RECORD SET component = 123456789 WHERE rowid = 4",),
+                           "table MEMORY_RECORD rowid 4: id not found in STRING_IDS", "MEMORY_RECORD.component", "123456789"),
+    "missing column": (("CREATE TABLE S2 (id INTEGER, startNs INTEGER)", "DROP TABLE STEP_TIME",
+                        "ALTER TABLE S2 RENAME TO STEP_TIME"),
+                       "table STEP_TIME has no column 'endNs'", "STEP_TIME.endNs", "columns id, startNs"),
+    "positive size without allocationTime": (("UPDATE OP_MEMORY SET allocationTime = NULL WHERE rowid = 1",),
+                                             "table OP_MEMORY rowid 1: a block needs an allocationTime",
+                                             "OP_MEMORY.allocationTime", "size 19268096, allocationTime <NA>"),
+    "unknown NPU_MEM type": (("UPDATE STRING_IDS SET value = 'sys' WHERE value = 'app'",),
+                             "table NPU_MEM rowid 1: unknown memory type", "NPU_MEM.type", "'sys'"),
+    "invalid device marker": (("UPDATE MEMORY_RECORD SET deviceId = 4294967295 WHERE rowid = 2",),
+                              "table MEMORY_RECORD rowid 2: memory row without a device", "MEMORY_RECORD.deviceId",
+                              "4294967295"),
+    "step ends before it starts": (("UPDATE STEP_TIME SET endNs = startNs - 1",),
+                                   "table STEP_TIME rowid 1: step ends before it starts", "STEP_TIME.endNs", None),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_db_is_an_input_error(tmp_path: Path, case: str) -> None:
+    statements, message, column, found = BAD[case]
+    path = mutated(tmp_path, *statements)
+    with pytest.raises(InputError) as info:
+        ascend_db.load(path)
+    err = info.value
+    assert err.file == str(path)
+    assert err.message.startswith(message), err.one_line()
+    assert err.column == column
+    if found is not None:
+        assert err.found is not None and err.found.startswith(found), err.found
+    assert err.expected
+
+
+def test_not_a_sqlite_file_in_a_profile_dir(tmp_path: Path) -> None:
+    profile_dir = _rank_dir(tmp_path, rank=0)
+    db = profile_dir / "ASCEND_PROFILER_OUTPUT" / "ascend_pytorch_profiler_0.db"
+    db.write_text("Component,Timestamp(us)\n")
+    with pytest.raises(InputError, match="not a sqlite database") as info:
+        ascend_db.load(profile_dir)
+    assert info.value.found == repr(b"Component,Timest")
+    rc, _out, err = run_cli(["inspect", tmp_path])
+    assert rc == 2
+    assert "not a sqlite database" in one_stderr_line(err)
+
+
+def test_truncated_db(tmp_path: Path) -> None:
+    path = tmp_path / "ascend_pytorch_profiler_0.db"
+    path.write_bytes(DB.read_bytes()[:300_000])
+    assert ascend_db.claims(path)  # the header is intact
+    with pytest.raises(InputError, match="truncated database") as info:
+        ascend_db.load(path)
+    assert info.value.expected == "679936 bytes (166 pages of 4096)" and info.value.found == "300000 bytes"
+    rc, _out, err = run_cli(["inspect", path, "--json"])
+    assert rc == 2
+    line = one_stderr_line(err)
+    assert line.startswith(f"memgate: error: {path}: truncated database")
+
+
+def test_corrupt_page_names_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(DB, path)
+    (root,) = raw("SELECT rootpage FROM sqlite_master WHERE name = 'MEMORY_RECORD'", path)[0]
+    with open(path, "r+b") as fh:
+        fh.seek(4096 * (root - 1))
+        fh.write(b"\xff" * 100)
+    with pytest.raises(InputError, match="corrupt or truncated database") as info:
+        ascend_db.load(path)
+    assert info.value.column == "MEMORY_RECORD"
+
+
+def test_empty_db_file(tmp_path: Path) -> None:
+    path = tmp_path / "ascend_pytorch_profiler_0.db"
+    path.write_bytes(b"")
+    with pytest.raises(InputError, match="empty file"):
+        ascend_db.load(path)
+
+
+# --- schemas ---------------------------------------------------------------------------------------------
+
+DB_SCHEMAS = [n for n in schema_names() if n.startswith("ascend_db.")]
+
+
+def test_every_db_table_has_a_schema() -> None:
+    assert {load_schema(n)["x-memgate-table"] for n in DB_SCHEMAS} == {
+        "STRING_IDS", "MEMORY_RECORD", "OP_MEMORY", "NPU_MEM", "ENUM_MODULE", "NPU_MODULE_MEM", "NPU_OP_MEM",
+        "STEP_TIME", "META_DATA", "RANK_DEVICE_MAP"}
+
+
+@pytest.mark.parametrize("name", DB_SCHEMAS)
+def test_db_schema_is_valid_and_accepts_the_sample_rows(name: str) -> None:
+    """The SQL checks and jsonschema agree on the real rows (and jsonschema rejects a bad one)."""
+    schema = load_schema(name)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    conn = sqlite3.connect(f"file:{DB}?mode=ro&immutable=1", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = [dict(r) for r in conn.execute(f'SELECT * FROM "{schema["x-memgate-table"]}"')]
+    finally:
+        conn.close()
+    assert rows
+    for row in rows:
+        validator.validate(row)
+    assert not validator.is_valid({**rows[0], schema["required"][0]: [1]})
+
+
+def test_pending_write_ahead_log_is_read_not_ignored(tmp_path: Path) -> None:
+    """immutable=1 would skip a -wal file's committed rows: such a db is opened plain read-only."""
+    path = tmp_path / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(DB, path)
+    writer = sqlite3.connect(path)
+    try:
+        writer.execute("PRAGMA journal_mode = WAL")
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute("UPDATE MEMORY_RECORD SET totalAllocated = 9999999999 WHERE rowid = 1")
+        writer.commit()
+        assert (tmp_path / (path.name + "-wal")).stat().st_size > 0
+        profile = ascend_db.load(path)
+    finally:
+        writer.close()
+    assert int(profile.devices[0].series["PTA"].frame["allocated"].max()) == 9999999999
+
+
+def test_empty_memory_tables(tmp_path: Path) -> None:
+    path = mutated(tmp_path, "DELETE FROM MEMORY_RECORD", "DELETE FROM OP_MEMORY", "DROP TABLE NPU_MEM",
+                   "DROP TABLE NPU_MODULE_MEM")
+    with pytest.raises(InputError, match="the memory tables hold no rows") as info:
+        ascend_db.load(path)
+    assert info.value.expected == "rows in MEMORY_RECORD / OP_MEMORY"
