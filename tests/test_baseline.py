@@ -11,7 +11,7 @@ import pytest
 
 from memgate.compare import CompareRule, parse_rule
 from memgate.errors import ConfigError
-from tests.scale import scaled_copy
+from scale import scaled_copy
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "profiles" / "alexnet_3016828_20250109_ascend_pt"
 BUDGETS = '[[budgets]]\nname = "train"\npeak_allocated = "4 GiB"\n'
