@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgate.errors import InputError
+from memgate.errors import InputError, MemgateError
 from memgate.loaders import torch_npu
 from memgate.model import Profile
 
@@ -21,9 +21,12 @@ class Format:
     name: str
     claims: Callable[[Path], bool]  # is this path (a file or a directory) one profile of mine?
     load: Callable[[Path], Profile]
+    # The rank a load would report, cheaply (file names, a small JSON), or None when only a load
+    # can tell: lets pytest generate items only for the budgets that select a profile's rank.
+    rank_hint: Callable[[Path], str | None] | None = None
 
 
-TORCH_NPU = Format("torch_npu", lambda p: p.is_dir() and torch_npu.is_profile_dir(p), torch_npu.load)
+TORCH_NPU = Format("torch_npu", lambda p: p.is_dir() and torch_npu.is_profile_dir(p), torch_npu.load, torch_npu.rank_hint)
 FORMATS: list[Format] = [TORCH_NPU]
 
 
@@ -120,6 +123,16 @@ def _discover(root: Path) -> list[Found]:
             "or an msMemScope dump",
         )
     return found
+
+
+def rank_hint(found: Found) -> str | None:
+    hint = found.format.rank_hint
+    if hint is None:
+        return None
+    try:
+        return hint(found.path)
+    except MemgateError:
+        return None  # the load will report it
 
 
 def load(found: Found) -> Profile:

@@ -31,7 +31,7 @@ from memgate.budgets import (
 )
 from memgate.ci import benchmark_export, github_annotations, step_summary_markdown
 from memgate.compare import CompareRule, Regression, baseline_from_entries, compare_entry, load_baseline, parse_rule, ratchet
-from memgate.discover import Found, discover, load
+from memgate.discover import Found, discover, load, rank_hint
 from memgate.errors import ConfigError, MemgateError
 from memgate.model import Profile
 from memgate.report import build_report, outcome_entry, profile_entry, summary_table, write_json_atomic
@@ -249,7 +249,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         generated.append(MemgateErrorItem.from_parent(collector, name=str(settings.root), error=exc))
         found = []
     for entry, label in zip(found, _profile_labels(found, settings.root)):
+        rank = rank_hint(entry)
         for budget in budgets:
+            if rank is not None and not budget.selects_rank(rank):
+                continue  # when only a load can tell the rank, the item skips itself in setup
             for metric in budget.checks():
                 generated.append(MemgateItem.from_parent(
                     collector, name=f"{label}::{budget.name}::{metric}", found=entry, budget=budget, metric=metric))

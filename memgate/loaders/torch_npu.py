@@ -336,6 +336,11 @@ def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
     return "0"
 
 
+def rank_hint(profile_dir: Path) -> str:
+    """The rank :func:`load` reports, from profiler_info and names only."""
+    return rank_of(profile_dir, read_profiler_info(profile_dir))
+
+
 def _device_from_info(info: dict[str, Any]) -> str:
     return "npu"
 

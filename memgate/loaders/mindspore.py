@@ -1,0 +1,517 @@
+"""MindSpore profiler output (FORMATS.md §2): ``*_ascend_ms`` directories and the memory tracker files.
+
+What is read, and how it maps onto the model:
+
+- ``{worker}_{ts}_ascend_ms/ASCEND_PROFILER_OUTPUT/memory_record.csv`` (6 columns): components
+  ``MindSpore``, ``GE``, ``MindSpore+GE`` (the framework series, DESIGN.md) and ``APP``. Here
+  **MB = KB / 1000** with KB = bytes / 1024, so bytes = MB × 1 024 000. MindSpore writes
+  ``float(bytes) / 1024 / 1000`` as Python float text (shortest repr); parsing it back and
+  multiplying by 1 024 000 recovers the integer bytes exactly below 2**51 bytes (the float's relative
+  error is 2**-53 per operation), so the loader rounds to the nearest byte and is exact. If a writer
+  printed fewer decimals, the error is at most half a unit of the last printed decimal × 1 024 000
+  bytes (e.g. 2 decimals → ±5 120 B). APP rows carry ``0.0`` placeholders in Allocated/Active and GE
+  rows in Active: those become null, never a measured 0.
+- ``operator_memory.csv`` (the 15 torch_npu headers, missing = ``N/A``) → blocks of component
+  ``MindSpore``; ``Allocation Total Allocated(MB)`` here is binary MB (bytes / 1024²).
+- ``npu_module_mem.csv`` (CANN's copy, Total Reserved in **KB**; ``-1`` = no value) → ``module:*`` series.
+- ``kernel_details.csv`` (``Step ID``) → step time ranges; else ``step_trace_time.csv`` → step numbers.
+- ``FRAMEWORK/cpu_ms_memory_record_{rank}.txt`` (bytes, ns). Despite the ``cpu_`` prefix (the CPU
+  *activity* collects it) it is MindSpore's device allocator: MindSpore builds the ``MindSpore``
+  rows of memory_record.csv from it with ``Device Type NPU:{rank}``. It is used as the ``MindSpore``
+  series when memory_record.csv has none (analysis not run), never as a second device.
+- Older memory tracker output (≈2.3/2.4): ``operator_memory_{rank}.csv`` (trailing comma on every
+  line; Duration empty if never freed; ``Device`` is a pool name; sizes are ``float32 / 1024``
+  printed with one decimal, so each value is within ±51.2 B plus float32 rounding (2**-24 relative),
+  exact for multiples of 512 B below 8 GiB; totals in KB or, later, binary MB — pinned per header).
+- ``rank_N/memory_block.csv`` (memory tracker): start/end are the tracker's *logical* event counter,
+  not time. They are kept as ``t_alloc``/``t_free`` (order preserved, so peaks and holders at the
+  peak are right; no steps, so growth/leak budgets are not measurable); ``end == INT64_MAX`` = never
+  freed; ``InSideSomas`` rows (start −1) are parts of a Somas block already counted and are dropped.
+
+One ``*_ascend_ms`` directory is one rank and one NPU. The writer labels MindSpore and APP rows
+``NPU:{rank_id}`` but GE rows, operator_memory and npu_module_mem with the physical device id, so all
+of a profile's data goes to one device: the physical id when a file names one, else the rank label.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memgate import convert, discover
+from memgate.csvtable import CsvTable, read_csv, read_header
+from memgate.errors import InputError, MemgateError
+from memgate.loaders.torch_npu import read_profiler_info
+from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
+from memgate.schemas import load_schema
+
+FORMAT = "mindspore"
+OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
+FRAMEWORK_DIR = "FRAMEWORK"
+DIR_SUFFIX = "_ascend_ms"
+FRAMEWORK_SERIES = "MindSpore+GE"
+MS_COMPONENT = "MindSpore"
+MS_MB = 1000 * 1024  # memory_record.csv: MB = KB / 1000, KB = bytes / 1024
+MIB = 1 << 20
+KIB = 1 << 10
+NEVER_FREED = (1 << 63) - 1  # memory tracker's end_time_stamp of a live block
+MEMORY_RECORD_HEADER = ["Component", "Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)",
+                        "Total Active(MB)", "Device Type"]
+
+_TRACKER_OP = re.compile(r"^operator_memory_(\d+)\.csv$")
+_CPU_RECORD = re.compile(r"^cpu_ms_memory_record_(\d+)\.txt$")
+_INFO = re.compile(r"^profiler_info(?:_(\d+))?\.json$")
+_RANK_DIR = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_NPU = re.compile(r"^NPU:(\d+)$")
+
+
+# ---- detection ---------------------------------------------------------------------------------
+
+
+def _header_is(path: Path, schema: str) -> bool:
+    """Does ``path`` start with one of ``schema``'s header generations? (False when unreadable.)"""
+    try:
+        header = read_header(path)
+    except (MemgateError, OSError):
+        return False
+    return any(header == cols for cols in load_schema(schema)["x-memgate-headers"].values())
+
+
+def output_dir(profile_dir: Path) -> Path:
+    inner = profile_dir / OUTPUT_DIR
+    return inner if inner.is_dir() else profile_dir
+
+
+def claims(path: Path) -> bool:
+    """A ``*_ascend_ms`` dir, a dir whose memory_record.csv has the MindSpore header, or a tracker file."""
+    try:
+        if path.is_dir():
+            if path.name.endswith(DIR_SUFFIX):
+                return True
+            record = output_dir(path) / "memory_record.csv"
+            return record.is_file() and _header_is(record, "mindspore.memory_record")
+        if not path.is_file():
+            return False
+        if _TRACKER_OP.match(path.name):
+            return _header_is(path, "mindspore.tracker_operator_memory")
+        if path.name == "memory_block.csv":
+            return _header_is(path, "mindspore.memory_block")
+        if m := _CPU_RECORD.match(path.name):
+            # Standalone only: next to operator_memory_{rank}.csv it belongs to that profile.
+            return not (path.parent / f"operator_memory_{m.group(1)}.csv").exists() and _header_is(
+                path, "mindspore.cpu_ms_memory_record")
+    except OSError:
+        return False
+    return False
+
+
+# ---- entry point ---------------------------------------------------------------------------------
+
+
+def load(path: Path) -> Profile:
+    if path.is_dir():
+        return _load_dir(path)
+    if _TRACKER_OP.match(path.name) or _CPU_RECORD.match(path.name):
+        return _load_tracker_dump(path)
+    if path.name == "memory_block.csv":
+        return _load_memory_block(path)
+    raise InputError("not a MindSpore profile", file=path,
+                     expected="a *_ascend_ms directory, operator_memory_{rank}.csv, cpu_ms_memory_record_{rank}.txt "
+                              "or rank_N/memory_block.csv")
+
+
+class _Parts:
+    """What one profile's files contribute to its single NPU device."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, Series] = {}
+        self.blocks = empty_blocks()
+        self.blocks_source: str | None = None
+        self.physical: dict[str, str] = {}  # device label -> file that names it
+        self.rank_label: str | None = None  # NPU:{rank} of memory_record's MindSpore rows
+
+    def note_labels(self, labels: pd.Series, path: Path, column: str, table: CsvTable) -> None:
+        distinct = labels.dropna().unique()
+        if len(distinct) > 1:
+            row = int(np.flatnonzero((labels != labels.iloc[0]).to_numpy(dtype=bool))[0])
+            raise InputError("one MindSpore profile holds one device, this file names several", file=path,
+                             line=table.line_of(row), column=column, expected=str(labels.iloc[0]),
+                             found=str(labels.iloc[row]))
+        if len(distinct):
+            self.physical.setdefault(str(distinct[0]), str(path))
+
+    def device(self, rank: str) -> str:
+        if len(set(self.physical)) > 1:
+            names = ", ".join(f"{d} ({f})" for d, f in sorted(self.physical.items()))
+            raise InputError("the files of one MindSpore profile name different devices", file=next(iter(
+                self.physical.values())), expected="one device per rank", found=names)
+        if self.physical:
+            return next(iter(self.physical)).lower()
+        if self.rank_label is not None:
+            return self.rank_label.lower()
+        return f"npu:{rank}"
+
+
+def _load_dir(profile_dir: Path) -> Profile:
+    out = output_dir(profile_dir)
+    info = read_profiler_info(profile_dir)
+    parts = _Parts()
+    cpu_record = _find_cpu_record(profile_dir)
+
+    record = out / "memory_record.csv"
+    if record.exists():
+        for component, frame in read_memory_record(record, parts):
+            parts.series[component] = Series(component, frame, str(record))
+    ops = out / "operator_memory.csv"
+    if ops.exists():
+        parts.blocks, parts.blocks_source = read_operator_memory(ops, parts), str(ops)
+    else:
+        tracker = _find_tracker_ops(profile_dir)
+        if tracker is not None:
+            parts.blocks, parts.blocks_source = read_tracker_operator_memory(tracker), str(tracker)
+    modules = out / "npu_module_mem.csv"
+    if modules.exists():
+        for component, frame in read_npu_module_mem(modules, parts):
+            name = f"module:{component}"
+            parts.series[name] = Series(name, frame, str(modules))
+    if MS_COMPONENT not in parts.series and cpu_record is not None:
+        parts.series[MS_COMPONENT] = Series(MS_COMPONENT, read_cpu_memory_record(cpu_record), str(cpu_record))
+
+    if not parts.series and parts.blocks_source is None:
+        raise InputError(
+            "no MindSpore memory data here (ASCEND_PROFILER_OUTPUT/memory_record.csv, operator_memory.csv, "
+            "npu_module_mem.csv or FRAMEWORK/cpu_ms_memory_record_{rank}.txt)",
+            file=profile_dir, expected="a profile recorded with mindspore.Profiler(profile_memory=True)",
+        )
+    steps, steps_source = empty_steps(), None
+    kernels = out / "kernel_details.csv"
+    if kernels.exists():
+        kernel_steps = read_kernel_steps(kernels)
+        if len(kernel_steps):
+            steps, steps_source = kernel_steps, str(kernels)
+    trace_time = out / "step_trace_time.csv"
+    if steps_source is None and trace_time.exists():
+        numbered = read_step_numbers(trace_time)
+        if len(numbered):
+            steps, steps_source = numbered, str(trace_time)
+
+    rank = rank_of(profile_dir, info, cpu_record)
+    device = DeviceModel(
+        device=parts.device(rank),
+        series=parts.series,
+        blocks=parts.blocks,
+        blocks_source=parts.blocks_source,
+        sum_components={FRAMEWORK_SERIES: (MS_COMPONENT, "GE")} if FRAMEWORK_SERIES in parts.series else {},
+    )
+    return Profile(path=str(profile_dir), format=FORMAT, rank=rank, devices=(device,), steps=steps,
+                   steps_source=steps_source, metadata=_metadata(info))
+
+
+def _find_cpu_record(profile_dir: Path) -> Path | None:
+    for folder in (profile_dir / FRAMEWORK_DIR, profile_dir):
+        if folder.is_dir():
+            for candidate in sorted(folder.iterdir()):
+                if _CPU_RECORD.match(candidate.name):
+                    return candidate
+    return None
+
+
+def _find_tracker_ops(profile_dir: Path) -> Path | None:
+    for folder in (profile_dir, profile_dir / FRAMEWORK_DIR, output_dir(profile_dir)):
+        if folder.is_dir():
+            for candidate in sorted(folder.iterdir()):
+                if _TRACKER_OP.match(candidate.name):
+                    return candidate
+    return None
+
+
+# ---- the files -----------------------------------------------------------------------------------
+
+
+def na_to_null(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """MindSpore's ``N/A`` is a missing value: null before any number is parsed."""
+    return pc.if_else(pc.equal(col, "N/A"), pa.scalar(None, pa.string()), col)
+
+
+def _split(frame: pd.DataFrame, key: str) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    for name, group in frame.groupby(key, sort=True):
+        series = group[["t_ns", "allocated", "reserved", "active"]].sort_values("t_ns", kind="stable")
+        out.append((str(name), series.reset_index(drop=True)))
+    return out
+
+
+def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[str, pd.DataFrame]]:
+    """(component, series frame) of the 6-column MindSpore memory_record.csv."""
+    table = read_csv(path, load_schema("mindspore.memory_record"))
+    component = convert.text(table.column("Component"))
+    labels = convert.text(table.column("Device Type"))
+    frame = pd.DataFrame(
+        {
+            "component": component,
+            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
+            "allocated": convert.unit_text_to_bytes(table.column("Total Allocated(MB)"), MS_MB),
+            "reserved": convert.unit_text_to_bytes(table.column("Total Reserved(MB)"), MS_MB),
+            "active": convert.unit_text_to_bytes(table.column("Total Active(MB)"), MS_MB),
+        }
+    )
+    # Placeholders the writer fills with 0.0: APP has only a reserved value, GE no active one.
+    frame.loc[component == "APP", ["allocated", "active"]] = pd.NA
+    frame.loc[component == "GE", "active"] = pd.NA
+    if parts is not None:
+        ge = component == "GE"
+        if ge.any():
+            parts.note_labels(labels[ge].reset_index(drop=True), path, "Device Type", table)
+        own = labels[component == MS_COMPONENT]
+        if len(own):
+            parts.rank_label = str(own.iloc[0])
+    return _split(frame, "component")
+
+
+def read_operator_memory(path: Path, parts: _Parts | None = None) -> pd.DataFrame:
+    """Blocks of MindSpore's allocator; ``N/A`` = missing (not freed, no active columns)."""
+    table = read_csv(path, load_schema("mindspore.operator_memory"))
+    size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
+    alloc = convert.us_text_to_ns(na_to_null(table.column("Allocation Time(us)")))
+    release = convert.us_text_to_ns(na_to_null(table.column("Release Time(us)")))
+    release_only = (size < 0).to_numpy(dtype=bool)
+    missing_alloc = alloc.isna().to_numpy(dtype=bool)
+    bad = np.flatnonzero(release_only == ~missing_alloc)
+    if len(bad):
+        row = int(bad[0])
+        raise InputError(
+            "a block needs an Allocation Time unless its Size is negative (allocated before the window)",
+            file=path, line=table.line_of(row), column="Allocation Time(us)",
+            expected="a timestamp" if not release_only[row] else "N/A in a release-only row",
+            found=repr(table.column("Allocation Time(us)")[row].as_py()),
+        )
+    unplaced = np.flatnonzero(release_only & release.isna().to_numpy(dtype=bool))
+    if len(unplaced):
+        raise InputError("a release-only row (negative Size) needs a Release Time", file=path,
+                         line=table.line_of(int(unplaced[0])), column="Release Time(us)", expected="a timestamp",
+                         found="N/A")
+    _check_order(path, table, alloc, release, "Release Time(us)")
+    labels = convert.text(table.column("Device Type"))
+    if parts is not None:
+        parts.note_labels(labels, path, "Device Type", table)
+    blocks = pd.DataFrame(
+        {
+            "size": size.abs(),
+            "t_alloc": alloc,
+            "t_free": release,
+            "op": convert.text(table.column("Name")),
+            "stream": convert.text(na_to_null(table.column("Stream Ptr"))),
+            "owner": pd.Series(pd.NA, index=range(table.num_rows), dtype="string"),
+            "component": pd.Series(MS_COMPONENT, index=range(table.num_rows), dtype="string"),
+            "alloc_total": convert.unit_text_to_bytes(na_to_null(table.column("Allocation Total Allocated(MB)")), MIB),
+        }
+    )
+    return blocks[list(BLOCK_COLUMNS)]
+
+
+def _check_order(path: Path, table: CsvTable, alloc: pd.Series, release: pd.Series, column: str) -> None:
+    wrong = (release < alloc).fillna(False).to_numpy(dtype=bool)
+    if wrong.any():
+        row = int(np.flatnonzero(wrong)[0])
+        raise InputError("a block is released before it is allocated", file=path, line=table.line_of(row),
+                         column=column, expected="a time at or after the allocation",
+                         found=f"{release.iloc[row]} ns < {alloc.iloc[row]} ns")
+
+
+def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[str, pd.DataFrame]]:
+    table = read_csv(path, load_schema("mindspore.npu_module_mem"))
+    reserved = convert.unit_text_to_bytes(table.column("Total Reserved(KB)"), KIB)
+    reserved[reserved < 0] = pd.NA  # -1: the module only showed releases, no level
+    if parts is not None:
+        parts.note_labels(convert.text(table.column("Device")), path, "Device", table)
+    n = table.num_rows
+    frame = pd.DataFrame(
+        {
+            "component": convert.text(table.column("Component")),
+            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
+            "allocated": pd.Series(pd.NA, index=range(n), dtype="Int64"),
+            "reserved": reserved,
+            "active": pd.Series(pd.NA, index=range(n), dtype="Int64"),
+        }
+    )
+    return _split(frame, "component")
+
+
+def read_kernel_steps(path: Path) -> pd.DataFrame:
+    """Step time ranges: first kernel start to last kernel end per ``Step ID``."""
+    table = read_csv(path, load_schema("mindspore.kernel_details"))
+    if not table.has("Step ID"):
+        return empty_steps()
+    start = convert.us_text_to_ns(table.column("Start Time(us)"))
+    end = start + convert.us_text_to_ns(table.column("Duration(us)"))
+    frame = pd.DataFrame({"step": convert.int_text(table.column("Step ID")), "t_start": start, "t_end": end})
+    frame = frame.dropna(subset=["step"])
+    grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
+    return grouped.reset_index().astype("Int64")
+
+
+def read_step_numbers(path: Path) -> pd.DataFrame:
+    table = read_csv(path, load_schema("mindspore.step_trace_time"))
+    steps = convert.int_text(table.column("Step")).dropna().drop_duplicates().sort_values()
+    frame = empty_steps().reindex(range(len(steps)))
+    frame["step"] = steps.to_numpy()
+    return frame.astype("Int64")
+
+
+def read_cpu_memory_record(path: Path) -> pd.DataFrame:
+    """``cpu_ms_memory_record_{rank}.txt``: MindSpore's allocator totals, exact bytes and ns."""
+    table = read_csv(path, load_schema("mindspore.cpu_ms_memory_record"))
+    frame = pd.DataFrame(
+        {
+            "t_ns": convert.ns_text_to_ns(table.column("Timestamp(ns)")),
+            "allocated": convert.int_text(table.column("Total Allocated(Byte)")),
+            "reserved": convert.int_text(table.column("Total Reserved(Byte)")),
+            "active": convert.int_text(table.column("Total Active(Byte)")),
+        }
+    )
+    return frame.sort_values("t_ns", kind="stable").reset_index(drop=True)
+
+
+def read_tracker_operator_memory(path: Path) -> pd.DataFrame:
+    """Memory tracker ``operator_memory_{rank}.csv``: one block per row, release = allocation + duration."""
+    table = read_csv(path, load_schema("mindspore.tracker_operator_memory"))
+    totals_per_unit = KIB if table.variant == "KB" else MIB
+    unit = table.variant
+    size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
+    negative = np.flatnonzero((size < 0).to_numpy(dtype=bool))
+    if len(negative):
+        row = int(negative[0])
+        raise InputError("negative block size", file=path, line=table.line_of(row), column="Size(KB)",
+                         expected="a size >= 0 (the tracker writes every block it saw allocated)",
+                         found=repr(table.column("Size(KB)")[row].as_py()))
+    alloc = convert.us_text_to_ns(table.column("Allocation Time(us)"))
+    release = alloc + convert.us_text_to_ns(table.column("Duration(us)"))
+    n = table.num_rows
+    blocks = pd.DataFrame(
+        {
+            "size": size,
+            "t_alloc": alloc,
+            "t_free": release,
+            "op": convert.text(table.column("Name")),
+            "stream": pd.Series(pd.NA, index=range(n), dtype="string"),
+            "owner": pd.Series(pd.NA, index=range(n), dtype="string"),
+            "component": pd.Series(MS_COMPONENT, index=range(n), dtype="string"),
+            "alloc_total": convert.unit_text_to_bytes(table.column(f"Allocation Total Allocated({unit})"),
+                                                      totals_per_unit),
+        }
+    )
+    return blocks[list(BLOCK_COLUMNS)]
+
+
+def _load_tracker_dump(path: Path) -> Profile:
+    """An older ``profiler/`` folder: ``operator_memory_{rank}.csv`` (+ ``cpu_ms_memory_record_{rank}.txt``)."""
+    m = _TRACKER_OP.match(path.name) or _CPU_RECORD.match(path.name)
+    assert m is not None
+    rank = str(int(m.group(1)))
+    series: dict[str, Series] = {}
+    blocks, blocks_source = empty_blocks(), None
+    ops = path.parent / f"operator_memory_{m.group(1)}.csv"
+    if ops.exists():
+        blocks, blocks_source = read_tracker_operator_memory(ops), str(ops)
+    record = path.parent / f"cpu_ms_memory_record_{m.group(1)}.txt"
+    if record.exists():
+        series[MS_COMPONENT] = Series(MS_COMPONENT, read_cpu_memory_record(record), str(record))
+    device = DeviceModel(device=f"npu:{rank}", series=series, blocks=blocks, blocks_source=blocks_source)
+    return Profile(path=str(path), format=FORMAT, rank=rank, devices=(device,),
+                   metadata={"layout": "memory tracker profiling dump (operator_memory_{rank}.csv)"})
+
+
+def read_memory_block(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Blocks of ``memory_block.csv`` on the tracker's logical clock, and facts about the file."""
+    table = read_csv(path, load_schema("mindspore.memory_block"))
+    start = convert.int_text(table.column("start_time_stamp"))
+    end = convert.int_text(table.column("end_time_stamp"))
+    inside = (start < 0).to_numpy(dtype=bool)  # InSideSomas: a slice of a Somas block, counted there
+    live = (end == NEVER_FREED).to_numpy(dtype=bool)
+    bad = np.flatnonzero(~inside & ~live & (end < start).to_numpy(dtype=bool))
+    if len(bad):
+        row = int(bad[0])
+        raise InputError("a block ends before it starts", file=path, line=table.line_of(row), column="end_time_stamp",
+                         expected=f"a counter >= start_time_stamp {start.iloc[row]} (or {NEVER_FREED} if never freed)",
+                         found=str(end.iloc[row]))
+    node = convert.text(table.column("node_name"))
+    task = convert.text(table.column("task_name"))
+    stack = convert.text(table.column("python_stack"))
+    file_name = convert.text(table.column("file_name"))
+    line_num = convert.text(table.column("line_num"))
+    where = (file_name + ":" + line_num.fillna("?")).where(file_name.notna())
+    blocks = pd.DataFrame(
+        {
+            "size": convert.int_text(table.column("size")),
+            "t_alloc": start,
+            "t_free": end.mask(pd.Series(live)),
+            "op": node.fillna(task),
+            "stream": convert.text(table.column("stream_id")),
+            "owner": stack.fillna(where),
+            "component": pd.Series(MS_COMPONENT, index=range(table.num_rows), dtype="string"),
+            "alloc_total": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
+        }
+    )[list(BLOCK_COLUMNS)]
+    peaks = convert.int_text(table.column("actual_peak_memory")).dropna()
+    facts: dict[str, Any] = {
+        "clock": "logical: the memory tracker's event counter, not time (no steps)",
+        "in_side_somas_rows_dropped": int(inside.sum()),
+        "tracker_actual_peak_bytes": int(peaks.max()) if len(peaks) else None,
+    }
+    return blocks[~pd.Series(inside)].reset_index(drop=True), facts
+
+
+def _load_memory_block(path: Path) -> Profile:
+    blocks, facts = read_memory_block(path)
+    rank = "0"
+    for part in (path.parent.name, path.parent.parent.name):
+        if m := _RANK_DIR.search(part):
+            rank = str(int(m.group(1)))
+            break
+    device = DeviceModel(device=f"npu:{rank}", blocks=blocks, blocks_source=str(path))
+    return Profile(path=str(path), format=FORMAT, rank=rank, devices=(device,),
+                   metadata={"layout": "memory tracker memory_block.csv", **facts})
+
+
+# ---- rank and metadata -----------------------------------------------------------------------------
+
+
+def rank_of(profile_dir: Path, info: dict[str, Any], cpu_record: Path | None) -> str:
+    """profiler_info's ``rank_id``, its file suffix, the cpu_ms_memory_record suffix, a rank_N dir name."""
+    rank = info.get("rank_id")
+    if isinstance(rank, (int, str)) and not isinstance(rank, bool) and str(rank).strip().isdigit():
+        return str(int(rank))
+    if (m := _INFO.match(str(info.get("_info_file", "")))) and m.group(1) is not None:
+        return str(int(m.group(1)))
+    if cpu_record is not None and (m := _CPU_RECORD.match(cpu_record.name)):
+        return str(int(m.group(1)))
+    for part in (profile_dir.name, profile_dir.parent.name):
+        if m := _RANK_DIR.search(part):
+            return str(int(m.group(1)))
+    return "0"
+
+
+def _metadata(info: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"units": "memory_record MB = KB/1000 (bytes = MB x 1024000)"}
+    for key in ("ms_version", "mindspore_version", "cann_version", "rank_id"):
+        if key in info and isinstance(info[key], (str, int, float)):
+            meta[key] = info[key]
+    return meta
+
+
+def rank_hint(path: Path) -> str | None:
+    """The rank :func:`load` reports, from names and profiler_info only (None for memory_block.csv)."""
+    if path.is_dir():
+        return rank_of(path, read_profiler_info(path), _find_cpu_record(path))
+    m = _TRACKER_OP.match(path.name) or _CPU_RECORD.match(path.name)
+    return str(int(m.group(1))) if m else None
+
+
+# MindSpore directories also look like torch_npu ones by file names: MindSpore claims first.
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=rank_hint), before="torch_npu")
