@@ -609,4 +609,4 @@ def _rank(path: Path) -> str:
     return "0"
 
 
-discover.register(discover.Format(FORMAT, claims, load))
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank))
