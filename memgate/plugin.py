@@ -428,6 +428,29 @@ def memgate_load() -> Callable[[str | Path], list[Profile]]:
     return _load
 
 
+@pytest.fixture
+def memgate_record(memgate_profile_dir: Path) -> Iterator[Any]:
+    """A started recorder (torch.profiler with profile_memory, CUDA/NPU snapshots where present)
+    writing into ``memgate_profile_dir``; call ``.step()`` once per training step. With
+    ``@pytest.mark.memgate(...)`` the recording is gated right after the test body.
+    """
+    pytest.importorskip("torch", reason="memgate_record records a torch run: pip install 'memgate[torch]'")
+    from memgate.record import Recorder
+
+    recorder = Recorder(memgate_profile_dir).start()
+    try:
+        yield recorder
+    finally:
+        recorder.stop()
+
+
+def _finish_recording(item: pytest.Item) -> None:
+    """Stop the test's recorder, if it has one, so its files exist before gating."""
+    recorder = getattr(item, "funcargs", {}).get("memgate_record")
+    if recorder is not None:
+        recorder.stop()
+
+
 def _marker_profile_path(item: pytest.Item, marker: pytest.Mark) -> Path:
     if "profile" in marker.kwargs:
         path = Path(str(marker.kwargs["profile"]))
@@ -443,7 +466,10 @@ def _marker_profile_path(item: pytest.Item, marker: pytest.Mark) -> Path:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    result = yield  # re-raises when the test body failed: no gating then
+    try:
+        result = yield  # re-raises when the test body failed: no gating then
+    finally:
+        _finish_recording(item)
     marker = item.get_closest_marker("memgate")
     if marker is None or isinstance(item, _GateItem):
         return result

@@ -1,0 +1,528 @@
+"""PyTorch caching-allocator memory snapshots (``_dump_snapshot`` pickles), every era. FORMATS.md §4.
+
+Eras read: a bare list of segments (oldest); legacy ``history`` blocks without ``address`` (≤ 2.0:
+the address is derived from the segment address and the sizes before the block); trace entries
+without ``time_us`` (< 2.2); ``time_us`` entries; ``allocator_settings`` / ``external_annotations``;
+``compile_context``; several devices; expandable segments; snapshots recorded without history
+(empty ``device_traces``); torch_npu files (workspace entries inserted at the *front* of a trace).
+
+What one device becomes:
+- **blocks**: one per ``alloc`` entry (freed at the matching ``free_requested``, or never), one per
+  ``free_requested`` without an ``alloc`` in the trace (allocated before the window: the trace is a
+  ring buffer), and one per ``active_allocated`` block of the final ``segments`` that no trace
+  ``alloc`` accounts for (live for the whole window). That is the baseline torch's memory viewer
+  reconstructs. ``op`` is the innermost ``at::_ops::<name>`` C++ frame (``aten::<name>``, overload
+  suffix kept), ``owner`` the innermost Python frame (``file:line:function``).
+- **series** ``allocator``: ``allocated`` (drops at ``free_requested``, like
+  ``torch.cuda.memory_allocated``), ``active`` (drops at ``free_completed``) and ``reserved``
+  (``segment_alloc``/``segment_map`` up, ``segment_free``/``segment_unmap`` down), each rebuilt
+  backwards from the final ``segments`` so the level at the window start is exact.
+- **steps**: ``external_annotations`` named ``ProfilerStep#N`` (START/END).
+
+Sizes are the *requested* sizes the trace records (what the memory viewer plots); the allocator
+rounds each block up (to 512 B, or more when it does not split), so ``allocated`` here can be a few
+percent below ``torch.cuda.memory_allocated()`` and the fragmentation figure includes that rounding.
+
+Time: ``t_ns = time_us * 1000`` when the entries carry ``time_us``, sorted stably by it (torch_npu's
+front-inserted entries are out of order). Without ``time_us`` the clock is the 1-based position in
+the trace (0 = the window start), ``metadata["time_base"] == "trace_index"``, and steps are not
+measurable (annotations carry real time only). A snapshot without any trace has one sample at 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memgate import discover, safepickle
+from memgate.errors import InputError
+from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
+from memgate.pyrecords import check_records, missing_int64, nullable_int64
+from memgate.schemas import load_schema
+
+FORMAT = "torch_snapshot"
+SCHEMA = "torch_snapshot"
+SUFFIXES = (".pickle", ".pkl")
+COMPONENT = "allocator"
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free", "segment_map",
+           "segment_unmap", "snapshot", "oom", "annotate", "user_defined", "workspace_snapshot")
+_A = {name: i for i, name in enumerate(ACTIONS)}
+# Actions that move a counter; only these need an address, a size and (in the time_us era) a time.
+_MEMORY_ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
+                   "segment_map", "segment_unmap")
+_ACTIVE_STATES = ("active_allocated", "active_pending_free")
+_EMPTY_DICT, _EMPTY_LIST = 0x7D, 0x5D
+# Keys one of which a snapshot's first record names within its first bytes (dict or bare list).
+_HEAD_KEYS = (b"segments", b"device_traces", b"total_size")
+_OP_FRAME = re.compile(r"at::_ops::([A-Za-z0-9_]+)::(?:call|redispatch)\b")
+_INTERNAL = ("unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp", "CachingAllocator", "_start",
+             "__libc_start_main", "PyEval_", "PyObject_", "PyFunction_")
+
+
+# ---- detection ------------------------------------------------------------------------------------
+
+
+def claims(path: Path) -> bool:
+    """A ``.pickle``/``.pkl`` file whose first bytes are a binary pickle of a snapshot dict or segment list."""
+    if path.suffix.lower() not in SUFFIXES or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except PermissionError:
+        return True  # torch_npu writes snapshots owner-write-only: load() says so clearly
+    except OSError:
+        return False
+    return is_snapshot_head(head)
+
+
+def is_snapshot_head(head: bytes) -> bool:
+    """PROTO 2..5, a dict or list as the top-level object, and a snapshot key in the first record."""
+    if safepickle.first_opcode(head) not in (_EMPTY_DICT, _EMPTY_LIST):
+        return False
+    return any(key in head for key in _HEAD_KEYS)
+
+
+# ---- loading --------------------------------------------------------------------------------------
+
+
+def load(path: Path, *, max_bytes: int | None = None) -> Profile:
+    data = safepickle.load(path, max_bytes=max_bytes)
+    return build_profile(path, data)
+
+
+@dataclass(frozen=True)
+class _Segments:
+    """The final segments' blocks, flattened: one row per block."""
+
+    device: np.ndarray  # int64, the block's segment device
+    stream: np.ndarray  # int64, the segment's stream
+    address: np.ndarray  # int64
+    requested: np.ndarray  # int64, requested size (history real_size for legacy blocks)
+    active: np.ndarray  # bool, state active_allocated or active_pending_free
+    allocated: np.ndarray  # bool, state active_allocated
+    frames: list[Any]  # per block, the frames of its allocation ([] when unknown)
+    seg_device: np.ndarray  # per segment
+    seg_total: np.ndarray  # per segment
+    where: list[str]  # per block, its JSON path
+
+
+def build_profile(path: Path, data: Any) -> Profile:
+    """The normalized model of an unpickled snapshot (``data`` as ``safepickle.load`` returned it)."""
+    schema = load_schema(SCHEMA)
+    defs = schema["$defs"]
+    era: str
+    if isinstance(data, list):
+        era, snapshot = "bare_list", {"segments": data, "device_traces": []}
+    elif isinstance(data, dict):
+        era, snapshot = "dict", data
+        check_records([data], defs["snapshot"], file=path, where=lambda i: "", root=schema)
+    else:
+        raise InputError("not a memory snapshot", file=path, column="(top level)",
+                         expected="a dict with 'segments' and 'device_traces' (or a list of segments)",
+                         found=type(data).__name__)
+    segments = _read_segments(path, snapshot["segments"], schema)
+    if era == "dict" and any(isinstance(b, dict) and "history" in b for b in _iter_blocks(snapshot["segments"])):
+        era = "legacy_history"
+    traces = snapshot.get("device_traces") or []
+    for dev, entries in enumerate(traces):
+        if not isinstance(entries, (list, tuple)):
+            raise InputError("a device trace must be a list of entries", file=path, column=f"device_traces[{dev}]",
+                             expected="an array", found=type(entries).__name__)
+    annotations = snapshot.get("external_annotations") or []
+    ann = check_records(annotations, defs["annotation"], file=path,
+                        where=lambda i: f"external_annotations[{i}]", root=schema) if annotations else {}
+
+    parsed = [_parse_trace(path, dev, entries, schema) for dev, entries in enumerate(traces)]
+    bases = {p.time_base for p in parsed if p.time_base != "none"}
+    time_base = bases.pop() if len(bases) == 1 else ("none" if not bases else "mixed")
+    if time_base == "mixed":
+        raise InputError("some device traces carry time_us and others do not", file=path, column="device_traces",
+                         expected="time_us on every entry of every device, or on none")
+    t_origin = min((int(p.t_ns[0]) for p in parsed if len(p.t_ns)), default=0) if time_base == "time_us" else 0
+
+    npu = _is_npu(snapshot)
+    devices = sorted({int(d) for d in segments.seg_device} | {p.device for p in parsed if p.n})
+    if not devices:
+        devices = list(range(len(traces)))
+    models = []
+    notes: dict[str, Any] = {}
+    by_dev = {p.device: p for p in parsed}
+    for dev in devices:
+        trace = by_dev.get(dev) or _parse_trace(path, dev, [], schema)
+        model, facts = _device_model(dev, trace, segments, npu, t_origin, path)
+        models.append(model)
+        notes[model.device] = facts
+
+    steps, steps_source = empty_steps(), None
+    step_note = None
+    if ann:
+        steps = _steps(ann)
+        if len(steps) and time_base != "time_us":
+            step_note = "ProfilerStep annotations ignored: the trace has no time_us to place them on"
+            steps = empty_steps()
+        elif len(steps):
+            steps_source = f"{path} (external_annotations)"
+    metadata: dict[str, Any] = {
+        "era": era,
+        "time_base": {"time_us": "time_us", "none": "none"}.get(time_base, "trace_index"),
+        "size_basis": "requested",
+        "devices": notes,
+    }
+    settings = snapshot.get("allocator_settings")
+    if isinstance(settings, dict):
+        conf = {k: v for k, v in settings.items()
+                if isinstance(k, str) and k.endswith("ALLOC_CONF") and isinstance(v, (str, int, float, bool))}
+        if conf:
+            metadata["alloc_conf"] = conf
+    if step_note:
+        metadata["steps_note"] = step_note
+    return Profile(
+        path=str(path),
+        format=FORMAT,
+        rank=_rank_of(path),
+        devices=tuple(models),
+        steps=steps,
+        steps_source=steps_source,
+        metadata=metadata,
+    )
+
+
+def _iter_blocks(segments: Sequence[Any]) -> Any:
+    return chain.from_iterable(s.get("blocks") or () for s in segments if isinstance(s, dict))
+
+
+def _read_segments(path: Path, segments: Sequence[Any], schema: dict[str, Any]) -> _Segments:
+    defs = schema["$defs"]
+    cols = check_records(segments, defs["segment"], file=path, where=lambda i: f"segments[{i}]", root=schema)
+    counts = np.fromiter((len(s["blocks"]) for s in segments), dtype=np.int64, count=len(segments))
+    blocks = list(chain.from_iterable(s["blocks"] for s in segments))
+    seg_of = np.repeat(np.arange(len(segments), dtype=np.int64), counts)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    index_in_seg = np.arange(len(blocks), dtype=np.int64) - np.repeat(offsets, counts)
+    where = [f"segments[{s}].blocks[{b}]" for s, b in zip(seg_of.tolist(), index_in_seg.tolist())]
+    bcols = check_records(blocks, defs["block"], file=path, where=lambda i: where[i], root=schema)
+
+    seg_device = _ints(cols["device"], len(segments))
+    seg_address = _ints(cols["address"], len(segments))
+    seg_total = _ints(cols["total_size"], len(segments))
+    seg_stream = _ints(cols.get("stream"), len(segments), fill=0)
+    size = _ints(bcols["size"], len(blocks))
+    # Address of each block = its segment's address + the sizes before it (legacy blocks carry none).
+    before = np.cumsum(size) - size  # bytes of all blocks listed before this one
+    first_before = np.concatenate([before, [0]])[offsets]  # ... before each segment's first block
+    derived = np.repeat(seg_address, counts) + before - np.repeat(first_before, counts)
+    given = bcols.get("address")
+    has_address = np.asarray(given.is_valid()) if given is not None else np.zeros(len(blocks), dtype=bool)
+    address = np.where(has_address, _ints(given, len(blocks), fill=0), derived) if len(blocks) else derived
+    if not has_address.all():
+        sums = np.bincount(seg_of, weights=size, minlength=len(segments)) if len(blocks) else np.zeros(len(segments))
+        bad = np.flatnonzero(sums.astype(np.int64) != seg_total)
+        if len(bad):
+            i = int(bad[0])
+            raise InputError("the blocks of a segment without block addresses do not add up to its total_size",
+                             file=path, column=f"segments[{i}].total_size",
+                             expected=f"the sum of its block sizes ({int(sums[i])})", found=str(int(seg_total[i])))
+
+    state = bcols["state"]
+    active = np.asarray(pc.is_in(state, value_set=pa.array(_ACTIVE_STATES)), dtype=bool) if len(blocks) \
+        else np.zeros(0, dtype=bool)
+    allocated = np.asarray(pc.equal(state, "active_allocated"), dtype=bool) if len(blocks) \
+        else np.zeros(0, dtype=bool)
+    requested_col = bcols.get("requested_size")
+    requested = np.where(np.asarray(requested_col.is_valid()), _ints(requested_col, len(blocks), fill=0), size) \
+        if requested_col is not None and len(blocks) else size.copy()
+    frames: list[Any] = [b.get("frames") for b in blocks]
+    legacy = [i for i, b in enumerate(blocks) if b.get("history")]
+    if legacy:
+        first = [blocks[i]["history"][0] for i in legacy]
+        hcols = check_records(first, defs["history_entry"], file=path,
+                              where=lambda k: f"{where[legacy[k]]}.history[0]", root=schema)
+        real = _ints(hcols["real_size"], len(first))
+        idx = np.asarray(legacy, dtype=np.int64)
+        no_requested = ~np.asarray(requested_col.is_valid())[idx] if requested_col is not None \
+            else np.ones(len(idx), dtype=bool)
+        requested[idx[no_requested]] = real[no_requested]
+        for k, i in enumerate(legacy):
+            if frames[i] is None:
+                frames[i] = first[k].get("frames")
+    frames = [f if f is not None else [] for f in frames]
+    return _Segments(
+        device=np.repeat(seg_device, counts), stream=np.repeat(seg_stream, counts), address=address,
+        requested=requested, active=active, allocated=allocated, frames=frames,
+        seg_device=seg_device, seg_total=seg_total, where=where,
+    )
+
+
+def _ints(arr: pa.Array | None, n: int, fill: int | None = None) -> np.ndarray:
+    """An int64 numpy array of a validated column (nulls → ``fill``)."""
+    if arr is None or pa.types.is_null(arr.type):
+        return np.full(n, 0 if fill is None else fill, dtype=np.int64)
+    if fill is not None:
+        arr = pc.fill_null(arr, fill)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """One device's trace in time order."""
+
+    device: int
+    n: int
+    time_base: str  # "time_us", "trace_index" or "none" (no entries that move memory)
+    code: np.ndarray  # action code per sorted entry
+    addr: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    t_ns: np.ndarray  # per sorted entry
+    order: np.ndarray  # sorted position -> index in the file's list
+    entries: Sequence[Any]
+
+
+def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, Any]) -> _Trace:
+    n = len(entries)
+    empty = np.zeros(0, dtype=np.int64)
+    if n == 0:
+        return _Trace(dev, 0, "none", empty, empty, empty, empty, empty, empty, entries)
+    cols = check_records(entries, schema["$defs"]["trace_entry"], file=path,
+                         where=lambda i: f"device_traces[{dev}][{i}]", root=schema)
+    code = np.asarray(pc.index_in(cols["action"], value_set=pa.array(ACTIONS)).to_numpy(zero_copy_only=False),
+                      dtype=np.int64)
+    moves = np.isin(code, [_A[a] for a in _MEMORY_ACTIONS])
+    time_col = cols.get("time_us")
+    timed = np.asarray(time_col.is_valid(), dtype=bool) if time_col is not None and not pa.types.is_null(
+        time_col.type) else np.zeros(n, dtype=bool)
+    if not moves.any():
+        base = "none"
+    elif timed[moves].all():
+        base = "time_us"
+    elif not timed[moves].any():
+        base = "trace_index"
+    else:
+        i = int(np.flatnonzero(moves & ~timed)[0])
+        raise InputError("entry without time_us in a trace whose other entries have it", file=path,
+                         column=f"device_traces[{dev}][{i}]", expected="time_us on every alloc/free/segment entry",
+                         found="no time_us")
+    if base == "time_us":
+        raw = _ints(time_col, n, fill=0)
+        # Entries without a time (markers) keep their neighbour's place: carry the last time forward.
+        if not timed.all():
+            idx = np.where(timed, np.arange(n), 0)
+            np.maximum.accumulate(idx, out=idx)
+            raw = np.where(timed, raw, raw[idx])
+        order = np.argsort(raw, kind="stable")
+        t_ns = raw[order] * 1000
+    else:
+        order = np.arange(n, dtype=np.int64)
+        t_ns = np.arange(1, n + 1, dtype=np.int64)
+    return _Trace(
+        device=dev, n=n, time_base=base, code=code[order],
+        addr=_ints(cols.get("addr"), n, fill=0)[order], size=_ints(cols.get("size"), n, fill=0)[order],
+        stream=_ints(cols.get("stream"), n, fill=0)[order], t_ns=t_ns, order=order, entries=entries,
+    )
+
+
+def pair_allocs(addr: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
+    """For events in time order: the index of each alloc's next free at the same address, and of each
+    free's alloc; -1 where there is none (a free of memory allocated before the window, a block still
+    live at its end). Vectorized: a stable sort by address keeps time order within an address.
+    """
+    n = len(addr)
+    partner = np.full(n, -1, dtype=np.int64)
+    if n < 2:
+        return partner
+    by_addr = np.lexsort((np.arange(n), addr))
+    a = addr[by_addr]
+    alloc = is_alloc[by_addr]
+    matched = np.flatnonzero((a[1:] == a[:-1]) & alloc[:-1] & ~alloc[1:])
+    partner[by_addr[matched]] = by_addr[matched + 1]
+    partner[by_addr[matched + 1]] = by_addr[matched]
+    return partner
+
+
+def _device_model(
+    dev: int, trace: _Trace, segs: _Segments, npu: bool, t_origin: int, path: Path
+) -> tuple[DeviceModel, dict[str, Any]]:
+    label = f"{'npu' if npu else 'cuda'}:{dev}"
+    code = trace.code
+    is_alloc = code == _A["alloc"]
+    is_free = (code == _A["free_requested"]) | (code == _A["free"])
+    is_done = (code == _A["free_completed"]) | (code == _A["free"])
+    sel = np.flatnonzero(is_alloc | is_free)
+    partner_sel = pair_allocs(trace.addr[sel], is_alloc[sel])
+    partner = np.full(trace.n, -1, dtype=np.int64)
+    partner[sel] = np.where(partner_sel >= 0, sel[np.maximum(partner_sel, 0)], -1)
+
+    mine = segs.device == dev
+    allocs = np.flatnonzero(is_alloc)
+    open_allocs = allocs[partner[allocs] < 0]
+    early_frees = np.flatnonzero(is_free & (partner < 0))
+    live_through = np.flatnonzero(mine & segs.allocated & ~np.isin(segs.address, trace.addr[open_allocs]))
+    missing_in_segments = int((~np.isin(trace.addr[open_allocs], segs.address[mine & segs.active])).sum())
+
+    # Blocks: trace allocations, frees of earlier allocations, and blocks live all along.
+    t = trace.t_ns
+    ops, owners = _attribution(path, trace, allocs)
+    live_ops, live_owners = _ops_of_frames(segs, live_through)
+    n_alloc, n_early, n_live = len(allocs), len(early_frees), len(live_through)
+    frees_at = partner[allocs]
+    size = np.concatenate([trace.size[allocs], trace.size[early_frees], segs.requested[live_through]])
+    not_here = n_early + n_live
+    t_alloc = nullable_int64(np.concatenate([t[allocs], np.zeros(not_here, np.int64)]),
+                             np.concatenate([np.zeros(n_alloc, bool), np.ones(not_here, bool)]))
+    t_free = nullable_int64(
+        np.concatenate([np.where(frees_at >= 0, t[np.maximum(frees_at, 0)], 0), t[early_frees], np.zeros(n_live, np.int64)]),
+        np.concatenate([frees_at < 0, np.zeros(n_early, bool), np.ones(n_live, bool)]))
+    stream = np.concatenate([trace.stream[allocs], trace.stream[early_frees], segs.stream[live_through]])
+    blocks = pd.DataFrame({
+        "size": nullable_int64(size),
+        "t_alloc": t_alloc,
+        "t_free": t_free,
+        "op": pd.array(ops + [None] * n_early + live_ops, dtype="string"),
+        "stream": pd.array(stream.astype(str), dtype="string"),
+        "owner": pd.array(owners + [None] * n_early + live_owners, dtype="string"),
+        "component": pd.array([COMPONENT] * len(size), dtype="string"),
+        "alloc_total": missing_int64(len(size)),
+    })[list(BLOCK_COLUMNS)]
+
+    # Series: deltas per entry, levels rebuilt backwards from the final segments.
+    sizes = trace.size
+    d_alloc = np.where(is_alloc, sizes, 0) - np.where(is_free, sizes, 0)
+    d_active = np.where(is_alloc, sizes, 0) - np.where(is_done, sizes, 0)
+    grow = np.isin(code, [_A["segment_alloc"], _A["segment_map"]])
+    shrink = np.isin(code, [_A["segment_free"], _A["segment_unmap"]])
+    d_reserved = np.where(grow, sizes, 0) - np.where(shrink, sizes, 0)
+    start_alloc = int(trace.size[early_frees].sum() + segs.requested[live_through].sum())
+    start_active = int(segs.requested[mine & segs.active].sum()) - int(d_active.sum())
+    start_reserved = int(segs.seg_total[segs.seg_device == dev].sum()) - int(d_reserved.sum())
+    changed = np.flatnonzero((d_alloc != 0) | (d_active != 0) | (d_reserved != 0))
+    # The window start: the first entry's time; 0 on the trace-index clock; the profile's first time
+    # for a device whose trace moves nothing.
+    t0 = {"time_us": int(t[0]) if trace.n else t_origin, "trace_index": 0}.get(trace.time_base, t_origin)
+    frame = pd.DataFrame({
+        "t_ns": np.concatenate([[t0], t[changed]]),
+        "allocated": start_alloc + np.concatenate([[0], np.cumsum(d_alloc)[changed]]),
+        "reserved": start_reserved + np.concatenate([[0], np.cumsum(d_reserved)[changed]]),
+        "active": start_active + np.concatenate([[0], np.cumsum(d_active)[changed]]),
+    }).astype("Int64")
+    facts: dict[str, Any] = {
+        "trace_entries": trace.n,
+        "pre_window_frees": n_early,
+        "live_through_blocks": n_live,
+    }
+    if missing_in_segments:
+        facts["open_allocs_without_segment_block"] = missing_in_segments
+    for column, start in (("active", start_active), ("reserved", start_reserved)):
+        if start < 0:  # the trace moves more than the final state holds: the file is inconsistent
+            frame[column] = missing_int64(len(frame))
+            facts[f"{column}_unavailable"] = (f"the trace changes {column} by more than the final segments hold "
+                                              f"({-start} bytes short)")
+    model = DeviceModel(
+        device=label,
+        series={COMPONENT: Series(COMPONENT, frame.reset_index(drop=True), str(path))},
+        blocks=blocks.reset_index(drop=True),
+        blocks_source=str(path),
+    )
+    return model, facts
+
+
+def _attribution(path: Path, trace: _Trace, allocs: np.ndarray) -> tuple[list[str | None], list[str | None]]:
+    """(op, owner) of each trace allocation, from its frames (computed once per distinct frames list)."""
+    cache: dict[int, tuple[str | None, str | None]] = {}
+    ops: list[str | None] = []
+    owners: list[str | None] = []
+    entries = trace.entries
+    for k in trace.order[allocs].tolist():
+        frames = entries[k].get("frames")
+        if frames is None:
+            ops.append(None)
+            owners.append(None)
+            continue
+        key = id(frames)
+        if key not in cache:
+            cache[key] = op_owner(frames, path, f"device_traces[{trace.device}][{k}].frames")
+        op, owner = cache[key]
+        ops.append(op)
+        owners.append(owner)
+    return ops, owners
+
+
+def _ops_of_frames(segs: _Segments, rows: np.ndarray) -> tuple[list[str | None], list[str | None]]:
+    pairs = [op_owner(segs.frames[i], None, f"{segs.where[i]}.frames") for i in rows.tolist()]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def op_owner(frames: Any, path: Path | None, where: str) -> tuple[str | None, str | None]:
+    """The innermost ATen op (``at::_ops::X::call`` → ``aten::X``) and the innermost Python frame."""
+    if not isinstance(frames, (list, tuple)):
+        raise InputError("frames must be a list", file=path, column=where, expected="an array",
+                         found=type(frames).__name__)
+    op: str | None = None
+    owner: str | None = None
+    fallback: str | None = None
+    for i, frame in enumerate(frames):
+        if not isinstance(frame, dict) or not isinstance(frame.get("name"), str) \
+                or not isinstance(frame.get("filename"), str):
+            raise InputError("malformed stack frame", file=path, column=f"{where}[{i}]",
+                             expected="an object with filename, line and name", found=repr(frame)[:60])
+        name, filename = frame["name"], frame["filename"]
+        if op is None and (m := _OP_FRAME.search(name)):
+            op = f"aten::{m.group(1)}"
+        if owner is None and filename.endswith(".py"):
+            owner = f"{filename}:{frame.get('line')}:{name}"
+        if fallback is None and filename not in ("??", "") and not any(s in name for s in _INTERNAL):
+            fallback = f"{filename}:{frame.get('line')}:{name}" if filename != "none" else name
+        if op is not None and owner is not None:
+            break
+    return op, owner or fallback
+
+
+def _steps(ann: dict[str, pa.Array | None]) -> pd.DataFrame:
+    names, stages = ann["name"], ann["stage"]
+    assert names is not None and stages is not None  # required by the schema
+    number = pc.extract_regex(names, STEP_NAME.pattern.replace("(\\d+)", "(?P<n>\\d+)"))
+    frame = pd.DataFrame({
+        "step": pd.array(pc.struct_field(number, "n").to_pylist(), dtype="string"),
+        "stage": stages.to_pylist(),
+        "t": _ints(ann["time_us"], len(names)) * 1000,
+    }).dropna(subset=["step"])
+    if frame.empty:
+        return empty_steps()
+    frame["step"] = frame["step"].astype("int64")
+    start = frame[frame["stage"] == "START"].groupby("step")["t"].min().astype("Int64")
+    end = frame[frame["stage"] == "END"].groupby("step")["t"].max().astype("Int64")
+    numbers = start.index.union(end.index)
+    steps = pd.DataFrame({"t_start": start.reindex(numbers), "t_end": end.reindex(numbers)}).reset_index(names="step")
+    return steps[["step", "t_start", "t_end"]].sort_values("step").reset_index(drop=True).astype("Int64")
+
+
+def _is_npu(snapshot: dict[str, Any]) -> bool:
+    """torch_npu's snapshots name their allocator conf PYTORCH_NPU_ALLOC_CONF and add workspace entries."""
+    settings = snapshot.get("allocator_settings")
+    if isinstance(settings, dict) and any("NPU" in str(k) for k in settings):
+        return True
+    traces = snapshot.get("device_traces") or []
+    return any(isinstance(e, dict) and e.get("action") == "workspace_snapshot"
+               for t in traces if isinstance(t, list) for e in t[:1000])
+
+
+_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+
+
+def _rank_of(path: Path) -> str:
+    m = _RANK.search(path.stem) or _RANK.search(path.parent.name)
+    return str(int(m.group(1))) if m else "0"
+
+
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of))

@@ -1,0 +1,370 @@
+"""Validate many small records (dicts from a pickle or a JSON stream) against a JSON Schema, by column.
+
+The loaders of snapshot pickles and Kineto traces hold their records as Python dicts. Checking
+each one with ``jsonschema`` costs a Python call tree per record; here every property is pulled out
+as one column and typed by pyarrow in C (``pa.array`` infers int64 / double / string / bool and
+fails on a mix), then ``enum``, ``const``, ``minimum``/``maximum`` and ``pattern`` are checked with
+pyarrow compute. Only when a column is wrong does a Python scan locate the first bad record, so an
+error still names its JSON path (``segments[3].blocks[1].size``) and the value found.
+
+The subset of JSON Schema understood (``tests/test_snapshot.py`` shows it agrees with
+``jsonschema`` on the real samples and on broken records): ``type`` (one name or a list),
+``properties``, ``required``, ``$ref`` to ``#/$defs/...``, nested ``object`` properties that are
+required, ``enum``, ``const``, ``minimum``, ``maximum``, ``exclusiveMinimum``, ``pattern``, and
+``allOf`` of ``{"if": {"properties": {K: {"enum": [...]}}}, "then": {"required": [...]}}``.
+Differences from ``jsonschema``, on purpose: a float such as ``1.0`` is not an ``integer`` (no
+writer produces one, and a float cannot hold a ns timestamp), and a tuple is an ``array`` (pickles
+hold tuples).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memgate.csvtable import re2_pattern
+from memgate.errors import InputError
+
+Where = Callable[[int], str]  # record index -> JSON path of the record, e.g. "device_traces[0][12]"
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class _Problem:
+    index: int
+    path: str
+    message: str
+    expected: str
+    found: str
+
+    def error(self, file: Path) -> InputError:
+        return InputError(self.message, file=file, column=self.path, expected=self.expected, found=self.found)
+
+
+def join(prefix: str, name: str) -> str:
+    if not name:
+        return prefix
+    return f"{prefix}.{name}" if prefix else name
+
+
+def resolve(prop: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Follow a local ``$ref`` (``#/$defs/name``)."""
+    while "$ref" in prop:
+        ref = str(prop["$ref"])
+        if not ref.startswith("#/"):
+            raise ValueError(f"only local $ref are supported, got {ref!r}")
+        node: Any = root
+        for part in ref[2:].split("/"):
+            node = node[part]
+        prop = node
+    return prop
+
+
+def types_of(prop: Mapping[str, Any]) -> tuple[str, ...]:
+    kind = prop.get("type")
+    if kind is None:  # {"const": "i"} alone: the const's own type
+        values = [prop["const"]] if "const" in prop else list(prop.get("enum", ()))
+        names = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+        return tuple(dict.fromkeys(names[type(v)] for v in values if type(v) in names))
+    return (kind,) if isinstance(kind, str) else tuple(kind)
+
+
+def describe(prop: Mapping[str, Any]) -> str:
+    """What a value should be, in words, for the ``expected`` part of an error."""
+    if "const" in prop:
+        return repr(prop["const"])
+    if "enum" in prop:
+        return "one of " + ", ".join(repr(v) for v in prop["enum"])
+    names = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+             "array": "an array", "object": "an object", "null": "null"}
+    text = " or ".join(names.get(t, t) for t in types_of(prop)) or "a value"
+    bounds = []
+    if "minimum" in prop:
+        bounds.append(f">= {prop['minimum']}")
+    if "exclusiveMinimum" in prop:
+        bounds.append(f"> {prop['exclusiveMinimum']}")
+    if "maximum" in prop:
+        bounds.append(f"<= {prop['maximum']}")
+    if "pattern" in prop:
+        bounds.append(f"matching {prop['pattern']}")
+    return text + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", tuple: "an array", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", Decimal: "a number", type(None): "null"}.get(type(value),
+                                                                                             type(value).__name__)
+
+
+def _found(value: Any) -> str:
+    if isinstance(value, (dict, list, tuple)):
+        return _type_name(value)
+    return repr(value)
+
+
+def py_matches(value: Any, kinds: tuple[str, ...]) -> bool:
+    """Does one Python value have one of the JSON types ``kinds``? (The slow path, per value.)"""
+    t = type(value)
+    for kind in kinds:
+        if kind == "integer" and t is int and _INT64[0] <= value <= _INT64[1]:
+            return True
+        if kind == "number" and (t is int or (t in (float, Decimal) and math.isfinite(value))):
+            return True
+        if (kind == "string" and t is str) or (kind == "boolean" and t is bool) or (kind == "null" and value is None):
+            return True
+        if (kind == "array" and t in (list, tuple)) or (kind == "object" and t is dict):
+            return True
+    return False
+
+
+def _arrow_ok(arr: pa.Array, kinds: tuple[str, ...]) -> bool:
+    t = arr.type
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_integer(t):
+        return "integer" in kinds or "number" in kinds
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number" in kinds
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string" in kinds
+    if pa.types.is_boolean(t):
+        return "boolean" in kinds
+    return False
+
+
+def nullable_int64(values: np.ndarray, missing: np.ndarray | None = None) -> pd.arrays.IntegerArray:
+    """A pandas ``Int64`` array straight from int64 numpy values and a missing-mask (no per-value work)."""
+    data = np.asarray(values, dtype=np.int64)
+    mask = np.zeros(len(data), dtype=bool) if missing is None else np.asarray(missing, dtype=bool)
+    return pd.arrays.IntegerArray(data, mask)
+
+
+def missing_int64(n: int) -> pd.arrays.IntegerArray:
+    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+
+
+def _first_true(mask: np.ndarray) -> int | None:
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if len(hits) else None
+
+
+def _none_mask(values: Sequence[Any]) -> np.ndarray:
+    return np.fromiter(map(operator.is_, values, repeat(None)), dtype=bool, count=len(values))
+
+
+_PY_TYPES = {"integer": (int,), "number": (int, float, Decimal), "string": (str,), "boolean": (bool,),
+             "array": (list, tuple), "object": (dict,), "null": (type(None),)}
+
+
+def check_column(
+    values: Sequence[Any],
+    prop: Mapping[str, Any],
+    *,
+    name: str,
+    where: Where,
+    present: Callable[[], np.ndarray] | None = None,
+    required: bool = False,
+) -> tuple[pa.Array | None, _Problem | None]:
+    """Type and constrain one column; return its arrow array (None when not scalar) and its first problem.
+
+    ``present()`` is the mask of records that have the key at all (to tell a missing key from a null);
+    computed only when the column has nulls it does not allow.
+    """
+    kinds = types_of(prop)
+    scalar = bool(kinds) and not ({"array", "object"} & set(kinds))
+    problems: list[_Problem] = []
+
+    def problem(i: int, message: str) -> None:
+        problems.append(_Problem(i, join(where(i), name), message, describe(prop), _found(values[i])))
+
+    arr: pa.Array | None = None
+    if scalar:
+        try:
+            arr = pa.array(values, from_pandas=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            arr = None
+        if arr is None or not _arrow_ok(arr, kinds):
+            allowed = (*kinds, "null")
+            bad = next((i for i, v in enumerate(values) if not py_matches(v, allowed)), None)
+            if bad is not None:
+                problem(bad, "wrong type")
+            arr = None  # e.g. ints mixed with Decimals in a number column: valid, but not one arrow type
+        nulls = np.asarray(arr.is_null()) if arr is not None else _none_mask(values)
+    elif kinds:
+        # Arrays / objects: the set of Python types present, gathered in C; a scan only when one is wrong.
+        allowed = (*kinds, "null")
+        ok_types = {t for kind in allowed for t in _PY_TYPES.get(kind, ())}
+        if not set(map(type, values)) <= ok_types:
+            bad = next((i for i, v in enumerate(values) if not py_matches(v, allowed)), None)
+            if bad is not None:
+                problem(bad, "wrong type")
+        nulls = _none_mask(values)
+    else:
+        nulls = np.zeros(len(values), dtype=bool)
+
+    if nulls.any() and "null" not in kinds:
+        has = present() if present is not None else np.ones(len(values), dtype=bool)
+        null_value = _first_true(nulls & has)
+        missing = _first_true(nulls & ~has) if required else None
+        if null_value is not None and (missing is None or null_value < missing):
+            problems.append(_Problem(null_value, join(where(null_value), name), "null value", describe(prop), "null"))
+        elif missing is not None:
+            problems.append(_Problem(missing, where(missing) or "(top level)", f"missing key {name!r}",
+                                     f"an object with {name!r}", "no such key"))
+    if not problems and scalar:
+        if arr is not None and len(arr) and arr.null_count < len(arr):
+            _constraints(arr, prop, problem)
+        elif arr is None:  # valid types that share no arrow type (ints with Decimals and floats): per value
+            _py_constraints(values, prop, problem)
+    first = min(problems, key=lambda p: p.index) if problems else None
+    return (arr if scalar else None), first
+
+
+def _constraints(arr: pa.Array, prop: Mapping[str, Any], problem: Callable[[int, str], None]) -> None:
+    checks: list[tuple[pa.Array, str]] = []
+    numeric = pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)
+    if "const" in prop:
+        checks.append((pc.not_equal(arr, pa.scalar(prop["const"])), "value not allowed"))
+    if "enum" in prop:
+        allowed = [v for v in prop["enum"] if v is not None and not isinstance(v, bool)]
+        try:
+            value_set = pa.array(allowed, type=arr.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            value_set = pa.array([], type=arr.type)
+        checks.append((pc.invert(pc.is_in(arr, value_set=value_set)), "value not allowed"))
+    if numeric and "minimum" in prop:
+        checks.append((pc.less(arr, prop["minimum"]), "value too small"))
+    if numeric and "exclusiveMinimum" in prop:
+        checks.append((pc.less_equal(arr, prop["exclusiveMinimum"]), "value too small"))
+    if numeric and "maximum" in prop:
+        checks.append((pc.greater(arr, prop["maximum"]), "value too large"))
+    if "pattern" in prop and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        re.compile(prop["pattern"])
+        ok = pc.match_substring_regex(arr, re2_pattern(str(prop["pattern"])))
+        checks.append((pc.invert(ok), "malformed value"))
+    best: tuple[int, str] | None = None
+    for mask, message in checks:
+        hit = _first_true(np.asarray(pc.fill_null(mask, False), dtype=bool))
+        if hit is not None and (best is None or hit < best[0]):
+            best = (hit, message)
+    if best is not None:
+        problem(*best)
+
+
+def _py_constraints(values: Sequence[Any], prop: Mapping[str, Any], problem: Callable[[int, str], None]) -> None:
+    pattern = re.compile(prop["pattern"]) if "pattern" in prop else None
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        numeric = type(v) in (int, float, Decimal)
+        if ("const" in prop and v != prop["const"]) or ("enum" in prop and v not in prop["enum"]):
+            problem(i, "value not allowed")
+        elif numeric and (("minimum" in prop and v < prop["minimum"])
+                          or ("exclusiveMinimum" in prop and v <= prop["exclusiveMinimum"])):
+            problem(i, "value too small")
+        elif numeric and "maximum" in prop and v > prop["maximum"]:
+            problem(i, "value too large")
+        elif pattern is not None and type(v) is str and not pattern.search(v):
+            problem(i, "malformed value")
+        else:
+            continue
+        return
+
+
+def check_records(
+    records: Sequence[Any],
+    schema: Mapping[str, Any],
+    *,
+    file: Path,
+    where: Where,
+    root: Mapping[str, Any] | None = None,
+) -> dict[str, pa.Array | None]:
+    """Validate ``records`` against the object ``schema``; return their scalar columns by (dotted) name.
+
+    Raises InputError at the first bad record (in record order), naming its JSON path.
+    """
+    columns: dict[str, pa.Array | None] = {}
+    problem = _check_records(records, resolve(schema, root or schema), root or schema, where, columns, "")
+    if problem is not None:
+        raise problem.error(file)
+    return columns
+
+
+def _check_records(
+    records: Sequence[Any],
+    schema: Mapping[str, Any],
+    root: Mapping[str, Any],
+    where: Where,
+    columns: dict[str, pa.Array | None],
+    prefix: str,
+) -> _Problem | None:
+    bad = None if set(map(type, records)) <= {dict} else next(i for i, r in enumerate(records) if type(r) is not dict)
+    if bad is not None:
+        return _Problem(bad, where(bad) or "(top level)", "expected an object", "an object", _found(records[bad]))
+    required = set(schema.get("required", ()))
+    problems: list[_Problem] = []
+    n = len(records)
+    for name, raw in schema.get("properties", {}).items():
+        prop = resolve(raw, root)
+        values = list(map(dict.get, records, repeat(name)))  # C-level gather, one pass per property
+
+        def present(key: str = name) -> np.ndarray:
+            return np.fromiter(map(operator.contains, records, repeat(key)), dtype=bool, count=n)
+
+        def inner(i: int, key: str = name) -> str:
+            return join(where(i), key)
+
+        arr, found = check_column(values, prop, name=name, where=where, required=name in required, present=present)
+        if found is not None:
+            problems.append(found)
+            continue
+        columns[prefix + name] = arr
+        if "object" in types_of(prop) and "properties" in prop and name in required:
+            nested = _check_records(values, prop, root, inner, columns, f"{prefix}{name}.")
+            if nested is not None:
+                problems.append(nested)
+    if problems:
+        return min(problems, key=lambda p: p.index)
+    for clause in schema.get("allOf", ()):
+        found = _check_if_then(records, clause, where, columns, prefix)
+        if found is not None:
+            problems.append(found)
+    return min(problems, key=lambda p: p.index) if problems else None
+
+
+def _check_if_then(records: Sequence[dict[str, Any]], clause: Mapping[str, Any], where: Where,
+                   columns: Mapping[str, pa.Array | None], prefix: str) -> _Problem | None:
+    """``if {K: enum}`` then ``required``, on the typed columns (K and the required keys are properties)."""
+    condition = clause.get("if", {}).get("properties", {})
+    needed = clause.get("then", {}).get("required", ())
+    if len(condition) != 1 or not needed:
+        raise ValueError(f"unsupported allOf clause: {clause!r}")
+    (key, test), = condition.items()
+    allowed = list(test.get("enum", [test.get("const")]))
+    selector = columns.get(prefix + key)
+    if selector is None or pa.types.is_null(selector.type) or not len(records):
+        return None
+    applies = np.asarray(pc.fill_null(pc.is_in(selector, value_set=pa.array(allowed, type=selector.type)), False),
+                         dtype=bool)
+    best: _Problem | None = None
+    for name in needed:
+        column = columns.get(prefix + name)
+        absent = np.asarray(column.is_null(), dtype=bool) if column is not None else np.ones(len(records), bool)
+        hit = _first_true(applies & absent)
+        if hit is not None and (best is None or hit < best.index):
+            best = _Problem(hit, where(hit), f"missing key {name!r} (required when {key} is {records[hit][key]!r})",
+                            f"an object with {name!r}", "no such key" if name not in records[hit] else "null")
+    return best

@@ -1,0 +1,632 @@
+"""PyTorch memory snapshots: safe unpickling, schema, every era of the real samples, properties.
+
+Expected values are derived in the tests from the raw pickles with a restricted unpickler written
+here and plain loops (the memory viewer's reconstruction: live-by-trace allocations plus, as the
+baseline, frees without an alloc and final ``active_allocated`` blocks no alloc accounts for) —
+never copied from memgate's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import copyreg
+import io
+import json
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from groundtruth import Trace, expected_metrics
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import traces
+from writers.snapshot import (
+    ERAS,
+    SnapshotOptions,
+    expected_block_count,
+    on_microsecond_grid,
+    recoverable_ops,
+    write_snapshot,
+)
+
+from memgate import cli, safepickle
+from memgate.discover import discover, load
+from memgate.errors import InputError
+from memgate.loaders import snapshot
+from memgate.metrics import profile_metrics
+from memgate.pyrecords import check_records
+from memgate.schemas import load_schema
+
+TORCH = Path(__file__).parent / "data" / "samples" / "torch"
+PICKLES = sorted(TORCH.glob("*.pickle"))
+MODERN = TORCH / "snapshot_modern_small_cs336.pickle"
+LEGACY = TORCH / "snapshot_legacy_history_flexgen.pickle"
+EORNN = TORCH / "snapshot_mid_timeus_noallocsettings_eornn.pickle"
+MULTI = TORCH / "snapshot_multidevice_expandable_notrace.pickle"
+
+
+class _NoClasses(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"class {module}.{name} refused")
+
+
+def raw(path: Path) -> Any:
+    with open(path, "rb") as fh:
+        return _NoClasses(fh).load()
+
+
+# ---- an independent reading of a snapshot (plain loops) -----------------------------------------
+
+
+def _requested(block: dict[str, Any]) -> int:
+    if block.get("requested_size") is not None:
+        return int(block["requested_size"])
+    if block.get("history"):
+        return int(block["history"][0]["real_size"])
+    return int(block["size"])
+
+
+def _final_active(data: dict[str, Any], dev: int) -> dict[int, int]:
+    """address → requested size of every active_allocated block of the device's final segments."""
+    out = {}
+    for seg in data["segments"]:
+        if seg["device"] != dev:
+            continue
+        addr = seg["address"]
+        for block in seg["blocks"]:
+            where = block.get("address", addr)
+            if block["state"] == "active_allocated":
+                out[where] = _requested(block)
+            addr += block["size"]
+    return out
+
+
+def _in_time_order(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    moving = [e for e in entries if e["action"] not in ("snapshot", "oom", "workspace_snapshot")]
+    if moving and all("time_us" in e for e in moving):
+        return sorted(moving, key=lambda e: e["time_us"])
+    return moving
+
+
+def reference(data: dict[str, Any], dev: int) -> dict[str, Any]:
+    """Peak allocated / reserved, block count and ops, by the memory viewer's reconstruction."""
+    traces = data.get("device_traces") or []
+    entries = _in_time_order(list(traces[dev]) if dev < len(traces) else [])
+    live: dict[int, int] = {}
+    early = 0
+    blocks = 0
+    ops: dict[str, int] = {}
+    for e in entries:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            blocks += 1
+            for frame in e.get("frames", []):
+                name = frame["name"]
+                if name.startswith("at::_ops::") and ("::call(" in name or "::redispatch(" in name):
+                    op = "aten::" + name[len("at::_ops::"):].split("::")[0]
+                    ops[op] = max(ops.get(op, 0), e["size"])
+                    break
+        elif e["action"] in ("free_requested", "free"):
+            if e["addr"] in live:
+                del live[e["addr"]]
+            else:
+                early += e["size"]
+                blocks += 1
+    final = _final_active(data, dev)
+    live_through = {a: s for a, s in final.items() if a not in live}
+    level = early + sum(live_through.values())
+    peak = level
+    for e in entries:
+        if e["action"] == "alloc":
+            level += e["size"]
+        elif e["action"] in ("free_requested", "free"):
+            level -= e["size"]
+        peak = max(peak, level)
+    total = sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
+    sign = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    reserved = total - sum(sign.get(e["action"], 0) * e["size"] for e in entries)
+    peak_reserved = reserved
+    for e in entries:
+        reserved += sign.get(e["action"], 0) * e["size"]
+        peak_reserved = max(peak_reserved, reserved)
+    return {"peak_allocated_bytes": peak, "peak_reserved_bytes": peak_reserved,
+            "blocks": blocks + len(live_through), "ops": ops, "end_allocated": level}
+
+
+def _as_dict(data: Any) -> dict[str, Any]:
+    return data if isinstance(data, dict) else {"segments": data, "device_traces": []}
+
+
+def _devices(data: dict[str, Any]) -> list[int]:
+    devs = {s["device"] for s in data["segments"]} | {i for i, t in enumerate(data.get("device_traces") or []) if t}
+    return sorted(devs)
+
+
+# ---- safe unpickling ------------------------------------------------------------------------------
+
+
+class _Boom:
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.target, "w"))  # would create a file if ever run
+
+
+def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "pwned"
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[_Boom(str(target))]]}))
+    with pytest.raises(InputError) as info:
+        snapshot.load(path)
+    assert not target.exists()
+    err = info.value
+    assert err.file == str(path) and "refused to load" in err.message
+    assert err.found in ("builtins.open", "io.open")
+    assert err.column is not None and err.column.startswith("byte ")
+
+
+def test_reduce_to_os_system_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evil.pkl"
+    # The classic payload, hand-assembled: GLOBAL posix system, a string, TUPLE1, REDUCE.
+    path.write_bytes(b"\x80\x02cposix\nsystem\nX\x0c\x00\x00\x00touch /tmp/x\x85R.")
+    with pytest.raises(InputError, match="refused to load 'posix.system'"):
+        safepickle.load(path)
+
+
+def test_extension_registry_opcodes_are_refused(tmp_path: Path) -> None:
+    """EXT1 names a class through copyreg's registry: still a find_class call, still refused."""
+    from collections import OrderedDict
+
+    path = tmp_path / "ext.pickle"
+    copyreg.add_extension("collections", "OrderedDict", 0xF0)
+    try:
+        data = pickle.dumps(OrderedDict(a=1), protocol=2)
+        assert b"\x82\xf0" in data  # EXT1 240
+        path.write_bytes(data)
+        with pytest.raises(InputError, match="refused to load 'collections.OrderedDict'"):
+            safepickle.load(path)
+    finally:
+        copyreg.remove_extension("collections", "OrderedDict", 0xF0)
+    with pytest.raises(InputError, match="unregistered extension code 240"):  # unknown code: malformed
+        safepickle.load(path)
+
+
+def test_persistent_ids_are_refused(tmp_path: Path) -> None:
+    class P(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            return "storage-7" if obj == "x" else None
+
+    buf = io.BytesIO()
+    P(buf, protocol=4).dump({"segments": ["x"]})
+    path = tmp_path / "persistent.pickle"
+    path.write_bytes(buf.getvalue())
+    with pytest.raises(InputError, match="refused to load \"persistent id 'storage-7'\""):
+        safepickle.load(path)
+
+
+@pytest.mark.parametrize("cut", [3, 40, -1])
+def test_truncated_pickle(tmp_path: Path, cut: int) -> None:
+    data = MODERN.read_bytes()
+    path = tmp_path / "cut.pickle"
+    path.write_bytes(data[:cut])
+    with pytest.raises(InputError) as info:
+        snapshot.load(path)
+    assert "truncated pickle" in info.value.message
+    assert info.value.file == str(path)
+
+
+def test_not_a_pickle_and_empty_and_newer_protocol(tmp_path: Path) -> None:
+    text = tmp_path / "notes.pickle"
+    text.write_text("segments: none\n")
+    with pytest.raises(InputError, match="not a pickle file") as info:
+        safepickle.load(text)
+    assert info.value.found == "73 65 67 6d 65 6e 74 73"
+    empty = tmp_path / "empty.pickle"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match="empty file"):
+        safepickle.load(empty)
+    future = tmp_path / "future.pickle"
+    future.write_bytes(b"\x80\x07}.")
+    with pytest.raises(InputError, match="unsupported pickle protocol 7"):
+        safepickle.load(future)
+
+
+def test_size_cap_and_its_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    size = MODERN.stat().st_size
+    with pytest.raises(InputError) as info:
+        snapshot.load(MODERN, max_bytes=size - 1)
+    assert f"file is {size} bytes, over the {size - 1}-byte limit" in info.value.message
+    assert "max_bytes" in (info.value.expected or "") and safepickle.MAX_BYTES_ENV in (info.value.expected or "")
+    assert snapshot.load(MODERN, max_bytes=size).devices  # exactly at the cap: fine
+    monkeypatch.setenv(safepickle.MAX_BYTES_ENV, str(size - 1))
+    with pytest.raises(InputError, match="limit"):
+        snapshot.load(MODERN)
+    monkeypatch.setenv(safepickle.MAX_BYTES_ENV, "lots")
+    with pytest.raises(InputError, match="positive number of bytes"):
+        snapshot.load(MODERN)
+
+
+def test_unreadable_snapshot_is_claimed_and_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch_npu writes snapshots owner-write-only; as root chmod does not stop reads, so open() is denied."""
+    path = tmp_path / "snapshot_rank3.pickle"
+    path.write_bytes(MODERN.read_bytes())
+    path.chmod(0o200)
+    real_open = open
+
+    def deny(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(str(file)) == path:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", deny)
+    [found] = discover(tmp_path)
+    assert found.format.name == "torch_snapshot"
+    with pytest.raises(InputError) as info:
+        load(found)
+    assert "not readable (permission denied)" in info.value.message and "chmod u+r" in info.value.message
+    assert info.value.file == str(path)
+
+
+@pytest.mark.parametrize("path", PICKLES, ids=lambda p: p.name)
+def test_samples_unpickle_to_the_same_data(path: Path) -> None:
+    assert safepickle.load(path) == raw(path)
+
+
+# ---- detection ------------------------------------------------------------------------------------
+
+
+def test_claims_by_extension_and_header(tmp_path: Path) -> None:
+    for sample in PICKLES:
+        assert snapshot.claims(sample), sample.name
+    other = tmp_path / "weights.pickle"
+    other.write_bytes(pickle.dumps({"w": [1.0, 2.0]}))
+    assert not snapshot.claims(other)  # a pickle, but not of a snapshot
+    renamed = tmp_path / "snapshot.bin"
+    renamed.write_bytes(MODERN.read_bytes())
+    assert not snapshot.claims(renamed)  # a snapshot, but not by name
+    pkl = tmp_path / "snap.pkl"
+    pkl.write_bytes(MODERN.read_bytes())
+    assert snapshot.claims(pkl)
+    for protocol in (2, 3, 5):
+        p = tmp_path / f"p{protocol}.pickle"
+        p.write_bytes(pickle.dumps(raw(MULTI), protocol=protocol))
+        assert snapshot.claims(p), protocol
+    bare = tmp_path / "bare.pickle"
+    bare.write_bytes(pickle.dumps(raw(LEGACY)["segments"]))
+    assert snapshot.claims(bare)
+    text = tmp_path / "segments.pickle"
+    text.write_text("segments")
+    assert not snapshot.claims(text)
+
+
+def test_discover_registers_the_format(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "snap.pickle").write_bytes(MULTI.read_bytes())
+    (tmp_path / "notes.pkl").write_bytes(pickle.dumps([1, 2, 3]))
+    found = discover(tmp_path)
+    assert [(f.path.name, f.format.name) for f in found] == [("snap.pickle", "torch_snapshot")]
+
+
+# ---- schema ---------------------------------------------------------------------------------------
+
+
+def _listify(value: Any) -> Any:
+    """Tuples → lists, as jsonschema only calls a list an array."""
+    if isinstance(value, tuple):
+        return [_listify(v) for v in value]
+    if isinstance(value, list):
+        return [_listify(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _listify(v) for k, v in value.items()}
+    return value
+
+
+def test_schema_is_valid_draft_2020_12() -> None:
+    schema = load_schema("torch_snapshot")
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$defs"]["trace_entry"]["properties"]["action"]["enum"] == list(snapshot.ACTIONS)
+
+
+@pytest.mark.parametrize("path", [MODERN, LEGACY, MULTI, TORCH / "kineto_cpu_profile_to_snapshot.pickle", EORNN],
+                         ids=lambda p: p.name)
+def test_real_samples_are_valid_by_jsonschema_and_by_the_vectorized_check(path: Path) -> None:
+    schema = load_schema("torch_snapshot")
+    data = raw(path)
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(_listify(data)))
+    assert errors == []
+    check_records(data["segments"], schema["$defs"]["segment"], file=path, where=lambda i: f"segments[{i}]",
+                  root=schema)
+    for dev, entries in enumerate(data["device_traces"]):
+        if entries:
+            check_records(entries, schema["$defs"]["trace_entry"], file=path,
+                          where=lambda i, d=dev: f"device_traces[{d}][{i}]", root=schema)
+
+
+def _broken(mutate: Any) -> dict[str, Any]:
+    data = copy.deepcopy(raw(MODERN))
+    mutate(data)
+    return data
+
+
+BROKEN = {
+    "block size text": (lambda d: d["segments"][3]["blocks"].__setitem__(
+        0, {**d["segments"][3]["blocks"][0], "size": "2097152"}), "segments[3].blocks[0].size", "wrong type"),
+    "negative total": (lambda d: d["segments"][1].__setitem__("total_size", -5), "segments[1].total_size",
+                       "value too small"),
+    "unknown state": (lambda d: d["segments"][0]["blocks"][0].__setitem__("state", "zombie"),
+                      "segments[0].blocks[0].state", "value not allowed"),
+    "unknown action": (lambda d: d["device_traces"][0][7].__setitem__("action", "teleport"),
+                       "device_traces[0][7].action", "value not allowed"),
+    "float addr": (lambda d: d["device_traces"][0][2].__setitem__("addr", 1.5), "device_traces[0][2].addr",
+                   "wrong type"),
+    "bool size": (lambda d: d["device_traces"][0][4].__setitem__("size", True), "device_traces[0][4].size",
+                  "wrong type"),
+    "alloc without addr": (lambda d: d["device_traces"][0][5].pop("addr"), "device_traces[0][5]",
+                           "missing key 'addr'"),
+    "segment without blocks": (lambda d: d["segments"][2].pop("blocks"), "segments[2]", "missing key 'blocks'"),
+    "entry not a dict": (lambda d: d["device_traces"][0].__setitem__(9, ["alloc"]), "device_traces[0][9]",
+                         "expected an object"),
+    "annotation stage": (lambda d: d["external_annotations"].append(
+        {"name": "ProfilerStep#1", "stage": "MIDDLE", "time_us": 1}), "external_annotations[0].stage",
+        "value not allowed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_schema_violations_name_the_json_path(tmp_path: Path, case: str) -> None:
+    mutate, where, problem = BROKEN[case]
+    data = _broken(mutate)
+    path = tmp_path / "broken.pickle"
+    path.write_bytes(pickle.dumps(data))
+    with pytest.raises(InputError) as info:
+        snapshot.load(path)
+    err = info.value
+    assert (err.file, err.column) == (str(path), where)
+    assert problem in err.message
+    assert err.expected
+    # jsonschema agrees that the file is invalid (the vectorized check is the same schema)
+    schema = load_schema("torch_snapshot")
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(_listify(data)))
+
+
+def test_other_structural_errors(tmp_path: Path) -> None:
+    def write(value: Any) -> Path:
+        path = tmp_path / "x.pickle"
+        path.write_bytes(pickle.dumps(value))
+        return path
+
+    with pytest.raises(InputError, match="missing key 'segments'"):
+        snapshot.load(write({"device_traces": []}))
+    with pytest.raises(InputError, match="not a memory snapshot") as info:
+        snapshot.load(write("segments"))
+    assert info.value.found == "str"
+    data = raw(EORNN)
+    data["device_traces"][0][10].pop("time_us")
+    with pytest.raises(InputError, match="without time_us") as info:
+        snapshot.load(write(data))
+    assert info.value.column == "device_traces[0][10]"
+    data = raw(MODERN)
+    data["device_traces"][0][3]["frames"] = [{"name": "f"}]
+    with pytest.raises(InputError, match="malformed stack frame") as info:
+        snapshot.load(write(data))
+    assert info.value.column == "device_traces[0][3].frames[0]"
+    legacy = raw(LEGACY)
+    legacy["segments"][0]["total_size"] += 512
+    with pytest.raises(InputError, match="do not add up") as info:
+        snapshot.load(write(legacy))
+    assert info.value.column == "segments[0].total_size"
+
+
+# ---- the real samples -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PICKLES, ids=lambda p: p.name)
+def test_real_sample_metrics_equal_the_viewer_reconstruction(path: Path) -> None:
+    data = _as_dict(raw(path))
+    profile = snapshot.load(path)
+    assert profile.format == "torch_snapshot"
+    devices = _devices(data)
+    assert [d.device for d in profile.devices] == [f"cuda:{d}" for d in devices]
+    for dev, model, m in zip(devices, profile.devices, profile_metrics(profile)):
+        ref = reference(data, dev)
+        assert m.component == "allocator"
+        assert m.values["peak_allocated_bytes"] == ref["peak_allocated_bytes"]
+        assert m.values["peak_reserved_bytes"] == ref["peak_reserved_bytes"]
+        assert len(model.blocks) == ref["blocks"]
+        assert m.values["op_max_block_bytes"] == ref["ops"]
+        frame = model.series["allocator"].frame
+        assert int(frame["allocated"].iloc[-1]) == ref["end_allocated"] == sum(_final_active(data, dev).values())
+        assert int(frame["reserved"].iloc[-1]) == sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
+        assert frame["t_ns"].is_monotonic_increasing
+
+
+def test_eras_are_recognized() -> None:
+    meta = {p.name: snapshot.load(p).metadata for p in PICKLES}
+    assert meta[LEGACY.name]["era"] == "legacy_history"
+    assert meta[LEGACY.name]["time_base"] == "none"  # one 'snapshot' entry: nothing moves
+    assert meta["kineto_cpu_profile_to_snapshot.pickle"]["time_base"] == "trace_index"
+    assert meta[EORNN.name]["time_base"] == "time_us"
+    assert meta[MULTI.name]["alloc_conf"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128"}
+
+
+def test_legacy_addresses_are_derived_from_the_segment(tmp_path: Path) -> None:
+    data = raw(LEGACY)
+    profile = snapshot.load(LEGACY)
+    [model] = profile.devices
+    # No block of the legacy file has an 'address'; history[0].addr is the segment address plus the
+    # sizes before the block, which is what the loader derives.
+    derived = []
+    for seg in data["segments"]:
+        addr = seg["address"]
+        for block in seg["blocks"]:
+            assert "address" not in block
+            if block.get("history"):
+                assert block["history"][0]["addr"] == addr
+            if block["state"] == "active_allocated":
+                derived.append((addr, _requested(block)))
+            addr += block["size"]
+    # An alloc in the trace at a derived address accounts for that block: 459 blocks live all along + 1.
+    addr, size = derived[17]
+    data["device_traces"][0].append({"action": "alloc", "addr": addr, "size": size, "stream": 0})
+    path = tmp_path / "legacy_with_alloc.pickle"
+    path.write_bytes(pickle.dumps(data))
+    blocks = snapshot.load(path).devices[0].blocks
+    assert len(blocks) == 460 and int(blocks["t_alloc"].notna().sum()) == 1
+    live = [b for s in data["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert len(model.blocks) == len(live) == 460
+    assert model.blocks["t_alloc"].isna().all() and model.blocks["t_free"].isna().all()
+    assert sorted(model.blocks["size"].tolist()) == sorted(_requested(b) for b in live)
+    with_stack = [b for b in live if b.get("history") and b["history"][0].get("frames")]
+    owners = {f"{f['filename']}:{f['line']}:{f['name']}" for b in with_stack for f in b["history"][0]["frames"][:1]}
+    assert with_stack and set(model.blocks["owner"].dropna()) <= owners
+    assert model.blocks["owner"].notna().sum() == len(with_stack)
+
+
+def test_bare_list_of_segments(tmp_path: Path) -> None:
+    data = raw(LEGACY)
+    path = tmp_path / "bare.pickle"
+    path.write_bytes(pickle.dumps(data["segments"]))
+    profile = snapshot.load(path)
+    assert profile.metadata["era"] == "bare_list"
+    [m] = profile_metrics(profile)
+    assert m.values["peak_allocated_bytes"] == sum(_final_active(data, 0).values())
+    assert m.values["peak_reserved_bytes"] == sum(s["total_size"] for s in data["segments"])
+
+
+def test_no_trace_multidevice_expandable() -> None:
+    data = raw(MULTI)
+    metrics = {m.device: m for m in profile_metrics(snapshot.load(MULTI))}
+    assert set(metrics) == {"cuda:0", "cuda:1"}
+    for dev in (0, 1):
+        m = metrics[f"cuda:{dev}"]
+        assert m.values["peak_allocated_bytes"] == sum(_final_active(data, dev).values())
+        assert m.values["peak_reserved_bytes"] == sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
+        assert m.values["step_growth_bytes"] is None and "step" in m.missing["step_growth_bytes"]
+
+
+def test_front_inserted_entries_are_put_back_in_time_order(tmp_path: Path) -> None:
+    """torch_npu inserts workspace entries at the front: moving entries there must change nothing."""
+    data = raw(EORNN)
+    entries = data["device_traces"][0]
+    moved = [e for e in entries[2000:2600] if e["action"] in ("alloc", "free_requested", "free_completed")][::7]
+    ids = {id(e) for e in moved}
+    data["device_traces"][0] = moved + [e for e in entries if id(e) not in ids]
+    data["allocator_settings"] = {"PYTORCH_NPU_ALLOC_CONF": ""}
+    path = tmp_path / "npu.pickle"
+    path.write_bytes(pickle.dumps(data))
+    [shuffled] = profile_metrics(snapshot.load(path))
+    [original] = profile_metrics(snapshot.load(EORNN))
+    assert shuffled.device == "npu:0"
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "op_max_block_bytes"):
+        assert shuffled.values[key] == original.values[key]
+    assert shuffled.peak_t_ns == original.peak_t_ns
+
+
+@pytest.mark.parametrize("drop", [1, 500, 2999])
+def test_ring_buffer_truncation_frees_without_allocs(tmp_path: Path, drop: int) -> None:
+    """Cutting the oldest entries (what the ring buffer does) leaves frees without allocs: pre-window blocks."""
+    data = raw(EORNN)
+    data["device_traces"][0] = data["device_traces"][0][drop:]
+    path = tmp_path / "ring.pickle"
+    path.write_bytes(pickle.dumps(data))
+    profile = snapshot.load(path)
+    [model] = profile.devices
+    [m] = profile_metrics(profile)
+    ref = reference(data, 0)
+    assert m.values["peak_allocated_bytes"] == ref["peak_allocated_bytes"]
+    assert m.values["peak_reserved_bytes"] == ref["peak_reserved_bytes"]
+    assert len(model.blocks) == ref["blocks"]
+    live: set[int] = set()
+    frees_without_alloc = []
+    for e in data["device_traces"][0]:
+        if e["action"] == "alloc":
+            live.add(e["addr"])
+        elif e["action"] == "free_requested":
+            if e["addr"] in live:
+                live.remove(e["addr"])
+            else:
+                frees_without_alloc.append(e)
+    early = model.blocks[model.blocks["t_alloc"].isna() & model.blocks["t_free"].notna()]
+    assert len(early) == len(frees_without_alloc) == profile.metadata["devices"]["cuda:0"]["pre_window_frees"]
+    assert sorted(early["size"].tolist()) == sorted(e["size"] for e in frees_without_alloc)
+    assert sorted(early["t_free"].tolist()) == sorted(e["time_us"] * 1000 for e in frees_without_alloc)
+
+
+def test_profiler_step_annotations_are_steps(tmp_path: Path) -> None:
+    data = raw(EORNN)
+    times = sorted(e["time_us"] for e in data["device_traces"][0])
+    cuts = [times[0], times[len(times) // 4], times[len(times) // 2], times[3 * len(times) // 4], times[-1]]
+    data["external_annotations"] = [
+        {"name": f"ProfilerStep#{10 + k}", "stage": stage, "device": 0, "time_us": t}
+        for k in range(4) for stage, t in (("START", cuts[k]), ("END", cuts[k + 1] - 1))
+    ] + [{"name": "Optimizer.step#SGD.step", "stage": "START", "device": 0, "time_us": cuts[1]}]
+    path = tmp_path / "steps.pickle"
+    path.write_bytes(pickle.dumps(data))
+    profile = snapshot.load(path)
+    assert profile.steps["step"].tolist() == [10, 11, 12, 13]
+    assert profile.steps["t_start"].tolist() == [c * 1000 for c in cuts[:4]]
+    assert profile.steps["t_end"].tolist() == [(c - 1) * 1000 for c in cuts[1:]]
+    [m] = profile_metrics(profile)
+    assert m.values["step_growth_bytes"] is not None
+
+
+def test_cli_inspect_json_on_a_snapshot() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["inspect", str(MODERN), "--json"])
+    assert code == 0
+    [entry] = json.loads(out.getvalue())["profiles"]
+    [dev] = entry["devices"]
+    ref = reference(raw(MODERN), 0)
+    assert entry["format"] == "torch_snapshot"
+    assert dev["metrics"]["peak_allocated_bytes"] == ref["peak_allocated_bytes"]
+    assert dev["metrics"]["peak_reserved_bytes"] == ref["peak_reserved_bytes"]
+
+
+# ---- properties: a ground-truth trace written as a snapshot reads back to its own metrics ----------
+
+
+def _options() -> st.SearchStrategy[SnapshotOptions]:
+    return st.builds(SnapshotOptions, era=st.sampled_from(ERAS), device=st.sampled_from(("cuda", "npu")),
+                     front_workspace=st.booleans(), protocol=st.integers(2, 5), markers=st.booleans())
+
+
+@given(trace=traces(max_blocks=20), opts=_options())
+def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: SnapshotOptions) -> None:
+    """Exact: sizes are bytes and the trace is moved onto a µs grid (time_us resolution), which keeps
+    the order of instants and hence every metric. Eras without time_us have no steps."""
+    grid = on_microsecond_grid(trace)
+    expected = expected_metrics(grid)
+    assert expected == expected_metrics(trace)  # the grid changes no metric
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_snapshot(grid, Path(tmp), opts)
+        [found] = discover(path)
+        assert found.format.name == "torch_snapshot"
+        profile = load(found)
+    [m] = profile_metrics(profile)
+    [model] = profile.devices
+    assert m.device == f"{opts.device}:{trace.device_id}"
+    assert m.values["peak_allocated_bytes"] == expected["peak_allocated_bytes"]
+    assert m.values["peak_reserved_bytes"] == expected["peak_reserved_bytes"]
+    assert m.values["fragmentation"] == expected["fragmentation"]
+    assert m.values["op_max_block_bytes"] == recoverable_ops(grid)
+    assert len(model.blocks) == expected_block_count(grid)
+    frame = model.series["allocator"].frame
+    assert int(frame["allocated"].iloc[0]) == grid.pre_window_bytes()
+    # Every free completes at once here: active only lags allocated between the two entries.
+    assert (frame["active"] >= frame["allocated"]).all()
+    assert frame["active"].max() == expected["peak_allocated_bytes"]
+    assert frame["active"].iloc[-1] == frame["allocated"].iloc[-1]
+    if opts.era == "modern":
+        assert m.values["step_growth_bytes"] == expected["step_growth_bytes"]
+        assert m.values["leaked_bytes"] == expected["leaked_bytes"]
+        assert sorted(map(tuple, profile.steps.astype("int64").to_numpy().tolist())) == sorted(grid.steps)
+    else:
+        assert len(profile.steps) == 0 and m.values["step_growth_bytes"] is None
+        assert profile.metadata["time_base"] == "trace_index"
+

@@ -1,0 +1,151 @@
+"""Render a ground-truth Trace as a Kineto / torch.profiler Chrome trace (FORMATS.md §5), without memgate.
+
+What the real files (tests/data/samples/torch/cpu_train_*.json) show and this writer reproduces:
+- An object with a header (``schemaVersion``, ``deviceProperties``, ``baseTimeNanoseconds``,
+  ``displayTimeUnit``) before ``traceEvents`` and ``traceName`` after it; events unsorted.
+- One ``[memory]`` instant event per allocation (``Bytes`` > 0) and free (``Bytes`` < 0), with
+  ``Addr``, ``Total Allocated`` after the event (*including* memory allocated before profiling:
+  the hidden baseline and the blocks allocated before the window), ``Total Reserved`` (0 on CPU),
+  ``Device Type`` (CPU 0, CUDA 1, NPU 20) and ``Device Id`` (-1 on CPU).
+- ``ProfilerStep#N`` as ``X`` events (``cat: user_annotation``); on GPU also the device-side copy
+  (``gpu_user_annotation``, shifted in time), which is not the step.
+- Operators as ``cpu_op`` ``X`` events: each block's op spans its allocation, with an already
+  finished child op inside it (so the innermost op *containing* the event is not simply the last
+  one that started). Each block's events are on a thread of their own, so the op of an event is
+  unambiguous even when several blocks share an instant; blocks without an op have none.
+- ``ts``/``dur`` are µs with exactly 3 decimals, written as text the way Kineto formats them
+  (``{us}.{ns:03}``): every ns instant is exact, so the comparison tolerance is 0 ns. With
+  ``base_time`` they are relative to ``baseTimeNanoseconds``, otherwise µs since the epoch
+  (16 integer digits, more than a float64 holds: a reader must not go through float).
+- Memory events that share a ts keep their relative order when the events are shuffled (the
+  order of the profiler's records is the only tie-break there is).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from groundtruth import Trace
+
+DEVICE_TYPES = {"cpu": 0, "cuda": 1, "npu": 20}
+PID = 4242
+CHILD_OP = "aten::t"
+
+
+@dataclass(frozen=True)
+class KinetoOptions:
+    device: str = "cuda"  # cpu, cuda or npu
+    gz: bool = False
+    base_time: bool = True
+    shuffle_seed: int | None = 0
+    rank: int | None = None  # distributedInfo.rank
+
+
+def device_label(trace: Trace, opts: KinetoOptions) -> str:
+    return "cpu" if opts.device == "cpu" else f"{opts.device}:{trace.device_id}"
+
+
+def _us(ns: int) -> str:
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+class _Raw(str):
+    """A number already formatted as JSON text (so µs keep their 3 exact decimals)."""
+
+
+def _dumps(value: Any) -> str:
+    if isinstance(value, _Raw):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",\n  ".join(_dumps(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def render(trace: Trace, opts: KinetoOptions) -> str:
+    base = (trace.t_start // 1_000_000_000 - 1) * 1_000_000_000 if opts.base_time else 0
+
+    def ts(t: int) -> _Raw:
+        return _Raw(_us(t - base))
+
+    device_type = DEVICE_TYPES[opts.device]
+    device_id = -1 if opts.device == "cpu" else trace.device_id
+    curve = trace.allocated_curve()
+    reserved = trace.reserved_curve()
+    index_of = {id(b): i for i, b in enumerate(trace.blocks)}
+    memory: list[dict[str, Any]] = []
+    for k, (t, kind, delta, block) in enumerate(trace.events()):
+        i = index_of[id(block)]
+        memory.append({
+            "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": PID, "tid": 1000 + i,
+            "ts": ts(t),
+            "args": {"Total Reserved": 0 if opts.device == "cpu" else reserved[k + 1][1],
+                     "Total Allocated": curve[k + 1][1], "Bytes": delta, "Device Id": device_id,
+                     "Device Type": device_type, "Addr": 0x5600_0000_0000 + 4096 * i, "finished": False,
+                     "Ev Idx": k},
+        })
+    ops: list[dict[str, Any]] = []
+    for i, b in enumerate(trace.blocks):
+        if b.t_alloc is None or not b.op:
+            continue
+        ops.append({"ph": "X", "cat": "cpu_op", "name": b.op, "pid": PID, "tid": 1000 + i, "ts": ts(b.t_alloc - 5),
+                    "dur": _Raw("0.010"), "args": {"External id": i, "Ev Idx": i}})
+        ops.append({"ph": "X", "cat": "cpu_op", "name": CHILD_OP, "pid": PID, "tid": 1000 + i,
+                    "ts": ts(b.t_alloc - 3), "dur": _Raw("0.002"), "args": {"External id": i, "Ev Idx": i}})
+    steps: list[dict[str, Any]] = []
+    for n, start, end in trace.steps:
+        steps.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": PID, "tid": PID,
+                      "ts": ts(start), "dur": _Raw(_us(end - start)), "args": {"External id": n}})
+        if opts.device != "cpu":
+            steps.append({"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{n}", "pid": 0, "tid": 7,
+                          "ts": ts(start + 1_000_000), "dur": _Raw(_us(end - start + 77)), "args": {}})
+    other = [
+        {"ph": "M", "name": "process_name", "ts": ts(trace.t_start), "pid": PID, "tid": 0, "args": {"name": "python"}},
+        {"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": ts(trace.t_end)},
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler",
+         "ts": ts(trace.t_start), "dur": _Raw(_us(trace.t_end - trace.t_start)), "args": {"Op count": 0}},
+    ]
+    events = memory + ops + steps + other
+    if opts.shuffle_seed is not None:
+        events = _shuffle(events, opts.shuffle_seed)
+    header: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": []}
+    if opts.rank is not None:
+        header["distributedInfo"] = {"backend": "nccl", "rank": opts.rank, "world_size": opts.rank + 1}
+    header.update({"profile_memory": 1, "displayTimeUnit": "ms"})
+    if opts.base_time:
+        header["baseTimeNanoseconds"] = base
+    body = ", ".join(f"{json.dumps(k)}: {_dumps(v)}" for k, v in header.items())
+    return "{\n  " + body + ',\n  "traceEvents": ' + _dumps(events) + ',\n  "traceName": "trace.json"\n}\n'
+
+
+def _shuffle(events: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Shuffle, then put memory events that share a ts back in their original relative order."""
+    order = list(range(len(events)))
+    random.Random(seed).shuffle(order)
+    shuffled = [events[k] for k in order]
+    groups: dict[str, list[int]] = {}
+    for pos, event in enumerate(shuffled):
+        if event.get("name") == "[memory]":
+            groups.setdefault(str(event["ts"]), []).append(pos)
+    for positions in groups.values():
+        originals = sorted(order[p] for p in positions)
+        for pos, original in zip(sorted(positions), originals):
+            shuffled[pos] = events[original]
+    return shuffled
+
+
+def write_trace(trace: Trace, directory: Path, opts: KinetoOptions, name: str = "trace") -> Path:
+    text = render(trace, opts)
+    if opts.gz:
+        path = directory / f"{name}.pt.trace.json.gz"
+        path.write_bytes(gzip.compress(text.encode("utf-8")))
+    else:
+        path = directory / f"{name}.pt.trace.json"
+        path.write_text(text, encoding="utf-8")
+    return path
