@@ -41,12 +41,38 @@ class CsvTable:
         return name in self.table.column_names
 
     def line_of(self, row: int) -> int:
-        """1-based file line of a 0-based data row (rows never span lines in these files)."""
-        return row + 2
+        """1-based file line where a 0-based data row starts.
+
+        A row is one line unless a quoted cell holds a line break; only then (this runs on error
+        paths) is the file read again with the csv module to count the lines earlier rows span.
+        """
+        if _count_lines(self.path) == self.num_rows + 1:
+            return row + 2
+        with open(self.path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+            reader = csv.reader(fh)
+            next(reader, None)
+            start = reader.line_num + 1
+            for index, _ in enumerate(reader):
+                if index == row:
+                    break
+                start = reader.line_num + 1
+        return start
 
     @property
     def num_rows(self) -> int:
         return self.table.num_rows
+
+
+def _count_lines(path: Path) -> int:
+    """Line breaks in the file (CRLF, LF or a lone CR, as the csv module and Arrow count them)."""
+    count, after_cr = 0, False
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            count += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if after_cr and chunk.startswith(b"\n"):
+                count -= 1
+            after_cr = chunk.endswith(b"\r")
+    return count
 
 
 def read_header(path: Path) -> list[str]:
@@ -121,7 +147,7 @@ def _split_unit(column: str) -> tuple[str, str | None]:
 def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
     """Read ``path`` as text, check its header against ``schema`` and validate every row."""
     header = read_header(path)
-    variant, columns = match_header(path, header, schema)
+    variant, _ = match_header(path, header, schema)
     if variant == "":  # pragma: no cover - match_header raised
         raise AssertionError
     with open(path, "rb") as fh:
@@ -131,7 +157,10 @@ def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
     phantom = len(next(csv.reader([open(path, encoding="utf-8-sig", errors="replace").readline()]))) > len(header)
     names = header + ([""] if phantom else [])
     names = [n if n else f"__phantom_{i}" for i, n in enumerate(names)]
-    wanted = columns if schema.get("additionalProperties", False) else header
+    # Every column the schema describes, in file order: the first bad cell of a row is the leftmost
+    # one, and a known column outside the matched header generation is still validated.
+    known = schema["properties"]
+    wanted = [c for c in header if c in known] if schema.get("additionalProperties", False) else header
     try:
         table = pacsv.read_csv(
             path,

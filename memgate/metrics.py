@@ -154,21 +154,25 @@ def device_metrics(
 
 
 def _blocks_total(facts: DeviceFacts) -> tuple[np.ndarray, np.ndarray]:
-    """Sum the per-component block curves into one allocated curve."""
+    """Sum the per-component block curves into one allocated curve, one point per instant.
+
+    The first point is the window's opening level (baseline + blocks allocated before it), 1 ns
+    before the first event: a window that opens by freeing can peak there. After that, only the
+    state after every event of an instant is kept: the components' events at one timestamp
+    interleave in an order the blocks do not record, so a point between them is no real moment.
+    """
     curves = list(facts.curves.values())
-    if len(curves) == 1:
-        curve = curves[0]
-        if len(curve.t_ns) == 0:
-            return np.array([0], dtype=np.int64), np.array([curve.start], dtype=np.int64)
-        return curve.t_ns, curve.allocated
-    frames = []
-    for i, curve in enumerate(curves):
-        frames.append(pd.DataFrame({"t": curve.t_ns, f"c{i}": curve.allocated}))
-    merged = pd.concat(frames).sort_values("t", kind="stable")
-    for i, curve in enumerate(curves):
-        merged[f"c{i}"] = merged[f"c{i}"].ffill().fillna(curve.start)
-    total = merged[[f"c{i}" for i in range(len(curves))]].sum(axis=1)
-    return merged["t"].to_numpy(dtype=np.int64), total.to_numpy(dtype=np.int64)
+    start = int(sum(c.start for c in curves))
+    times = np.concatenate([c.t_ns for c in curves]).astype(np.int64)
+    if len(times) == 0:
+        return np.array([0], dtype=np.int64), np.array([start], dtype=np.int64)
+    deltas = np.concatenate([np.diff(c.allocated.astype(np.int64), prepend=np.int64(c.start)) for c in curves])
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    total = start + np.cumsum(deltas[order])
+    end_of_instant = np.append(times[1:] != times[:-1], True)
+    return (np.concatenate([[times[0] - 1], times[end_of_instant]]).astype(np.int64),
+            np.concatenate([[start], total[end_of_instant]]).astype(np.int64))
 
 
 def _usable_steps(steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:

@@ -71,6 +71,42 @@ class Trace:
             out.append((t, high))
         return out
 
+    def reserved_by_allocator_curve(self) -> list[tuple[int, int]]:
+        """Reserved when each component is its own caching allocator (torch_npu PTA and GE).
+
+        Every component reserves its own 2 MiB segments (running max of its own allocated, rounded
+        up); the device total after each event is their sum. Equals :meth:`reserved_curve` when all
+        blocks belong to one component.
+        """
+        names = sorted({"PTA", *(b.component for b in self.blocks)})
+        level = {c: (self.hidden_baseline if c == "PTA" else 0) for c in names}
+        for b in self.blocks:
+            if b.t_alloc is None:
+                level[b.component] += b.size
+        high = {c: -(-level[c] // RESERVE_GRANULE) * RESERVE_GRANULE for c in names}
+        out = [(self.t_start, sum(high.values()))]
+        for t, _, delta, b in self.events():
+            level[b.component] += delta
+            high[b.component] = max(high[b.component], -(-level[b.component] // RESERVE_GRANULE) * RESERVE_GRANULE)
+            out.append((t, sum(high.values())))
+        return out
+
+
+def peak_moment(trace: Trace) -> int:
+    """The first instant at which the whole-device allocated curve reaches its maximum."""
+    curve = trace.allocated_curve()
+    top = max(level for _, level in curve)
+    return next(t for t, level in curve if level == top)
+
+
+def live_blocks_at(trace: Trace, t: int) -> list[Block]:
+    """Blocks that hold memory after every event at instant ``t`` (allocated at or before ``t``, or
+    before the window, and not freed at or before ``t``)."""
+    return [
+        b for b in trace.blocks
+        if (b.t_alloc is None or b.t_alloc <= t) and (b.t_free is None or b.t_free > t)
+    ]
+
 
 def allocated_at(curve: list[tuple[int, int]], t: int) -> int:
     value = curve[0][1]
@@ -87,10 +123,14 @@ def theil_sen(xs: list[int], ys: list[int]) -> Fraction:
     return Fraction(median(slopes)) if slopes else Fraction(0)
 
 
-def expected_metrics(trace: Trace, warmup_steps: int = 1) -> dict[str, object]:
-    """DESIGN.md's metrics of the whole device (all components together), by the definitions."""
+def expected_metrics(trace: Trace, warmup_steps: int = 1, *, separate_allocators: bool = False) -> dict[str, object]:
+    """DESIGN.md's metrics of the whole device (all components together), by the definitions.
+
+    ``separate_allocators``: reserved is the sum of each component's own reserved curve (torch_npu
+    ``PTA+GE`` = PTA + GE), see :meth:`Trace.reserved_by_allocator_curve`.
+    """
     curve = trace.allocated_curve()
-    reserved = trace.reserved_curve()
+    reserved = trace.reserved_by_allocator_curve() if separate_allocators else trace.reserved_curve()
     peak_allocated = max(level for _, level in curve)
     peak_reserved = max(level for _, level in reserved)
     counted = sorted(trace.steps)[warmup_steps:]

@@ -74,7 +74,9 @@ def _load(profile_dir: Path) -> Profile:
     devices: dict[str, dict[str, Any]] = {}
 
     def slot(device: str) -> dict[str, Any]:
-        return devices.setdefault(device, {"series": {}, "blocks": empty_blocks(), "blocks_source": None})
+        if device not in devices:
+            devices[device] = {"series": {}, "blocks": empty_blocks(), "blocks_source": None}
+        return devices[device]
 
     if (out / "memory_record.csv").exists():
         path = out / "memory_record.csv"
@@ -208,7 +210,9 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.operator_memory"))
     size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
     alloc = convert.us_text_to_ns(table.column("Allocation Time(us)"))
-    release = convert.us_text_to_ns(table.column("Release Time(us)"))
+    # The allocator's allocated total drops at Active Release Time (the block is handed back);
+    # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
+    release = convert.us_text_to_ns(pc.coalesce(table.column("Active Release Time(us)"), table.column("Release Time(us)")))
     name = convert.text(table.column("Name"))
     stream = convert.text(table.column("Stream Ptr"))
     release_only = size < 0

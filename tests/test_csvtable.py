@@ -1,0 +1,206 @@
+"""The vectorized CSV validator agrees with jsonschema validating the same rows one by one.
+
+``memgate.csvtable.read_csv`` checks whole columns with pyarrow compute; the reference is
+``jsonschema.Draft202012Validator`` over each row as the ``csv`` module reads it (cells as text,
+empty = null). jsonschema evaluates ``pattern`` with Python's ``re.search``, so ``$`` also matches
+before one final newline: ``"12\\n"`` matches ``^[0-9]+$`` there, and must in memgate too.
+Plus unit tests of the exact text conversions in ``memgate.convert``.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from memgate.convert import ns_text_to_ns, unit_text_to_bytes, us_text_to_ns
+from memgate.csvtable import read_csv
+from memgate.errors import InputError
+from memgate.schemas import load_schema, schema_names
+
+TORCH_NPU = [n for n in schema_names() if n.startswith("torch_npu.")]
+
+# Cells that are wrong in ways real files go wrong: units and signs, stray whitespace, trailing
+# newlines, full-width / Arabic-Indic digits, near-miss enum values, a timestamp with two TABs.
+TRICKY = ("", " ", "\t", "\n", "12\n", "12\n\n", "12\r\n", "1.5\t", "1.5\t\t", "-0.5", "1e-05", "1E+16", ".5", "5.",
+          "+1", "0x1F", "NaN", "inf", "1,5", "١٢٣", "１２", "NPU:０", "NPU:0\n", "npu:0", "NPU:", "PTA ", "pta",
+          "PTA\n", "APP+GE", "4294967295", "1764246877082702.440\t", "1764246877082702.440\t\n",
+          "1764246877082702\t", "naïve ✓", "Ω", '"quoted"', "a,b")
+junk_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=6)
+
+
+_DIGITS = st.integers(0, 10**17).map(str)
+_FRACTION = st.one_of(st.just(""), st.integers(0, 10**6).map(lambda n: f".{n:03d}"))
+# Fast generators for the pattern families the row schemas use (from_regex costs ms per cell);
+# any other pattern falls back to from_regex.
+_BY_PATTERN: dict[str, st.SearchStrategy[str]] = {
+    "^[0-9]+(\\.[0-9]+)?\\t?$": st.builds(lambda i, f, tab: i + f + tab, _DIGITS, _FRACTION, st.sampled_from(("", "\t"))),
+    "^-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?$": st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False).map(repr),
+        st.builds(lambda sign, i, f: sign + i + f, st.sampled_from(("", "-")), _DIGITS, _FRACTION)),
+    "^[0-9]+$": _DIGITS,
+    "^NPU:[0-9]+$": st.integers(0, 64).map(lambda n: f"NPU:{n}"),
+}
+
+
+def _valid_cell(prop: dict[str, Any]) -> st.SearchStrategy[str | None]:
+    options: list[st.SearchStrategy[str | None]] = []
+    types = prop.get("type", ["string", "null"])
+    if "null" in (types if isinstance(types, list) else [types]):
+        options.append(st.none())
+    if "enum" in prop:
+        options.append(st.sampled_from([v for v in prop["enum"] if v is not None]))
+    elif "pattern" in prop:
+        pattern = prop["pattern"]
+        cell = _BY_PATTERN[pattern] if pattern in _BY_PATTERN else st.from_regex(pattern, fullmatch=True)
+        # Python's "$" (jsonschema's) also matches before one final newline: valid too.
+        options.append(cell)
+        options.append(cell.map(lambda v: v + "\n"))
+    else:
+        options.append(junk_text.filter(lambda s: s != ""))
+    return st.one_of(options)
+
+
+def _cells(prop: dict[str, Any] | None) -> st.SearchStrategy[str | None]:
+    """Mostly valid cells; about one in eight is tricky or random text."""
+    wrong = st.one_of(st.sampled_from(TRICKY), junk_text).map(lambda v: None if v == "" else v)
+    if prop is None:
+        return wrong
+    valid = _valid_cell(prop)
+    return st.integers(0, 7).flatmap(lambda k: wrong if k == 0 else valid)
+
+
+def tables(name: str) -> st.SearchStrategy[tuple[list[str], list[list[str | None]]]]:
+    """(header, rows) for one schema: a header generation it lists, and rows of cells."""
+    schema = load_schema(name)
+    props = schema["properties"]
+    extra = ["Name", "Type", "Input Shapes", "Block Dim"]
+    column_cells = {c: _cells(props.get(c)) for c in [*props, *extra]}
+
+    @st.composite
+    def draw_table(draw: st.DrawFn) -> tuple[list[str], list[list[str | None]]]:
+        header = list(draw(st.sampled_from(list(schema["x-memgate-headers"].values()))))
+        if schema.get("additionalProperties", False):
+            # Files such as kernel_details.csv carry many more columns, in any order; schema-known
+            # columns of another header generation may be present too.
+            others = [c for c in props if c not in header] + extra
+            header += draw(st.lists(st.sampled_from(others), unique=True, max_size=3))
+            header = list(draw(st.permutations(header)))
+        row = st.tuples(*(column_cells[c] for c in header)).map(list)
+        return header, draw(st.lists(row, min_size=1, max_size=8))
+
+    return draw_table()
+
+
+TABLES = {name: tables(name) for name in TORCH_NPU}
+VALIDATORS = {name: Draft202012Validator(load_schema(name)) for name in TORCH_NPU}
+
+
+def _csv_text(header: list[str], rows: list[list[str | None]], newline: str, quote_all: bool) -> str:
+    def cell(value: str | None) -> str:
+        if value is None:
+            return ""
+        if quote_all or any(ch in value for ch in ',"\r\n'):
+            return '"' + value.replace('"', '""') + '"'
+        return value
+
+    return "".join(",".join(cell(v) for v in line) + newline for line in [header, *rows])
+
+
+def _first_jsonschema_error(path: Path, validator: Draft202012Validator) -> tuple[int, str] | None:
+    """(1-based line where the row starts, column) of the first row jsonschema rejects, else None."""
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        start = reader.line_num + 1
+        for record in reader:
+            row = {k: (v if v != "" else None) for k, v in zip(header, record, strict=True)}
+            bad = {e.path[0] for e in validator.iter_errors(row) if e.path}
+            if bad:
+                return start, min(bad, key=header.index)
+            start = reader.line_num + 1
+    return None
+
+
+@pytest.mark.parametrize("name", TORCH_NPU)
+@given(data=st.data(), newline=st.sampled_from(("\n", "\r\n")), quote_all=st.booleans())
+def test_vectorized_validator_agrees_with_jsonschema(name: str, data: st.DataObject, newline: str,
+                                                     quote_all: bool) -> None:
+    schema = load_schema(name)
+    header, rows = data.draw(TABLES[name])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / schema["x-memgate-file"]
+        path.write_text(_csv_text(header, rows, newline, quote_all), encoding="utf-8", newline="")
+        expected = _first_jsonschema_error(path, VALIDATORS[name])
+        try:
+            table = read_csv(path, schema)
+        except InputError as exc:
+            assert expected is not None, f"memgate rejected a valid file: {exc}"
+            assert (exc.line, exc.column) == expected, str(exc)
+            assert exc.file == str(path) and exc.expected and exc.found
+        else:
+            assert expected is None, f"memgate accepted a row jsonschema rejects at {expected}"
+            assert table.num_rows == len(rows)
+            for column in table.table.column_names:
+                assert table.column(column).to_pylist() == [r[header.index(column)] for r in rows]
+
+
+def test_error_names_the_line_after_a_cell_spanning_lines(tmp_path: Path) -> None:
+    path = tmp_path / "operator_memory.csv"
+    schema = load_schema("torch_npu.operator_memory")
+    ok = ["aten::mm", "0.5", "1764246877074330.300\t"] + [""] * 10 + ["2", "NPU:0"]
+    bad = list(ok)
+    bad[1] = "0.5KB"
+    multi = list(ok)
+    multi[0] = "aten::mm\nsecond line"
+    path.write_text(_csv_text(schema["x-memgate-headers"]["all"], [ok, multi, ok, bad], "\n", False), newline="")
+    with pytest.raises(InputError) as info:
+        read_csv(path, schema)
+    assert (info.value.line, info.value.column, info.value.found) == (6, "Size(KB)", "'0.5KB'")
+
+
+# -- exact conversions -------------------------------------------------------------------------------
+
+def test_us_text_to_ns_is_exact_digit_by_digit() -> None:
+    col = pa.array(["1764246877082702.440\t", "1764246877082702", "1764246877082702.4", "1764246877082702.44",
+                    "1764246877082702.123456\t", "1764246877082702.999999", "0.001", None, "9007199254740993.001"])
+    got = us_text_to_ns(col).tolist()
+    assert got[:7] == [1764246877082702440, 1764246877082702000, 1764246877082702400, 1764246877082702440,
+                       1764246877082702123, 1764246877082702999, 1]  # past 3 decimals: truncated, not rounded
+    assert got[7] is pd_na()
+    assert got[8] == 9007199254740993001  # beyond float64's exact integers
+    assert float("1764246877082702.440") * 1000 != 1764246877082702440  # why digits, not floats
+
+
+def pd_na() -> Any:
+    import pandas as pd
+
+    return pd.NA
+
+
+def test_us_text_to_ns_on_chunked_arrays() -> None:
+    col = pa.chunked_array([["1.5\t", None], ["2.250"]])
+    assert us_text_to_ns(col).tolist() == [1500, pd_na(), 2250]
+    assert ns_text_to_ns(pa.array(["1764246877082702440", "12"])).tolist() == [1764246877082702440, 12]
+
+
+@given(n_bytes=st.integers(-(1 << 53) + 1, (1 << 53) - 1))
+def test_unit_text_to_bytes_is_exact_for_python_float_text(n_bytes: int) -> None:
+    """torch_npu writes bytes/1024 and bytes/1024/1024 as Python float text: that round-trips exactly."""
+    kb, mb = repr(n_bytes / 1024), repr(n_bytes / 1024 / 1024)
+    assert unit_text_to_bytes(pa.array([kb]), 1024).tolist() == [n_bytes]
+    assert unit_text_to_bytes(pa.array([mb]), 1 << 20).tolist() == [n_bytes]
+
+
+def test_unit_text_to_bytes_rounds_decimal_text_to_the_nearest_byte() -> None:
+    # MindSpore-style MB = KB/1000 text is not a binary fraction: nearest byte, nulls stay null.
+    got = unit_text_to_bytes(pa.array(["0.001", "954.37060546875", "-0.5", "1e-05", None, "4304.95751953125"]), 1 << 20)
+    assert got.tolist() == [1049, 1000730112, -524288, 10, pd_na(), 4514075136]
+    assert str(got.dtype) == "Int64"
