@@ -12,7 +12,21 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memgate.errors import InputError
+
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
+_INT64_MAX = 2**63 - 1
+
+
+class OutOfRange(InputError):
+    """A number that passed its pattern but does not fit int64 bytes / ns (1e400 MB, 25-digit µs).
+
+    Carries the 0-based row; :class:`memgate.csvtable.CsvTable` turns it into file, line and column.
+    """
+
+    def __init__(self, row: int, value: object, expected: str) -> None:
+        super().__init__("number out of range", expected=expected, found=repr(value))
+        self.row = row
 
 
 def us_text_to_ns(col: pa.ChunkedArray | pa.Array) -> pd.Series:
@@ -29,27 +43,49 @@ def ns_text_to_ns(col: pa.ChunkedArray | pa.Array) -> pd.Series:
 
 def _decimal_text_to_int(col: pa.ChunkedArray | pa.Array, decimals: int) -> pd.Series:
     parts = pc.extract_regex(col, _TIME)
-    whole = pc.cast(pc.struct_field(parts, "int"), pa.int64())
+    integer = pc.struct_field(parts, "int")
     scale = 10**decimals
+    # int64 ns end at 9223372036854775807: a longer integer part cannot be a time.
+    too_big = pc.greater(pc.cast(integer, pa.float64()), _INT64_MAX / scale)
+    if pc.any(too_big).as_py():
+        row = int(pc.index(too_big, True).as_py())
+        raise OutOfRange(row, col[row].as_py(), f"a time below {_INT64_MAX // scale} (int64 ns)")
+    whole = pc.cast(integer, pa.int64())
     if decimals == 0:
         values = whole
     else:
         frac = pc.fill_null(pc.struct_field(parts, "frac"), "")
         frac = pc.utf8_slice_codeunits(pc.utf8_rpad(frac, decimals, "0"), 0, decimals)
-        values = pc.add_checked(pc.multiply_checked(whole, scale), pc.cast(frac, pa.int64()))
+        try:
+            values = pc.add_checked(pc.multiply_checked(whole, scale), pc.cast(frac, pa.int64()))
+        except pa.ArrowInvalid:  # within a few ns of the int64 end, past the float check above
+            near = pc.greater_equal(whole, _INT64_MAX // scale)
+            row = int(pc.index(near, True).as_py())
+            raise OutOfRange(row, col[row].as_py(), f"a time below {_INT64_MAX // scale} (int64 ns)") from None
     return _int64_series(values)
 
 
 def unit_text_to_bytes(col: pa.ChunkedArray | pa.Array, bytes_per_unit: float) -> pd.Series:
     """Decimal text in a unit (MB, KB, ...) → int64 bytes, rounded to the nearest byte."""
     values = np.asarray(pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
-    scaled = np.rint(values * bytes_per_unit)
-    missing = np.isnan(scaled)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.rint(values * bytes_per_unit)
+    missing = np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)
+    bad = ~missing & ~(np.abs(np.nan_to_num(scaled, nan=np.inf)) <= _INT64_MAX)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise OutOfRange(row, col[row].as_py(), "a finite size below 8 EiB")
     return pd.Series(pd.arrays.IntegerArray(np.where(missing, 0, scaled).astype(np.int64), missing))
 
 
 def int_text(col: pa.ChunkedArray | pa.Array) -> pd.Series:
-    return _int64_series(pc.cast(col, pa.int64()))
+    try:
+        return _int64_series(pc.cast(col, pa.int64()))
+    except pa.ArrowInvalid:
+        fits = pc.match_substring_regex(col, r"^-?0*[0-9]{1,18}$")
+        bad = pc.invert(pc.fill_null(fits, True))
+        row = int(pc.index(bad, True).as_py())
+        raise OutOfRange(max(row, 0), col[max(row, 0)].as_py(), "an integer of at most 18 digits") from None
 
 
 def text(col: pa.ChunkedArray | pa.Array) -> pd.Series:

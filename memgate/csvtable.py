@@ -11,14 +11,17 @@ from __future__ import annotations
 import csv
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from memgate import convert
 from memgate.errors import InputError
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
@@ -57,6 +60,26 @@ class CsvTable:
                     break
                 start = reader.line_num + 1
         return start
+
+    # Column conversions that name the cell when a number does not fit (convert.OutOfRange).
+    def bytes(self, name: str, bytes_per_unit: float) -> pd.Series:
+        return self._convert(name, lambda col: convert.unit_text_to_bytes(col, bytes_per_unit))
+
+    def ns_from_us(self, name: str) -> pd.Series:
+        return self._convert(name, convert.us_text_to_ns)
+
+    def ns(self, name: str) -> pd.Series:
+        return self._convert(name, convert.ns_text_to_ns)
+
+    def ints(self, name: str) -> pd.Series:
+        return self._convert(name, convert.int_text)
+
+    def _convert(self, name: str, fn: Callable[[pa.ChunkedArray], pd.Series]) -> pd.Series:
+        try:
+            return fn(self.column(name))
+        except convert.OutOfRange as exc:
+            raise InputError(exc.message, file=self.path, line=self.line_of(exc.row), column=name,
+                             expected=exc.expected, found=exc.found) from None
 
     @property
     def num_rows(self) -> int:
