@@ -176,8 +176,10 @@ def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
     with open(path, "rb") as fh:
         fh.seek(-1, os.SEEK_END)
         if fh.read(1) != b"\n":
-            raise InputError("truncated last line (the file does not end with a line break)", file=path)
-    phantom = len(next(csv.reader([open(path, encoding="utf-8-sig", errors="replace").readline()]))) > len(header)
+            raise InputError("truncated last line (the file does not end with a line break)", file=path,
+                             line=_count_lines(path) + 1, expected="every line, the last too, to end with a line break")
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:
+        phantom = len(next(csv.reader([fh.readline()]))) > len(header)
     names = header + ([""] if phantom else [])
     names = [n if n else f"__phantom_{i}" for i, n in enumerate(names)]
     # Every column the schema describes, in file order: the first bad cell of a row is the leftmost
@@ -198,9 +200,9 @@ def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
             ),
         )
     except pa.ArrowInvalid as exc:
-        raise _arrow_error(path, exc) from None
+        raise _arrow_error(path, exc, len(names)) from None
     except UnicodeDecodeError:
-        raise InputError("file is not UTF-8 text", file=path) from None
+        raise _encoding_error(path) from None
     if table.num_rows == 0:
         raise InputError("header only: the file has no data rows", file=path, line=2)
     result = CsvTable(path=path, header=tuple(header), variant=variant, table=table)
@@ -208,18 +210,47 @@ def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
     return result
 
 
-def _arrow_error(path: Path, exc: Exception) -> InputError:
+def _arrow_error(path: Path, exc: Exception, fields: int) -> InputError:
+    """Turn pyarrow's parse error into one naming the line (pyarrow's message often has no row)."""
     text = str(exc)
-    m = _ARROW_ROW.search(text)
-    line = int(m.group(1)) if m else None
+    if "UTF8" in text or "utf8" in text.lower():
+        return _encoding_error(path)
     if "Expected" in text and "columns" in text:
-        detail = text.split(": ", 2)[-1] if ": " in text else text
-        found = text[text.find("Expected"):].split(":")[0]
+        line, count = _first_ragged_line(path, fields)
         return InputError("wrong number of fields (truncated or malformed row)", file=path, line=line,
-                          found=found.replace("Expected", "expected").strip() or detail)
-    if "invalid UTF8" in text or "UTF8" in text:
-        return InputError("file is not UTF-8 text", file=path, line=line)
-    return InputError(f"cannot parse CSV: {text.splitlines()[0]}", file=path, line=line)
+                          expected=f"{fields} columns", found=f"{count} columns" if count is not None else None)
+    m = _ARROW_ROW.search(text)
+    return InputError(f"cannot parse CSV: {text.splitlines()[0]}", file=path, line=int(m.group(1)) if m else None)
+
+
+def _count_lines(path: Path) -> int:
+    count = 0
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            count += chunk.count(b"\n")
+    return count
+
+
+def _first_ragged_line(path: Path, fields: int) -> tuple[int | None, int | None]:
+    """The first line whose field count differs from the header's (error path only)."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        reader = csv.reader(fh)
+        for row in reader:
+            if len(row) != fields and reader.line_num > 1:
+                return reader.line_num, len(row)
+    return None, None
+
+
+def _encoding_error(path: Path) -> InputError:
+    """Name the first line and byte that are not UTF-8 (error path only)."""
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return InputError(f"file is not UTF-8 text (byte {exc.start + 1} of the line)", file=path, line=number,
+                                  expected="UTF-8 text", found=repr(raw[exc.start:exc.start + 4]))
+    return InputError("file is not UTF-8 text", file=path, expected="UTF-8 text")
 
 
 def re2_pattern(pattern: str) -> str:
