@@ -1,0 +1,268 @@
+"""The self-contained HTML report (memgate.html_report) and the curve image (memgate.plot).
+
+Numbers asserted here are derived from the raw CSV with the csv module, not copied from memgate.
+The browser test renders the page in headless Chromium (Debian's ``chromium`` package) and skips,
+saying so, where it is not installed; the image tests skip where matplotlib is missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import subprocess
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import PTA271
+
+from memgate.budgets import MetricCache, budget_from_mapping, judge
+from memgate.discover import discover, load
+from memgate.html_report import render_html
+from memgate.metrics import profile_metrics
+from memgate.model import DeviceModel, Profile, Series
+from memgate.report import outcome_entry, profile_entry
+
+GIB = 1 << 30
+# Anything that would make the page fetch or link outside itself.
+EXTERNAL = re.compile(
+    r"(?i)(?:\b[a-z][a-z0-9+.-]*://|//[a-z0-9-]+\.[a-z]|\burl\s*\(|@import|<link\b|<script\b|<img\b|<iframe\b"
+    r"|<object\b|<embed\b|<[^>]*\ssrc\s*=|\bxlink:href)"
+)
+HREF = re.compile(r"""\bhref\s*=\s*["']?([^"'\s>]*)""", re.IGNORECASE)
+
+
+def assert_offline(page: str) -> None:
+    found = EXTERNAL.findall(page)
+    assert found == [], f"external reference(s) in the page: {found[:5]}"
+    assert all(h.startswith("#") for h in HREF.findall(page)), HREF.findall(page)
+
+
+def raw_peaks(sample: Path) -> tuple[int, int]:
+    """(max PTA+GE Total Allocated, max APP Total Reserved) in bytes from memory_record.csv (MB = 2**20 B)."""
+    alloc: list[int] = []
+    app: list[int] = []
+    with (sample / "memory_record.csv").open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["Component"] == "PTA+GE" and row["Total Allocated(MB)"]:
+                alloc.append(int(Decimal(row["Total Allocated(MB)"]) * (1 << 20)))
+            if row["Component"] == "APP" and row["Total Reserved(MB)"]:
+                app.append(int(Decimal(row["Total Reserved(MB)"]) * (1 << 20)))
+    return max(alloc), max(app)
+
+
+@pytest.fixture(scope="module")
+def sample() -> tuple[Profile, dict[str, Any], list[dict[str, Any]]]:
+    [found] = discover(PTA271)
+    profile = load(found)
+    entry = profile_entry(profile, profile_metrics(profile))
+    budget = budget_from_mapping(
+        {"name": "train-step", "peak_allocated": "10 GiB", "peak_reserved": "11 GiB",
+         "peak_app_reserved": "80 GiB", "fragmentation": 0.1},
+        origin="test",
+    )
+    cache = MetricCache(profile)
+    outcomes = [outcome_entry(judge(cache, budget, metric)) for metric in budget.checks()]
+    return profile, entry, outcomes
+
+
+@pytest.fixture(scope="module")
+def page(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]) -> str:
+    profile, entry, outcomes = sample
+    return render_html([entry], outcomes, [profile])
+
+
+def test_page_is_self_contained(page: str) -> None:
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert_offline(page)
+    assert "<svg" in page and "<style>" in page
+
+
+def test_peak_value_is_exact(page: str) -> None:
+    peak_alloc, peak_app = raw_peaks(PTA271)
+    assert peak_alloc == 10782243840 and peak_app == 12504285184
+    # Exact bytes in the peak marker's tooltip and label, and in the metrics table; IEC text beside.
+    assert f"peak_allocated_bytes = {peak_alloc} B (10.04 GiB)" in page
+    assert f'<tspan class="exact">({peak_alloc} B)</tspan>' in page
+    assert f">{peak_alloc} B</td>" in page and f">{peak_app} B</td>" in page
+    assert "peak 10.04 GiB · step 13" in page
+
+
+def test_budget_lines_and_summary(page: str) -> None:
+    # 10 GiB is exceeded by the 10.04 GiB peak: a red, labelled line; 11 GiB reserved holds: grey.
+    exceeded = re.search(r'<g class="budget exceeded"><title>budget train-step: peak_allocated limit (\d+) B.*?</g>', page)
+    assert exceeded and int(exceeded.group(1)) == 10 * GIB
+    assert 'stroke="#d62728" class="budgetline"' in exceeded.group(0)
+    assert "train-step: peak_allocated ≤ 10.00 GiB — EXCEEDED" in exceeded.group(0)
+    ok = re.search(r'<g class="budget ok"><title>budget train-step: peak_reserved limit (\d+) B.*?</g>', page)
+    assert ok and int(ok.group(1)) == 11 * GIB and "#d62728" not in ok.group(0)
+    # 80 GiB would squash the curves: listed as off scale instead of drawn.
+    assert "train-step: peak_app_reserved ≤ 80.00 GiB (off scale)" in page
+    assert page.count('class="budgetline"') == 2
+    # Summary table: one row per outcome, FAIL for the exceeded one.
+    rows = re.findall(r'<tr class="(pass|fail|error)">', page)
+    assert sorted(rows) == ["fail", "pass", "pass", "pass"]
+    assert "1 of 4 budget checks failed" in page
+
+
+def test_step_band_and_curves(page: str) -> None:
+    assert re.search(r'<g class="stepband"><title>step 13: ', page)
+    assert '<text x="' in page and ">step 13</text>" in page
+    for kind in ("allocated", "reserved", "app_reserved"):
+        assert re.search(rf'<path class="curve {kind}" d="M[\d.]+ [\d.]+(H[\d.]+V[\d.]+)+"', page), kind
+    # The reserved series is flat: drawn with 2 points (first and last), losslessly.
+    assert "PTA+GE reserved: 9309 samples, 2 drawn" in page
+
+
+def test_holders_and_reconciliation(page: str, sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]) -> None:
+    holders = sample[1]["devices"][0]["metrics"]["top_at_peak"]
+    assert len(holders) == 10
+    table = page[page.index("<h4>Top holders at the peak</h4>"):]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr><td") == 10
+    assert "npu::npu_fusion_attention_grad" in table and ">174133248</td>" in table
+    assert "<th>op</th><th>stream</th><th>owner</th>" in table
+    assert "PTA+GE equals the sum of its parts on 100.00% of its rows" in page
+    assert ">4514074624</td>" in page  # the reconciled pre-window baseline, exact
+
+
+def test_hostile_text_is_escaped(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]) -> None:
+    profile, entry, outcomes = sample
+    hostile = "<script>alert('x')</script> & <b>op</b>"
+    entry = {**entry, "devices": [dict(d) for d in entry["devices"]]}
+    device = entry["devices"][0]
+    device["metrics"] = dict(device["metrics"])
+    device["metrics"]["top_at_peak"] = [
+        {"size": 512, "op": hostile, "stream": '"2"', "owner": "https://evil.example/x.js\n  at <module>",
+         "t_alloc": None, "component": "PTA"}
+    ]
+    device["metrics"]["op_max_block_bytes"] = {hostile: 512}
+    bad_outcomes = [{**outcomes[0], "budget": "<img src=x onerror=alert(1)>"}]
+    page = render_html([entry], bad_outcomes, [profile])
+    assert "<script" not in page and "<b>op</b>" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &lt;b&gt;op&lt;/b&gt;" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "https:&#47;/evil.example/x.js" in page
+    assert_offline(page)
+
+
+def test_without_profiles_every_table_stays(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]) -> None:
+    _, entry, outcomes = sample
+    page = render_html([entry], outcomes)
+    assert "<svg" not in page and "the normalized profile was not given" in page
+    assert ">10782243840 B</td>" in page and "Top holders at the peak" in page
+    assert_offline(page)
+
+
+def big_profile(n: int = 1_000_000, steps: int = 100) -> Profile:
+    """A sawtooth over ``steps`` steps, a slow leak and noise: every sample a different value."""
+    rng = np.random.default_rng(7)
+    t0 = 1_764_246_877_000_000_000
+    t = t0 + np.arange(n, dtype=np.int64) * 1_000 + rng.integers(0, 999, n)
+    t.sort()
+    phase = np.arange(n) % (n // steps)
+    allocated = (6 * GIB + phase * 4096 + np.arange(n) * 64 + rng.integers(0, 1 << 20, n)).astype(np.int64)
+    allocated[n // 3] = 14 * GIB + 12345  # a lone spike: the exact peak
+    reserved = np.maximum.accumulate(allocated + (1 << 28))
+    frame = pd.DataFrame({"t_ns": t, "allocated": allocated, "reserved": reserved, "active": allocated}).astype("Int64")
+    bounds = np.linspace(0, n - 1, steps + 1).astype(np.int64)
+    step_frame = pd.DataFrame({"step": np.arange(steps) + 1, "t_start": t[bounds[:-1]],
+                               "t_end": t[bounds[1:]]}).astype("Int64")
+    device = DeviceModel("npu:0", series={"PTA": Series("PTA", frame, "synthetic/memory_record.csv")})
+    return Profile("synthetic/rank3", "torch_npu", "3", (device,), step_frame, "synthetic")
+
+
+def test_big_series_stays_small_and_exact() -> None:
+    profile = big_profile()
+    entry = profile_entry(profile, profile_metrics(profile))
+    outcome = {"profile": profile.path, "rank": "3", "budget": "b", "metric": "peak_allocated",
+               "limit": 12 * GIB, "value": 14 * GIB + 12345, "passed": False, "device": "npu:0", "message": "m"}
+    started = time.perf_counter()
+    page = render_html([entry], [outcome], [profile], max_points=2000)
+    elapsed = time.perf_counter() - started
+    assert len(page.encode()) < 400_000, len(page.encode())  # 1M samples x 2 curves
+    assert elapsed < 10, elapsed
+    assert_offline(page)
+    assert f"peak_allocated_bytes = {14 * GIB + 12345} B" in page
+    for kind in ("allocated", "reserved"):
+        d = re.search(rf'<path class="curve {kind}" d="([^"]+)"', page)
+        assert d is not None and 1 <= d.group(1).count("H") <= 2000  # <= max_points + 1 points
+    assert "1,000,000 samples" in page
+    assert page.count('<g class="stepband">') == 100
+
+
+# ---- headless Chromium --------------------------------------------------------------------------
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("headless browser check needs Chromium: apt-get install chromium (Debian) — not installed here")
+
+
+def test_renders_in_headless_chromium(page: str, tmp_path: Path) -> None:
+    browser = _chromium()
+    html_file = tmp_path / "memgate-report.html"
+    html_file.write_text(page, encoding="utf-8")
+    base = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", html_file.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # The browser parsed the inline SVG: the curve paths, the peak and the budget lines are in the DOM.
+    assert re.search(r'<path class="curve allocated" d="M[\d.]+ [\d.]+H', dom.stdout)
+    assert '<g class="peak">' in dom.stdout and dom.stdout.count('class="budgetline"') == 2
+    shot = tmp_path / "memgate-report.png"
+    run = subprocess.run([*base, f"--screenshot={shot}", "--window-size=1400,2000", html_file.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = pytest.importorskip("PIL.Image", reason="pixel check needs Pillow").open(shot).convert("RGB")
+    pixels = np.asarray(image).reshape(-1, 3).astype(int)
+    blue = np.abs(pixels - [0x1F, 0x6F, 0xB4]).sum(axis=1) < 40  # the allocated curve's colour
+    red = np.abs(pixels - [0xD6, 0x27, 0x28]).sum(axis=1) < 40  # FAIL, exceeded budget, peak
+    assert blue.sum() > 800 and red.sum() > 300, (blue.sum(), red.sum())
+
+
+# ---- matplotlib image ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_curve_image(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]], tmp_path: Path,
+                     suffix: str) -> None:
+    pytest.importorskip("matplotlib", reason="curve images need the optional extra memgate[plot]")
+    from memgate.plot import write_curve_image
+
+    profile, entry, outcomes = sample
+    target = write_curve_image(profile, entry, tmp_path / f"curves{suffix}", outcomes)
+    data = target.read_bytes()
+    if suffix == ".png":
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        from PIL import Image
+
+        pixels = np.asarray(Image.open(target).convert("RGB")).reshape(-1, 3).astype(int)
+        assert (np.abs(pixels - [0x1F, 0x6F, 0xB4]).sum(axis=1) < 40).sum() > 1000
+    else:
+        text = data.decode()
+        assert "<svg" in text and "peak 10.04 GiB (10782243840 B) · step 13" in text
+        assert "budget train-step peak_allocated ≤ 10.00 GiB EXCEEDED" in text
+
+
+def test_curve_image_rejects_unknown_suffix(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]],
+                                            tmp_path: Path) -> None:
+    from memgate.errors import ConfigError
+    from memgate.plot import write_curve_image
+
+    profile, entry, _ = sample
+    with pytest.raises(ConfigError, match=r"expected a file name ending in \.png or \.svg"):
+        write_curve_image(profile, entry, tmp_path / "curves.jpg")
+    assert not (tmp_path / "curves.jpg").exists()
