@@ -77,10 +77,10 @@ def device_curves(device: DeviceModel, device_entry: dict[str, Any]) -> list[Cur
     curves: list[Curve] = []
     name = device_entry.get("component")
     if name == "blocks":
-        from memgate.metrics import _blocks_total  # the same block-rebuilt curve the metrics measured
+        from memgate.metrics import block_components, blocks_total  # the curve the metrics measured
         from memgate.reconcile import reconcile
 
-        t, allocated = _blocks_total(reconcile(device))
+        t, allocated = blocks_total(reconcile(device), block_components(device, "blocks"))
         curves.append(Curve("allocated", "allocated (rebuilt from blocks)", t, allocated, device.blocks_source))
     elif name is not None and name in device.series:
         series = device.series[name]

@@ -86,7 +86,7 @@ def device_metrics(
         source = None
     elif facts.curves:
         name = "blocks"
-        times, allocated = _blocks_total(facts)
+        times, allocated = blocks_total(facts, block_components(device, name))
         reserved = np.array([], dtype=np.int64)
         source = device.blocks_source
     else:
@@ -124,7 +124,7 @@ def device_metrics(
         values["step_growth_bytes"] = growth
         if why:
             missing["step_growth_bytes"] = why
-    leaked, why = _leaked(device, steps, warmup_steps, profile.steps)
+    leaked, why = _leaked(device, steps, warmup_steps, profile.steps, block_components(device, name))
     values["leaked_bytes"] = leaked
     if why:
         missing["leaked_bytes"] = why
@@ -139,7 +139,7 @@ def device_metrics(
         values["op_max_block_bytes"] = {}
         if len(blocks) == 0:
             missing["op_max_block_bytes"] = "no per-block data (operator_memory / allocation events)"
-    parts = SERIES_PARTS.get(name or "", (name,) if name not in (None, "blocks") else ())
+    parts = block_components(device, name) or ()
     values["top_at_peak"] = top_at(blocks, peak_t, parts) if peak_t is not None else []
     return DeviceMetrics(
         device=device.device,
@@ -153,7 +153,26 @@ def device_metrics(
     )
 
 
-def _blocks_total(facts: DeviceFacts) -> tuple[np.ndarray, np.ndarray]:
+# Blocks-only devices: which block components are the framework allocator, by preference. Others
+# (msMemScope HAL, the driver's segments under the PTA blocks) would count the same bytes twice.
+BLOCK_GROUPS = (("PTA", "GE"), ("MindSpore", "GE"), ("MINDSPORE",), ("allocator",), ("ATB",))
+
+
+def block_components(device: DeviceModel, series: str | None) -> tuple[str, ...] | None:
+    """The block components that make up ``series`` (None: every component counts)."""
+    if series in SERIES_PARTS:
+        return SERIES_PARTS[series]
+    if series not in (None, "blocks"):
+        return (series,)
+    present = set(device.blocks["component"].dropna().astype(str))
+    for group in BLOCK_GROUPS:
+        chosen = tuple(c for c in group if c in present)
+        if chosen:
+            return chosen
+    return None
+
+
+def blocks_total(facts: DeviceFacts, components: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sum the per-component block curves into one allocated curve, one point per instant.
 
     The first point is the window's opening level (baseline + blocks allocated before it), 1 ns
@@ -161,7 +180,7 @@ def _blocks_total(facts: DeviceFacts) -> tuple[np.ndarray, np.ndarray]:
     state after every event of an instant is kept: the components' events at one timestamp
     interleave in an order the blocks do not record, so a point between them is no real moment.
     """
-    curves = list(facts.curves.values())
+    curves = [c for name, c in facts.curves.items() if components is None or name in components]
     start = int(sum(c.start for c in curves))
     times = np.concatenate([c.t_ns for c in curves]).astype(np.int64)
     if len(times) == 0:
@@ -215,9 +234,12 @@ def theil_sen(xs: list[int], ys: list[int]) -> int | float:
 
 
 def _leaked(
-    device: DeviceModel, steps: pd.DataFrame, warmup: int, all_steps: pd.DataFrame
+    device: DeviceModel, steps: pd.DataFrame, warmup: int, all_steps: pd.DataFrame,
+    components: tuple[str, ...] | None,
 ) -> tuple[int | None, str | None]:
     blocks = device.blocks
+    if components is not None:
+        blocks = blocks[blocks["component"].isin(components)]
     if len(blocks) == 0:
         return None, "no per-block data (operator_memory / allocation events) to find unfreed blocks"
     if len(steps) == 0:

@@ -348,7 +348,7 @@ def test_truncated_csv(tmp_path: Path) -> None:
     write_lines(path, lines)
     with pytest.raises(InputError, match="wrong number of fields") as info:
         msmemscope.load(path)
-    assert info.value.file == str(path) and info.value.found == "expected 12 columns, got 6"
+    assert info.value.file == str(path) and (info.value.line, info.value.expected, info.value.found) == (6, "12 columns", "6 columns")
 
 
 def test_cli_bad_attr_exits_2_with_one_line(tmp_path: Path) -> None:
