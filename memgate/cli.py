@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", dest="json_out", help="also write the JSON report here")
     p = sub.add_parser("validate", parents=[loading], help="validate every profile file under PATH against its schema")
     p.add_argument("path")
+    p = sub.add_parser("report", parents=[loading], help="write the self-contained HTML report and/or a PNG/SVG of the curves")
+    p.add_argument("path")
+    p.add_argument("--html", metavar="FILE", help="the HTML report (opens offline: no external request)")
+    p.add_argument("--image", metavar="FILE", help="the memory curves as .png or .svg (needs memgate[plot])")
+    p.add_argument("--budgets", metavar="FILE", help="draw these budgets' limits (default: ./memgate.toml, ./pyproject.toml)")
     p = sub.add_parser("diff", parents=[loading], help="metric and per-operator deltas between two runs (profiles, JSON reports or baselines)")
     p.add_argument("base")
     p.add_argument("current")
@@ -69,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        commands = {"inspect": _inspect, "check": _check, "validate": _validate, "diff": _diff, "suggest": _suggest}
+        commands = {"inspect": _inspect, "check": _check, "validate": _validate, "diff": _diff, "suggest": _suggest,
+                    "report": _report}
         return commands[args.command](args)
     except MemgateError as exc:
         print(f"memgate: error: {exc.one_line()}", file=sys.stderr)
@@ -229,6 +235,40 @@ def _suggest(args: argparse.Namespace) -> int:
     if headroom < 0:
         raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage >= 0")
     print(suggest_toml(_entries_of(args, args.path), headroom, name=args.name), end="")
+    return EXIT_OK
+
+
+
+def _report(args: argparse.Namespace) -> int:
+    from memgate.budgets import find_budget_file, load_budget_file
+    from memgate.discover import discover, load
+    from memgate.html_report import render_html
+    from memgate.report import write_text_atomic
+
+    if not args.html and not args.image:
+        raise ConfigError("nothing to write", expected="--html FILE and/or --image FILE.png|.svg")
+    budget_file = load_budget_file(args.budgets) if args.budgets else find_budget_file(Path.cwd())
+    results = _run(args, args.path, budget_file.budgets if budget_file else ())
+    entries = [r.entry for r in results if r.entry is not None]
+    outcomes = [o for r in results for o in r.outcomes]
+    # The pictures need the series themselves, not only the metrics: load again here (the first
+    # pass may have run in other processes).
+    profiles = [load(found) for found in discover(args.path) if str(found.path) in {e["path"] for e in entries}]
+    if args.html:
+        write_text_atomic(args.html, render_html(entries, outcomes, profiles, errors=_report_errors(results)))
+        print(f"memgate: HTML report written to {args.html}")
+    if args.image:
+        from memgate.plot import write_curve_image
+
+        if not profiles:
+            raise ConfigError("no loadable profile to draw", file=args.path)
+        by_path = {e["path"]: e for e in entries}
+        write_curve_image(profiles[0], by_path[profiles[0].path], Path(args.image), outcomes=outcomes)
+        print(f"memgate: curves of {profiles[0].path} written to {args.image}")
+    error = _first_error_line(results)
+    if error is not None:
+        print(f"memgate: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 

@@ -34,7 +34,7 @@ from memgate.compare import CompareRule, Regression, baseline_from_entries, comp
 from memgate.discover import Found, discover, load, rank_hint
 from memgate.errors import ConfigError, MemgateError
 from memgate.model import Profile
-from memgate.report import build_report, outcome_entry, profile_entry, summary_table, write_json_atomic
+from memgate.report import build_report, outcome_entry, profile_entry, summary_table, write_json_atomic, write_text_atomic
 
 # option dest → (ini name, ini type, help); every option has an ini twin of the same name.
 OPTIONS: dict[str, tuple[str, str, str]] = {
@@ -615,8 +615,4 @@ def _write_html(path: Path, entries: list[dict[str, Any]], outcomes: list[dict[s
             profiles.extend(load(found) for found in discover(entry["path"]))
         except MemgateError:
             continue
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_html(entries, outcomes, profiles), encoding="utf-8")
-    os.replace(tmp, path)
-
+    write_text_atomic(path, render_html(entries, outcomes, profiles))

@@ -56,19 +56,25 @@ def build_report(
     }
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON next to ``path`` and rename it into place, so readers never see half a file."""
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write next to ``path`` and rename into place, so readers never see half a file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide a CI artifact from its readers
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False)
-            fh.write("\n")
+            fh.write(text)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def _cell(metric: str, value: Any) -> str:

@@ -1,0 +1,40 @@
+"""`memgate report`: the HTML page and the image from the command line; `--memgate-html` in pytest."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from memgate.cli import main
+
+SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_st_pta271_level2_rank0"
+PEAK = 10782243840  # max PTA+GE Total Allocated(MB) x 2**20 of memory_record.csv (tests/test_samples_torch_npu.py)
+
+
+def test_report_html_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    budgets = tmp_path / "memgate.toml"
+    budgets.write_text('[[budgets]]\nname = "step"\npeak_allocated = "10 GiB"\n')
+    html, png = tmp_path / "out" / "report.html", tmp_path / "out" / "curves.png"
+    assert main(["report", str(SAMPLE), "--html", str(html), "--image", str(png), "--budgets", str(budgets)]) == 0
+    page = html.read_text()
+    assert str(PEAK) in page
+    assert "peak_allocated 10.04 GiB exceeds budget 10.00 GiB" in page
+    assert not re.search(r"(?i)\b(?:https?|ftp)://|//[a-z0-9.-]+\.[a-z]{2,}/", page)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert html.stat().st_mode & 0o044  # readable by others, like any CI artifact
+    assert "HTML report written" in capsys.readouterr().out
+
+
+def test_report_needs_an_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(SAMPLE)]) == 2
+    assert "nothing to write" in capsys.readouterr().err
+
+
+def test_pytest_writes_the_html_report(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", memgate='[[budgets]]\nname = "step"\npeak_allocated = "11 GiB"\n')
+    pytester.runpytest(f"--memgate={SAMPLE}", "--memgate-html=report.html").assert_outcomes(passed=1)
+    page = (pytester.path / "report.html").read_text()
+    assert str(PEAK) in page and "<svg" in page
