@@ -30,6 +30,13 @@ class MemgateError(Exception):
         self.found = found
         super().__init__(self.one_line())
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors travel back from --jobs worker processes: keep the structured fields (the default
+        # pickles only the one-line text).
+        fields = {"file": self.file, "line": self.line, "column": self.column, "expected": self.expected,
+                  "found": self.found}
+        return _rebuild, (type(self), self.message, fields)
+
     def location(self) -> str:
         if self.file is None:
             return ""
@@ -61,6 +68,10 @@ class ConfigError(MemgateError):
 
 class NotMeasurable(MemgateError):
     """A budget asks for a metric the profile has no data for."""
+
+
+def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, object]) -> MemgateError:
+    return cls(message, **fields)  # type: ignore[arg-type]
 
 
 def _clip(text: str, limit: int = 80) -> str:

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from memgate.csvtable import check_readable
 from memgate.errors import InputError
+from memgate.limits import check_file_size, check_rows
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_SIZE = 100
@@ -48,6 +49,19 @@ def is_sqlite(path: Path) -> bool:
             return fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
     except OSError:
         return False
+
+
+def sqlite_or_unreadable(path: Path) -> bool:
+    """:func:`is_sqlite`, or a file that is empty or cannot be opened: a loader claims such a file by
+    its db name, and the load says what is wrong with it (never a silently skipped rank)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return head in (SQLITE_MAGIC, b"")
 
 
 @dataclass(frozen=True)
@@ -70,10 +84,15 @@ class Database:
             return self.conn.execute(sql, tuple(params)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise _db_error(self.path, exc, table) from None
+        except UnicodeDecodeError as exc:  # a TEXT value that is not UTF-8 (a flipped bit in a string)
+            where = f"table {table}: " if table else ""
+            raise InputError(f"{where}text that is not UTF-8", file=self.path, column=table, expected="UTF-8 text",
+                             found=repr(exc.object[exc.start:exc.start + 8])) from None
 
     def frame(self, sql: str, names: Sequence[str], kinds: Sequence[str], *, table: str | None = None) -> pd.DataFrame:
         """Rows of ``sql`` as a DataFrame: kind ``int`` → exact Int64 (never via float64), ``text`` → string."""
         rows = self.query(sql, table=table)
+        check_rows(self.path, len(rows), column=table)
         # One 2-D object array, then Arrow per column: far cheaper than zip(*rows) on big tables.
         grid = np.array(rows, dtype=object).reshape(len(rows), len(names))
         data: dict[str, pd.Series] = {}
@@ -106,6 +125,7 @@ def quote_ident(name: str) -> str:
 def open_db(path: Path) -> Iterator[Database]:
     """Open ``path`` read-only after checking it is a complete sqlite file."""
     check_readable(path)
+    check_file_size(path)
     header = _read_header(path)
     wal_pending = header[18] == 2 and (p := Path(str(path) + "-wal")).exists() and p.stat().st_size > 0
     # immutable=1 skips locking and never creates -shm/-journal files; it would ignore a pending
@@ -130,8 +150,11 @@ def open_db(path: Path) -> Iterator[Database]:
 
 
 def _read_header(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        header = fh.read(HEADER_SIZE)
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(HEADER_SIZE)
+    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO)
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=path) from None
     if not header.startswith(SQLITE_MAGIC[: len(header)]) or len(header) < len(SQLITE_MAGIC):
         raise InputError("not a sqlite database", file=path, expected="a file starting with 'SQLite format 3\\0'",
                          found=repr(header[:16]))

@@ -224,11 +224,25 @@ def test_check_json_failure_keeps_the_old_report(tmp_path: Path, monkeypatch: py
     target.write_text('{"old": true}\n')
     budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\npeak_allocated = "2 GiB"\n')
 
-    def dump_half(data: object, fh, **kwargs: object) -> None:  # type: ignore[no-untyped-def]
-        fh.write('{"memgate_version": ')
-        raise OSError(28, "No space left on device")
+    real_fdopen = os.fdopen
 
-    monkeypatch.setattr("memgate.report.json.dump", dump_half)
+    class HalfWritten:
+        """The disk fills up after the first bytes of the report."""
+
+        def __init__(self, fh) -> None:  # type: ignore[no-untyped-def]
+            self.fh = fh
+
+        def __enter__(self) -> HalfWritten:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.fh.close()
+
+        def write(self, text: str) -> None:
+            self.fh.write(text[:20])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("memgate.report.os.fdopen", lambda fd, *a, **k: HalfWritten(real_fdopen(fd, *a, **k)))
     rc = cli.main(["check", str(PTA21_L1), "--budgets", str(budgets), "--json", str(target)])
     assert rc == 2
     err = capsys.readouterr().err

@@ -39,7 +39,15 @@ from memgate.errors import InputError
 from memgate.loaders.msmemscope import pair_events, take
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
 from memgate.schemas import load_schema
-from memgate.sqlitetable import INVALID_ID, Database, is_sqlite, open_db, quote_ident, require_table, validate_table
+from memgate.sqlitetable import (
+    INVALID_ID,
+    Database,
+    open_db,
+    quote_ident,
+    require_table,
+    sqlite_or_unreadable,
+    validate_table,
+)
 
 FORMAT = "ascend_db"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
@@ -68,7 +76,7 @@ def torch_dbs(directory: Path) -> list[Path]:
 
 def claims(path: Path) -> bool:
     if path.is_file():
-        return bool(TORCH_DB.match(path.name) or MSPROF_DB.match(path.name)) and is_sqlite(path)
+        return bool(TORCH_DB.match(path.name) or MSPROF_DB.match(path.name)) and sqlite_or_unreadable(path)
     if not path.is_dir() or not (path.name.endswith("_ascend_pt") or path.name == OUTPUT_DIR):
         return False
     out = output_dir(path)

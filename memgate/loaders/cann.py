@@ -40,8 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import convert, discover
-from memgate.csvtable import CsvTable, read_csv
+from memgate.csvtable import CsvTable
 from memgate.errors import InputError
+from memgate.limits import read_csv
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks
 from memgate.schemas import load_schema
 
@@ -115,7 +116,7 @@ def claims(path: Path) -> bool:
 
 def _device(table: CsvTable) -> pd.Series:
     """``Device_id`` (validated digits) → ``npu:N``."""
-    ids = pc.cast(pc.cast(table.column("Device_id"), pa.int64()), pa.string())
+    ids = pc.cast(pa.array(table.ints("Device_id"), type=pa.int64()), pa.string())  # ints(): names a too-long id
     return convert.text(pc.binary_join_element_wise("npu:", ids, ""))
 
 
@@ -126,11 +127,11 @@ def _first(mask: np.ndarray) -> int:
 def read_operator_memory(path: Path) -> tuple[pd.DataFrame, set[str]]:
     """Blocks (with a ``device`` column) and how unfreed blocks were marked ('empty' / 'zero')."""
     table = read_csv(path, load_schema("cann.operator_memory"))
-    size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
-    when = convert.us_text_to_ns(table.column("Allocation Time(us)"))
-    duration = convert.us_text_to_ns(table.column("Duration(us)"))
-    rel_alloc = convert.unit_text_to_bytes(table.column("Release Total Allocated(KB)"), KIB)
-    rel_reserved = convert.unit_text_to_bytes(table.column("Release Total Reserved(KB)"), KIB)
+    size = table.bytes("Size(KB)", KIB)
+    when = table.ns_from_us("Allocation Time(us)")
+    duration = table.ns_from_us("Duration(us)")
+    rel_alloc = table.bytes("Release Total Allocated(KB)", KIB)
+    rel_reserved = table.bytes("Release Total Reserved(KB)", KIB)
     release_only = (size < 0).to_numpy(dtype=bool)
     no_time = when.isna().to_numpy(dtype=bool)
     if no_time.any():
@@ -161,7 +162,7 @@ def read_operator_memory(path: Path) -> tuple[pd.DataFrame, set[str]]:
             "stream": pd.Series(pd.NA, index=range(table.num_rows), dtype="string"),
             "owner": pd.Series(pd.NA, index=range(table.num_rows), dtype="string"),
             "component": pd.Series(FRAMEWORK_SERIES, index=range(table.num_rows), dtype="string"),
-            "alloc_total": convert.unit_text_to_bytes(table.column("Allocation Total Allocated(KB)"), KIB),
+            "alloc_total": table.bytes("Allocation Total Allocated(KB)", KIB),
         }
     )[list(BLOCK_COLUMNS)]
     blocks["device"] = _device(table)
@@ -176,7 +177,7 @@ def _series_frame(table: CsvTable, key: pd.Series, t_column: str, allocated: pd.
         {
             "device": _device(table),
             "key": key,
-            "t_ns": convert.us_text_to_ns(table.column(t_column)),
+            "t_ns": table.ns_from_us(t_column),
             "allocated": allocated if allocated is not None else pd.Series(pd.NA, index=range(n), dtype="Int64"),
             "reserved": reserved,
             "active": pd.Series(pd.NA, index=range(n), dtype="Int64"),
@@ -187,8 +188,8 @@ def _series_frame(table: CsvTable, key: pd.Series, t_column: str, allocated: pd.
 def read_memory_record(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("cann.memory_record"))
     return _series_frame(table, convert.text(table.column("Component")), "Timestamp(us)",
-                         convert.unit_text_to_bytes(table.column("Total Allocated(KB)"), KIB),
-                         convert.unit_text_to_bytes(table.column("Total Reserved(KB)"), KIB))
+                         table.bytes("Total Allocated(KB)", KIB),
+                         table.bytes("Total Reserved(KB)", KIB))
 
 
 def read_npu_mem(path: Path) -> pd.DataFrame:
@@ -196,12 +197,12 @@ def read_npu_mem(path: Path) -> pd.DataFrame:
     event = convert.text(table.column("event"))
     key = event.map({"APP": "APP", "Device": DEVICE_SERIES}).astype("string")
     return _series_frame(table, key, "timestamp(us)", None,
-                         convert.unit_text_to_bytes(table.column("memory(KB)"), KIB))
+                         table.bytes("memory(KB)", KIB))
 
 
 def read_npu_module_mem(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("cann.npu_module_mem"))
-    reserved = convert.unit_text_to_bytes(table.column("Total Reserved(KB)"), KIB)
+    reserved = table.bytes("Total Reserved(KB)", KIB)
     reserved[reserved < 0] = pd.NA  # -1: the module only showed releases, no level
     return _series_frame(table, "module:" + convert.text(table.column("Component")), "Timestamp(us)", None, reserved)
 
@@ -214,7 +215,7 @@ def read_static_op_mem(path: Path) -> pd.DataFrame:
             "op": convert.text(table.column("Op Name")),
             "model": convert.text(table.column("Model Name")),
             "graph": convert.text(table.column("Graph ID")),
-            "size": convert.unit_text_to_bytes(table.column("Size(KB)"), KIB),
+            "size": table.bytes("Size(KB)", KIB),
         }
     )
 
@@ -244,10 +245,27 @@ READERS = {"memory_record": read_memory_record, "npu_mem": read_npu_mem, "npu_mo
 
 
 def load(path: Path) -> Profile:
+    try:
+        return _load(path)
+    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path) from None
+
+
+def _check_entries(folder: Path) -> None:
+    """An export file's name on something that is not a file (a directory, a symlink loop): an error,
+    not a silently missing part of the export."""
+    for entry in folder.iterdir():
+        if _FILE.match(entry.name) and not entry.is_file():
+            raise InputError("not a regular file", file=entry, expected="a CSV file of the msprof export",
+                             found="a broken symlink or a symlink loop" if entry.is_symlink() else "a directory")
+
+
+def _load(path: Path) -> Profile:
     folders = source_dirs(path)
     files: dict[str, list[Path]] = defaultdict(list)
     ignored: list[str] = []
     for folder in folders:
+        _check_entries(folder)
         chosen, older = _exports(folder)
         for kind, paths in chosen.items():
             files[kind] += paths

@@ -45,8 +45,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import convert, discover
-from memgate.csvtable import CsvTable, read_csv, read_header
+from memgate.csvtable import CsvTable, read_header
 from memgate.errors import InputError, MemgateError
+from memgate.limits import read_csv
 from memgate.loaders.torch_npu import read_profiler_info
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
 from memgate.schemas import load_schema
@@ -115,6 +116,13 @@ def claims(path: Path) -> bool:
 
 
 def load(path: Path) -> Profile:
+    try:
+        return _load(path)
+    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path) from None
+
+
+def _load(path: Path) -> Profile:
     if path.is_dir():
         return _load_dir(path)
     if _TRACKER_OP.match(path.name) or _CPU_RECORD.match(path.name):
@@ -255,10 +263,10 @@ def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[st
     frame = pd.DataFrame(
         {
             "component": component,
-            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
-            "allocated": convert.unit_text_to_bytes(table.column("Total Allocated(MB)"), MS_MB),
-            "reserved": convert.unit_text_to_bytes(table.column("Total Reserved(MB)"), MS_MB),
-            "active": convert.unit_text_to_bytes(table.column("Total Active(MB)"), MS_MB),
+            "t_ns": table.ns_from_us("Timestamp(us)"),
+            "allocated": table.bytes("Total Allocated(MB)", MS_MB),
+            "reserved": table.bytes("Total Reserved(MB)", MS_MB),
+            "active": table.bytes("Total Active(MB)", MS_MB),
         }
     )
     # Placeholders the writer fills with 0.0: APP has only a reserved value, GE no active one.
@@ -277,7 +285,7 @@ def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[st
 def read_operator_memory(path: Path, parts: _Parts | None = None) -> pd.DataFrame:
     """Blocks of MindSpore's allocator; ``N/A`` = missing (not freed, no active columns)."""
     table = read_csv(path, load_schema("mindspore.operator_memory"))
-    size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
+    size = table.bytes("Size(KB)", KIB)
     alloc = convert.us_text_to_ns(na_to_null(table.column("Allocation Time(us)")))
     release = convert.us_text_to_ns(na_to_null(table.column("Release Time(us)")))
     release_only = (size < 0).to_numpy(dtype=bool)
@@ -326,7 +334,7 @@ def _check_order(path: Path, table: CsvTable, alloc: pd.Series, release: pd.Seri
 
 def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[str, pd.DataFrame]]:
     table = read_csv(path, load_schema("mindspore.npu_module_mem"))
-    reserved = convert.unit_text_to_bytes(table.column("Total Reserved(KB)"), KIB)
+    reserved = table.bytes("Total Reserved(KB)", KIB)
     reserved[reserved < 0] = pd.NA  # -1: the module only showed releases, no level
     if parts is not None:
         parts.note_labels(convert.text(table.column("Device")), path, "Device", table)
@@ -334,7 +342,7 @@ def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[s
     frame = pd.DataFrame(
         {
             "component": convert.text(table.column("Component")),
-            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
+            "t_ns": table.ns_from_us("Timestamp(us)"),
             "allocated": pd.Series(pd.NA, index=range(n), dtype="Int64"),
             "reserved": reserved,
             "active": pd.Series(pd.NA, index=range(n), dtype="Int64"),
@@ -348,9 +356,9 @@ def read_kernel_steps(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("mindspore.kernel_details"))
     if not table.has("Step ID"):
         return empty_steps()
-    start = convert.us_text_to_ns(table.column("Start Time(us)"))
-    end = start + convert.us_text_to_ns(table.column("Duration(us)"))
-    frame = pd.DataFrame({"step": convert.int_text(table.column("Step ID")), "t_start": start, "t_end": end})
+    start = table.ns_from_us("Start Time(us)")
+    end = start + table.ns_from_us("Duration(us)")
+    frame = pd.DataFrame({"step": table.ints("Step ID"), "t_start": start, "t_end": end})
     frame = frame.dropna(subset=["step"])
     grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
     return grouped.reset_index().astype("Int64")
@@ -358,7 +366,7 @@ def read_kernel_steps(path: Path) -> pd.DataFrame:
 
 def read_step_numbers(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("mindspore.step_trace_time"))
-    steps = convert.int_text(table.column("Step")).dropna().drop_duplicates().sort_values()
+    steps = table.ints("Step").dropna().drop_duplicates().sort_values()
     frame = empty_steps().reindex(range(len(steps)))
     frame["step"] = steps.to_numpy()
     return frame.astype("Int64")
@@ -369,10 +377,10 @@ def read_cpu_memory_record(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("mindspore.cpu_ms_memory_record"))
     frame = pd.DataFrame(
         {
-            "t_ns": convert.ns_text_to_ns(table.column("Timestamp(ns)")),
-            "allocated": convert.int_text(table.column("Total Allocated(Byte)")),
-            "reserved": convert.int_text(table.column("Total Reserved(Byte)")),
-            "active": convert.int_text(table.column("Total Active(Byte)")),
+            "t_ns": table.ns("Timestamp(ns)"),
+            "allocated": table.ints("Total Allocated(Byte)"),
+            "reserved": table.ints("Total Reserved(Byte)"),
+            "active": table.ints("Total Active(Byte)"),
         }
     )
     return frame.sort_values("t_ns", kind="stable").reset_index(drop=True)
@@ -383,15 +391,15 @@ def read_tracker_operator_memory(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("mindspore.tracker_operator_memory"))
     totals_per_unit = KIB if table.variant == "KB" else MIB
     unit = table.variant
-    size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
+    size = table.bytes("Size(KB)", KIB)
     negative = np.flatnonzero((size < 0).to_numpy(dtype=bool))
     if len(negative):
         row = int(negative[0])
         raise InputError("negative block size", file=path, line=table.line_of(row), column="Size(KB)",
                          expected="a size >= 0 (the tracker writes every block it saw allocated)",
                          found=repr(table.column("Size(KB)")[row].as_py()))
-    alloc = convert.us_text_to_ns(table.column("Allocation Time(us)"))
-    release = alloc + convert.us_text_to_ns(table.column("Duration(us)"))
+    alloc = table.ns_from_us("Allocation Time(us)")
+    release = alloc + table.ns_from_us("Duration(us)")
     n = table.num_rows
     blocks = pd.DataFrame(
         {
@@ -430,8 +438,8 @@ def _load_tracker_dump(path: Path) -> Profile:
 def read_memory_block(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Blocks of ``memory_block.csv`` on the tracker's logical clock, and facts about the file."""
     table = read_csv(path, load_schema("mindspore.memory_block"))
-    start = convert.int_text(table.column("start_time_stamp"))
-    end = convert.int_text(table.column("end_time_stamp"))
+    start = table.ints("start_time_stamp")
+    end = table.ints("end_time_stamp")
     inside = (start < 0).to_numpy(dtype=bool)  # InSideSomas: a slice of a Somas block, counted there
     live = (end == NEVER_FREED).to_numpy(dtype=bool)
     bad = np.flatnonzero(~inside & ~live & (end < start).to_numpy(dtype=bool))
@@ -448,7 +456,7 @@ def read_memory_block(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     where = (file_name + ":" + line_num.fillna("?")).where(file_name.notna())
     blocks = pd.DataFrame(
         {
-            "size": convert.int_text(table.column("size")),
+            "size": table.ints("size"),
             "t_alloc": start,
             "t_free": end.mask(pd.Series(live)),
             "op": node.fillna(task),
@@ -458,7 +466,7 @@ def read_memory_block(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
             "alloc_total": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
     )[list(BLOCK_COLUMNS)]
-    peaks = convert.int_text(table.column("actual_peak_memory")).dropna()
+    peaks = table.ints("actual_peak_memory").dropna()
     facts: dict[str, Any] = {
         "clock": "logical: the memory tracker's event counter, not time (no steps)",
         "in_side_somas_rows_dropped": int(inside.sum()),

@@ -53,11 +53,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import discover
-from memgate.csvtable import describe, re2_pattern, read_csv
+from memgate.csvtable import describe, re2_pattern
 from memgate.errors import InputError
+from memgate.limits import check_rows, read_csv
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
 from memgate.schemas import load_schema
-from memgate.sqlitetable import is_sqlite, open_db, quote_ident, validate_table
+from memgate.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
 
 FORMAT = "msmemscope"
 TABLE = "memscope_dump"
@@ -71,6 +72,8 @@ SPAN_START = ("ATEN_START", "ATB_START")
 SPAN_END = ("ATEN_END", "ATB_END")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 US_LOW, US_HIGH, NS_LOW = 10**15, 10**16, 10**17  # 16-digit µs epoch vs 19-digit ns epoch
+I64_MAX = (1 << 63) - 1
+CSV_NAME = re.compile(r"(?:^|_)(?:memscope|leaks)_dump_[0-9]+.*\.csv$")  # the tool's default names
 
 
 
@@ -137,10 +140,12 @@ def claims(path: Path) -> bool:
         try:
             with open(path, "rb") as fh:
                 first = fh.read(256)
+        except PermissionError:
+            return bool(CSV_NAME.search(name))  # the tool's name: load() says it is unreadable
         except OSError:
             return False
         return first.decode("utf-8-sig", errors="replace").startswith(HEADER_PREFIX)
-    return bool(DB_NAME.search(name)) and is_sqlite(path)
+    return bool(DB_NAME.search(name)) and sqlite_or_unreadable(path)
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -182,6 +187,7 @@ def read_db_rows(path: Path) -> Rows:
         rows = db.query(f"SELECT rowid, {select} FROM {quote_ident(TABLE)} ORDER BY rowid", table=TABLE)
     if not rows:
         raise InputError(f"table {TABLE} has no rows", file=path, column=TABLE)
+    check_rows(path, len(rows), column=TABLE)
     grid = np.array(rows, dtype=object).reshape(len(rows), len(names) + 1)  # cheaper than zip(*rows)
     rowids = grid[:, 0].astype(np.int64)
     arrays = []
@@ -219,7 +225,10 @@ def _check_patterns(rows: Rows) -> None:
 
 
 def load(path: Path) -> Profile:
-    rows = read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
+    try:
+        rows = read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
+    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
+        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path) from None
     return build_profile(rows)
 
 
@@ -249,10 +258,19 @@ def timestamps_ns(rows: Rows) -> tuple[np.ndarray, str | None]:
     try:
         raw = np.asarray(pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
     except pa.ArrowInvalid:
-        row = int(pc.index(pc.greater(pc.utf8_length(col), 18), True).as_py())
-        raise rows.error(row, "timestamp out of range", "Timestamp(ns)", expected="at most 19 digits",
+        digits = pc.utf8_length(pc.utf8_ltrim(col, "0"))
+        fits = pc.or_(pc.less(digits, 19), pc.and_(pc.equal(digits, 19), pc.less_equal(pc.utf8_ltrim(col, "0"),
+                                                                                        str(I64_MAX))))
+        row = int(pc.index(fits, False).as_py())
+        raise rows.error(row, "timestamp out of range", "Timestamp(ns)", expected=f"at most {I64_MAX} (int64)",
                          found=repr(col[row].as_py())) from None
-    if rows.time_unit == "us":
+    us_column = rows.time_unit == "us"
+    past = raw > I64_MAX // 1000
+    if (us_column or (raw < US_HIGH).all()) and past.any():  # µs that do not fit int64 ns
+        row = int(np.flatnonzero(past)[0])
+        raise rows.error(row, "timestamp out of range", f"Timestamp({rows.time_unit})",
+                         expected="µs that fit int64 ns", found=repr(col[row].as_py()))
+    if us_column:
         return raw * 1000, None
     us_like = (raw >= US_LOW) & (raw < US_HIGH)
     ns_like = raw >= NS_LOW
@@ -408,6 +426,19 @@ def enclosing_ops(group: np.ndarray, t: np.ndarray, seq: np.ndarray, delta: np.n
     return result
 
 
+def _first_bad_ptr(text: pd.Series) -> int:
+    """Position of the first address :func:`parse_ptr` rejects (the error path only)."""
+    lower = text.str.lower()
+    is_hex = lower.str.startswith("0x")
+    digits = lower.str.slice(2).str.lstrip("0")
+    bad_hex = is_hex & ((digits.str.len() > 16) | ~digits.str.fullmatch(r"[0-9a-f]*"))
+    dec = lower.str.lstrip("0")
+    too_big = (dec.str.len() > 20) | ((dec.str.len() == 20) & (dec > str((1 << 64) - 1)))
+    bad_dec = ~is_hex & (~dec.str.fullmatch(r"[0-9]*") | too_big)
+    bad = (bad_hex | bad_dec).fillna(True).to_numpy(dtype=bool)
+    return int(np.flatnonzero(bad)[0]) if bad.any() else 0
+
+
 def build_profile(rows: Rows) -> Profile:
     event = pc.utf8_upper(rows.col("Event"))
     sub = pc.utf8_upper(rows.col("Event Type"))
@@ -426,6 +457,11 @@ def build_profile(rows: Rows) -> Profile:
     take_mem = pa.array(mem_idx, type=pa.int64())
     m_alloc = is_malloc[mem_idx]
     attr = parse_attr(rows, mem_idx, m_alloc)
+    negative = m_alloc & (attr.size < 0).fillna(False).to_numpy(dtype=bool)
+    if negative.any():  # old writers put negative sizes on FREE rows only; a MALLOC of -n bytes is corrupt
+        row = int(mem_idx[np.flatnonzero(negative)[0]])
+        raise rows.error(row, "MALLOC with a negative size", "Attr", expected="size:<bytes >= 0>",
+                         found=repr(rows.col("Attr")[row].as_py()))
     m_pool = _strings(sub.take(take_mem))
     m_comp = m_pool.map(POOL_COMPONENTS).fillna(m_pool).astype("string")
     ptr_text = _strings(_na_to_null(rows.col("Ptr")).take(take_mem)).fillna(attr.addr)
@@ -435,9 +471,9 @@ def build_profile(rows: Rows) -> Profile:
     try:
         ptr = parse_ptr(pa.array(ptr_text, type=pa.string()))
     except (ValueError, pa.ArrowInvalid):
-        row = int(mem_idx[0]) if len(mem_idx) else 0
-        raise rows.error(row, "address out of range or not hex/decimal", "Ptr", expected="a 64-bit address",
-                         found=repr(rows.col("Ptr")[row].as_py())) from None
+        k = _first_bad_ptr(ptr_text)
+        raise rows.error(int(mem_idx[k]), "address out of range or not hex/decimal", "Ptr",
+                         expected="a 64-bit address", found=repr(ptr_text.iloc[k])) from None
     notes: list[str] = [time_note] if time_note else []
     m_pid = pid[mem_idx]
     m_t_raw = t_ns[mem_idx]

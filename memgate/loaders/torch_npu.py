@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import convert
-from memgate.csvtable import CsvTable, check_readable, read_csv
+from memgate.csvtable import CsvTable, check_readable
 from memgate.errors import InputError
+from memgate.limits import check_file_size, read_csv
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
     BLOCK_COLUMNS,
@@ -37,6 +38,11 @@ OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 MARKER_FILES = ("memory_record.csv", "operator_memory.csv", "trace_view.json")
 MIB = 1 << 20
 KIB = 1 << 10
+# Files of the export this loader reads (a broken symlink to one must not pass as "absent").
+EXPORT_FILES = ("memory_record.csv", "operator_memory.csv", "npu_module_mem.csv", "trace_view.json",
+                "kernel_details.csv", "step_trace_time.csv")
+SMALL_JSON_BYTES = 16 << 20  # profiler_info / profiler_metadata are a few KB
+COLLECT_MEMORY = "re-run torch_npu.profiler.profile(..., profile_memory=True)"
 
 
 def output_dir(profile_dir: Path) -> Path:
@@ -47,7 +53,10 @@ def output_dir(profile_dir: Path) -> Path:
 
 def is_profile_dir(path: Path) -> bool:
     out = output_dir(path)
-    return any((out / name).is_file() for name in MARKER_FILES)
+    if any((out / name).is_file() for name in MARKER_FILES):
+        return True
+    # A *_ascend_pt run without memory data (profile_memory=False, or never exported): load() says so.
+    return path.name.endswith("_ascend_pt") and ((path / OUTPUT_DIR).is_dir() or any(path.glob("profiler_info*.json")))
 
 
 def device_label(text: str) -> str:
@@ -64,13 +73,10 @@ def load(profile_dir: Path) -> Profile:
 
 def _load(profile_dir: Path) -> Profile:
     out = output_dir(profile_dir)
-    if not any((out / name).exists() for name in MARKER_FILES):
-        raise InputError(
-            "no torch_npu memory data here (memory_record.csv, operator_memory.csv or trace_view.json)",
-            file=profile_dir,
-            expected="a profile recorded with torch_npu.profiler(..., profile_memory=True) and text export",
-        )
+    _check_links(out)
     info = read_profiler_info(profile_dir)
+    if not any((out / name).exists() for name in MARKER_FILES):
+        raise _no_memory_data(profile_dir, out, info)
     devices: dict[str, dict[str, Any]] = {}
 
     def slot(device: str) -> dict[str, Any]:
@@ -82,6 +88,7 @@ def _load(profile_dir: Path) -> Profile:
         path = out / "memory_record.csv"
         for device, component, frame in read_memory_record(path):
             slot(device)["series"][component] = Series(component, frame, str(path))
+        _require_operator_memory(out, devices)
     if (out / "operator_memory.csv").exists():
         path = out / "operator_memory.csv"
         for device, blocks in read_operator_memory(path):
@@ -119,6 +126,8 @@ def _load(profile_dir: Path) -> Profile:
         if len(numbered):
             steps, steps_source = numbered, str(path)
 
+    if not devices:
+        raise _no_memory_data(profile_dir, out, info)
     models = []
     for device in sorted(devices):
         parts = devices[device]
@@ -143,6 +152,51 @@ def _load(profile_dir: Path) -> Profile:
         steps_source=steps_source,
         metadata=_metadata(info, profile_dir),
     )
+
+
+def _check_links(out: Path) -> None:
+    """A symlink loop or a dangling link where an export file belongs is an error, not a missing file."""
+    for name in EXPORT_FILES:
+        path = out / name
+        if path.is_symlink() and not path.exists():
+            raise InputError("a broken symlink or a symlink loop where an export file belongs", file=path,
+                             expected="a file (or a symlink to one)", found=f"a link to {str(path.readlink())!r}")
+
+
+def _require_operator_memory(out: Path, devices: dict[str, dict[str, Any]]) -> None:
+    """memory_record.csv with allocator rows but no operator_memory.csv: the export stopped half-way.
+
+    torch_npu writes both from the same memory data (an allocator row needs an allocation, which is
+    an operator_memory row); one without the other is a rank killed while writing its output.
+    """
+    allocator = any(c in ("PTA", "GE") for d in devices.values() for c in d["series"])
+    ops = out / "operator_memory.csv"
+    if allocator and not ops.exists():
+        raise InputError(
+            "operator_memory.csv is missing next to memory_record.csv: the export did not finish (was the "
+            "rank killed while torch_npu wrote ASCEND_PROFILER_OUTPUT?)", file=ops,
+            expected="both memory files; re-export the raw data with torch_npu.profiler.profiler.analyse() "
+                     "or re-run the profile",
+            found="memory_record.csv only")
+
+
+def _no_memory_data(profile_dir: Path, out: Path, info: dict[str, Any]) -> InputError:
+    """What to say about a profile without any memory data, and how to collect it."""
+    config = info.get("config")
+    common = config.get("common_config") if isinstance(config, dict) else None
+    info_file = profile_dir / str(info.get("_info_file", "profiler_info.json"))
+    if isinstance(common, dict) and common.get("profile_memory") is False:
+        return InputError(f"recorded without profile_memory=True; {COLLECT_MEMORY}", file=info_file,
+                          column="config.common_config.profile_memory", expected="true", found="false")
+    if out == profile_dir and profile_dir.name.endswith("_ascend_pt"):
+        return InputError(f"no {OUTPUT_DIR} here: the raw data was never exported (did the rank stop before "
+                          "torch_npu analysed it?)", file=profile_dir,
+                          expected="export it with torch_npu.profiler.profiler.analyse() or re-run the profile",
+                          found=", ".join(sorted(p.name for p in profile_dir.iterdir())) or "an empty folder")
+    return InputError(
+        "no memory data: no memory_record.csv or operator_memory.csv, and no NPU MEM counters in "
+        f"trace_view.json; {COLLECT_MEMORY}", file=out, expected="memory_record.csv / operator_memory.csv",
+        found=", ".join(sorted(p.name for p in out.iterdir())) or "an empty folder")
 
 
 _R = TypeVar("_R")
@@ -174,13 +228,25 @@ def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
         {
             "device": convert.text(table.column("Device Type")).map(device_label),
             "component": convert.text(table.column("Component")),
-            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
-            "allocated": convert.unit_text_to_bytes(table.column("Total Allocated(MB)"), MIB),
-            "reserved": convert.unit_text_to_bytes(table.column("Total Reserved(MB)"), MIB),
-            "active": convert.unit_text_to_bytes(table.column("Total Active(MB)"), MIB),
+            "t_ns": table.ns_from_us("Timestamp(us)"),
+            "allocated": table.bytes("Total Allocated(MB)", MIB),
+            "reserved": table.bytes("Total Reserved(MB)", MIB),
+            "active": table.bytes("Total Active(MB)", MIB),
         }
     )
+    _no_negative(table, frame, {"allocated": "Total Allocated(MB)", "reserved": "Total Reserved(MB)",
+                                "active": "Total Active(MB)"})
     return _split_series(frame)
+
+
+def _no_negative(table: CsvTable, frame: pd.DataFrame, columns: dict[str, str]) -> None:
+    """Allocator totals are never below 0 (only an operator_memory Size is: a release-only row)."""
+    for key, column in columns.items():
+        below = (frame[key] < 0).fillna(False).to_numpy(dtype=bool)
+        if below.any():
+            row = int(below.nonzero()[0][0])
+            raise InputError("a memory total below 0", file=table.path, line=table.line_of(row), column=column,
+                             expected="a size >= 0", found=repr(table.column(column)[row].as_py()))
 
 
 def _split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
@@ -208,8 +274,8 @@ def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str,
 @_file_errors
 def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.operator_memory"))
-    size = convert.unit_text_to_bytes(table.column("Size(KB)"), KIB)
-    alloc = convert.us_text_to_ns(table.column("Allocation Time(us)"))
+    size = table.bytes("Size(KB)", KIB)
+    alloc = table.ns_from_us("Allocation Time(us)")
     # The allocator's allocated total drops at Active Release Time (the block is handed back);
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
     release = convert.us_text_to_ns(pc.coalesce(table.column("Active Release Time(us)"), table.column("Release Time(us)")))
@@ -232,6 +298,14 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
         raise InputError("a release-only row (negative Size) needs a Release Time", file=path,
                          line=table.line_of(row), column="Release Time(us)", expected="a time in us",
                          found=f"an empty cell (Size(KB) {table.column('Size(KB)')[row].as_py()})")
+    for column in ("Active Release Time(us)", "Release Time(us)"):
+        early = (table.ns_from_us(column) < alloc).fillna(False).to_numpy(dtype=bool)
+        if early.any():
+            row = int(early.nonzero()[0][0])
+            raise InputError("a block is released before it is allocated", file=path, line=table.line_of(row),
+                             column=column, expected=f"a time at or after Allocation Time(us) "
+                             f"{table.column('Allocation Time(us)')[row].as_py().strip()}",
+                             found=repr(table.column(column)[row].as_py()))
     is_ge = name.fillna("").str.startswith("cann::") | (name.isna() & stream.isna())
     blocks = pd.DataFrame(
         {
@@ -242,7 +316,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
             "stream": stream,
             "owner": pd.Series([pd.NA] * len(size), dtype="string"),
             "component": pd.Series(is_ge.map({True: "GE", False: "PTA"}), dtype="string"),
-            "alloc_total": convert.unit_text_to_bytes(table.column("Allocation Total Allocated(MB)"), MIB),
+            "alloc_total": table.bytes("Allocation Total Allocated(MB)", MIB),
         }
     )[list(BLOCK_COLUMNS)]
     devices = convert.text(table.column("Device Type")).map(device_label)
@@ -256,9 +330,9 @@ def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
         {
             "device": convert.text(table.column("Device")).map(device_label),
             "component": convert.text(table.column("Component")),
-            "t_ns": convert.us_text_to_ns(table.column("Timestamp(us)")),
+            "t_ns": table.ns_from_us("Timestamp(us)"),
             "allocated": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
-            "reserved": convert.unit_text_to_bytes(table.column("Total Reserved(MB)"), MIB),
+            "reserved": table.bytes("Total Reserved(MB)", MIB),
             "active": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
     )
@@ -272,9 +346,9 @@ def read_kernel_steps(path: Path) -> pd.DataFrame:
     step_column = "Step Id" if table.has("Step Id") else None
     if step_column is None:
         return empty_steps()
-    start = convert.us_text_to_ns(table.column("Start Time(us)"))
-    end = start + convert.us_text_to_ns(table.column("Duration(us)"))
-    frame = pd.DataFrame({"step": convert.int_text(table.column(step_column)), "t_start": start, "t_end": end})
+    start = table.ns_from_us("Start Time(us)")
+    end = start + table.ns_from_us("Duration(us)")
+    frame = pd.DataFrame({"step": table.ints(step_column), "t_start": start, "t_end": end})
     frame = frame.dropna(subset=["step"])
     grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
     return grouped.reset_index().astype("Int64")
@@ -284,7 +358,7 @@ def read_kernel_steps(path: Path) -> pd.DataFrame:
 def read_step_numbers(path: Path) -> pd.DataFrame:
     """Step numbers without times (step_trace_time.csv holds durations only)."""
     table = read_csv(path, load_schema("torch_npu.step_trace_time"))
-    steps = convert.int_text(table.column("Step")).dropna().drop_duplicates().sort_values()
+    steps = table.ints("Step").dropna().drop_duplicates().sort_values()
     frame = empty_steps().reindex(range(len(steps)))
     frame["step"] = steps.to_numpy()
     return frame.astype("Int64")
@@ -309,8 +383,11 @@ def read_profiler_info(profile_dir: Path) -> dict[str, Any]:
 
 def _read_small_json(path: Path) -> dict[str, Any]:
     check_readable(path)
+    check_file_size(path, limit=SMALL_JSON_BYTES, why="profiler_info / profiler_metadata JSON is a few KB")
     try:
         value = json.loads(path.read_bytes())
+    except RecursionError:
+        raise InputError("JSON nested too deeply", file=path, expected="a small JSON object (a few levels)") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"invalid JSON at char {exc.colno}: {exc.msg}", file=path, line=exc.lineno,
                          expected="valid JSON", found=repr(exc.doc[exc.pos:exc.pos + 20]) if exc.doc[exc.pos:] else "end of file",

@@ -16,6 +16,7 @@ from memgate.loaders.jsonstream import iter_array, top_level_kind
 from memgate.model import empty_steps
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+I64_MAX = (1 << 63) - 1
 MEMORY_COUNTERS = ("APP/DDR", "APP/HBM", "APP/Memory", "Device/DDR", "Device/HBM", "Device/Memory")
 
 
@@ -26,12 +27,21 @@ class TraceView:
 
 
 def us_to_ns(value: Any, path: Path, where: str) -> int:
-    """µs as a JSON string or number → exact int ns."""
+    """µs as a JSON string or number → exact int ns (0 ≤ ns < 2**63, i.e. before the year 2262)."""
     try:
-        return int(Decimal(str(value).strip()) * 1000)
-    except (InvalidOperation, ValueError, OverflowError):  # text, NaN, Infinity
+        us = Decimal(str(value).strip()) if isinstance(value, (str, int, float)) and not isinstance(value, bool) \
+            else Decimal("NaN")
+        # adjusted() first: int(Decimal("1e999999999")) would build a billion-digit integer
+        ns = (int(us * 1000) if us.adjusted() < 20 else I64_MAX + 1) if us.is_finite() else None
+    except (InvalidOperation, ValueError, OverflowError):  # text
+        ns = None
+    if ns is None:
         raise InputError("malformed time", file=path, column=where, expected="µs as a number or numeric string",
-                         found=repr(value)) from None
+                         found=repr(value)[:40])
+    if not 0 <= ns <= I64_MAX:
+        raise InputError("time out of range", file=path, column=where,
+                         expected="µs >= 0 that fit int64 ns (before the year 2262)", found=repr(value)[:40])
+    return ns
 
 
 def read_trace_view(path: Path) -> TraceView:
@@ -51,13 +61,19 @@ def read_trace_view(path: Path) -> TraceView:
         if ph == "X" and isinstance(name, str) and (m := STEP_NAME.match(name)):
             start = us_to_ns(event.get("ts"), path, f"[{index}].ts")
             duration = us_to_ns(event.get("dur"), path, f"[{index}].dur")
+            if start + duration > I64_MAX:
+                raise InputError("step end out of range", file=path, column=f"[{index}].dur",
+                                 expected="ts + dur before the year 2262 (int64 ns)", found=repr(event.get("dur"))[:40])
             steps.append((int(m.group(1)), start, start + duration))
         elif ph == "C" and name in MEMORY_COUNTERS:
             args = event.get("args")
             kb = args.get("KB") if isinstance(args, dict) else None
             if not isinstance(kb, (int, float)) or isinstance(kb, bool) or not math.isfinite(kb):
                 raise InputError("memory counter without a finite KB value", file=path,
-                                 column=f"[{index}].args.KB", expected="a number", found=repr(kb))
+                                 column=f"[{index}].args.KB", expected="a number", found=repr(kb)[:40])
+            if not 0 <= kb * 1024 <= I64_MAX:
+                raise InputError("memory counter out of range", file=path, column=f"[{index}].args.KB",
+                                 expected="KB >= 0 that fit int64 bytes", found=repr(kb)[:40])
             t = us_to_ns(event.get("ts"), path, f"[{index}].ts")
             samples.setdefault((event.get("pid"), name), []).append((t, round(kb * 1024)))
         elif ph == "M" and name == "process_name":

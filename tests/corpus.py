@@ -1,0 +1,1310 @@
+"""A corpus of malformed profiler files for every format, built at test time under a temp dir.
+
+Each :class:`Case` derives one broken input from a real sample (``tests/data/samples``) or from a
+test writer (``tests/writers``) -- nothing binary is committed -- and says what the error must
+name: the file, and where one exists the 1-based line, the JSON path / db table (``column``) and
+fragments of the message. ``tests/test_corpus.py`` runs every case through the loader API, the
+CLI and (a sample) pytest.
+
+Kinds of damage: truncation at arbitrary bytes (CSV mid-row, JSON mid-array, gzip mid-stream,
+sqlite mid-page, pickle mid-stream), encodings (UTF-16, Latin-1 bytes; a UTF-8 BOM is *accepted*,
+see ``ACCEPTED``), binary garbage, swapped / duplicated / extra / missing columns, NaN / inf /
+negative / overflowing numbers, timestamps out of order or in the wrong unit, 0-byte files,
+directories and symlink loops where files are expected, unreadable files (simulated in-process:
+the tests run as root, where chmod does not stop reads), sqlite with missing tables or wrong
+column types, JSON nested a million deep, pickles that try to import or call code (each would
+create a side-effect file that must never appear) and pickle memory bombs.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import pickle
+import random
+import shutil
+import sqlite3
+import stat
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from groundtruth import Block, Trace
+from helpers import PTA21_L0, PTA21_L1, PTA271, SAMPLES, copy_sample
+from writers.ascend_db import write_msprof_db, write_torch_db
+from writers.cann import CannOptions, write_prof
+from writers.kineto import KinetoOptions, write_trace
+from writers.mindspore import MsOptions, write_memory_block, write_tracker_dump
+from writers.mindspore import write_profile as write_ms_profile
+from writers.msmemscope import write_csv as write_mm_csv
+from writers.msmemscope import write_db as write_mm_db
+from writers.snapshot import SnapshotOptions, write_snapshot
+from writers.torch_npu import NpuOptions
+from writers.torch_npu import write_profile as write_npu_profile
+
+TORCH = SAMPLES / "torch"
+MSMEMSCOPE = SAMPLES / "msmemscope"
+DB_SAMPLE = SAMPLES / "ascend" / "msinsight_pta21_db_level0_rank0"
+SNAPSHOT_SAMPLE = TORCH / "snapshot_modern_small_cs336.pickle"
+KINETO_SAMPLE = TORCH / "cpu_train_profile_memory.json"
+MEMSCOPE_SAMPLE = MSMEMSCOPE / "smoke_memscope_dump_20250428113810.csv"
+DEEP = 1_000_000  # nesting levels of the deep-JSON / deep-pickle cases
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What memgate is pointed at and what its error must say."""
+
+    root: Path
+    file: Path  # the file (or directory) the error names
+    line: int | None = None  # 1-based line the error names (None: no line to name)
+    column: str | None = None  # a fragment of the error's column: CSV column, JSON path, db table
+    says: tuple[str, ...] = ()  # fragments of the one-line message (case-insensitive)
+    deny: Path | None = None  # reads of this file fail with PermissionError (simulated in-process)
+    deny_access: bool = True  # ... and os.access says no (chmod 000); False: only open() fails (ACL, EIO)
+    side_effect: Path | None = None  # a file that code smuggled into the input would create
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    format: str  # the format the input belongs to (every registered format has cases)
+    make: Callable[[Path], Expect]
+    defect: str | None = None  # a known defect outside the files this suite may fix: xfail(strict)
+    isolate: bool = False  # run in a memory-capped subprocess (an unguarded parser could take GBs)
+    pytest_sample: bool = False  # also run through `pytest --memgate`
+
+
+CASES: list[Case] = []
+
+
+def case(id: str, fmt: str, *, defect: str | None = None, isolate: bool = False,
+         pytest_sample: bool = False) -> Callable[[Callable[[Path], Expect]], Callable[[Path], Expect]]:
+    def register(make: Callable[[Path], Expect]) -> Callable[[Path], Expect]:
+        CASES.append(Case(id, fmt, make, defect, isolate, pytest_sample))
+        return make
+    return register
+
+
+# ---- known defects in files this suite may not edit (see the report) ----------------------------
+
+CSV_HEADER_CR = ("memgate/csvtable.py read_header: a header line with a lone CR (\\r) makes csv.reader raise "
+                 "_csv.Error ('new-line character seen in unquoted field') instead of an InputError at line 1")
+KINETO_GUARD = ("memgate/loaders/kineto.py _collect / _head_fields / load_timeline read with ijson directly, not "
+                "through memgate.loaders.jsonstream.guard: a 10^6-deep array takes GBs (ijson builds a prefix per "
+                "level: quadratic) and an integer of more than 4300 digits crashes the process (SIGSEGV)")
+
+
+# ---- building blocks ------------------------------------------------------------------------------
+
+T0 = 1_736_408_883_573_957_000
+
+
+def small_trace(*, ge: bool = True) -> Trace:
+    """One device, two steps, a block from before the window and one never freed."""
+    blocks = [Block(3 << 20, T0, T0 + 20_000_000, "aten::mm"), Block(5 << 20, T0 + 1_000, None, "aten::add"),
+              Block(2 << 20, None, T0 + 10_000_000, "")]
+    if ge:
+        blocks.append(Block(1 << 20, T0 + 2_000, T0 + 30_000_000, "cann::Conv", component="GE"))
+    return Trace(device_id=0, hidden_baseline=1 << 20 if ge else 0, t_start=T0, t_end=T0 + 50_000_000,
+                 blocks=tuple(blocks), steps=((7, T0, T0 + 25_000_000), (8, T0 + 25_000_000, T0 + 50_000_000)))
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sample_dir(sample: Path, tmp: Path) -> Path:
+    return copy_sample(sample, tmp / f"{sample.name}_ascend_pt")
+
+
+def sample_file(sample: Path, tmp: Path, name: str | None = None) -> Path:
+    dest = _mkdir(tmp / "in") / (name or sample.name)
+    shutil.copyfile(sample, dest)
+    dest.chmod(0o644)
+    return dest
+
+
+def npu_profile(tmp: Path) -> Path:
+    return write_npu_profile(small_trace(), _mkdir(tmp / "npu"), NpuOptions())
+
+
+def npu_out(tmp: Path) -> Path:
+    return npu_profile(tmp) / "ASCEND_PROFILER_OUTPUT"
+
+
+def torch_db(tmp: Path) -> Path:
+    return write_torch_db(small_trace(), _mkdir(tmp / "db"), rank=0)
+
+
+def msprof_db(tmp: Path) -> Path:
+    return write_msprof_db(small_trace(), _mkdir(tmp / "msprof"))
+
+
+def mm_csv(tmp: Path) -> Path:
+    return write_mm_csv(small_trace(ge=False), _mkdir(tmp / "mm") / "memscope_dump_20251203120000.csv")
+
+
+def mm_db(tmp: Path) -> Path:
+    return write_mm_db(small_trace(ge=False), _mkdir(tmp / "mm") / "memscope_dump_20251203120000.db")
+
+
+def ms_profile(tmp: Path) -> Path:
+    return write_ms_profile(small_trace(), _mkdir(tmp / "ms"), MsOptions(rank=0))
+
+
+def ms_out(tmp: Path) -> Path:
+    return ms_profile(tmp) / "ASCEND_PROFILER_OUTPUT"
+
+
+def cann_prof(tmp: Path) -> Path:
+    return write_prof([small_trace()], _mkdir(tmp / "cann"), CannOptions(static_graph=True))
+
+
+def cann_file(prof: Path, kind: str) -> Path:
+    return next((prof / "mindstudio_profiler_output").glob(f"{kind}_2*.csv"))
+
+
+def snapshot_file(tmp: Path) -> Path:
+    return write_snapshot(small_trace(ge=False), _mkdir(tmp / "snap"), SnapshotOptions())
+
+
+def kineto_file(tmp: Path, *, gz: bool = False) -> Path:
+    return write_trace(small_trace(ge=False), _mkdir(tmp / "kineto"), KinetoOptions(gz=gz))
+
+
+def timeline_file(tmp: Path) -> Path:
+    """What ``prof.export_memory_timeline("*.json")`` writes: [times_us, sizes by category]."""
+    path = _mkdir(tmp / "timeline") / "run_memory_timeline.json"
+    path.write_text(json.dumps([[1_000, 2_000, 3_000], [[1, 2], [3, 4], [5, 6]]]))
+    return path
+
+
+# ---- byte and cell surgery ----------------------------------------------------------------------
+
+def lines_of(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def cut_mid_line(path: Path, line: int) -> int:
+    """Truncate inside 1-based ``line`` (half of it kept, no line break); return the byte offset."""
+    data = lines_of(path)
+    at = sum(len(x) for x in data[: line - 1]) + len(data[line - 1].rstrip(b"\r\n")) // 2
+    path.write_bytes(path.read_bytes()[:at])
+    return at
+
+
+def eol(path: Path) -> str:
+    return "\r\n" if b"\r\n" in path.read_bytes()[:4096] else "\n"
+
+
+def read_rows(path: Path) -> list[list[str]]:
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        return list(csv.reader(fh))
+
+
+def write_rows(path: Path, rows: Sequence[Sequence[str]], line_end: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        csv.writer(fh, lineterminator=line_end).writerows(rows)
+
+
+def edit_rows(path: Path, edit: Callable[[list[list[str]]], None]) -> None:
+    line_end = eol(path)
+    rows = read_rows(path)
+    edit(rows)
+    write_rows(path, rows, line_end)
+
+
+def first_row(path: Path, column: str, value: str) -> int:
+    """0-based index (in read_rows, header = 0) of the first row whose ``column`` is ``value``."""
+    rows = read_rows(path)
+    k = rows[0].index(column)
+    return next(i for i, r in enumerate(rows) if i and r[k] == value)
+
+
+def set_cell(path: Path, row: int, column: str, value: str) -> int:
+    """Set one cell (``row`` 0-based as in read_rows); return its 1-based line (rows are one line each)."""
+    def edit(rows: list[list[str]]) -> None:
+        rows[row][rows[0].index(column)] = value
+    edit_rows(path, edit)
+    return row + 1
+
+
+def set_header(path: Path, header: list[str]) -> None:
+    def edit(rows: list[list[str]]) -> None:
+        rows[0] = header
+    edit_rows(path, edit)
+
+
+def garbage(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def db_exec(path: Path, *sql: str) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        for statement in sql:
+            conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+    for extra in ("-journal", "-wal", "-shm"):
+        Path(str(path) + extra).unlink(missing_ok=True)
+
+
+def loop(path: Path) -> None:
+    """Replace ``path`` by a symlink to itself (a symlink loop)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    path.symlink_to(path.name)
+
+
+def _as_dir(path: Path) -> None:
+    """Replace a file by a directory of the same name."""
+    path.unlink()
+    path.mkdir()
+    (path / "part-0").write_text("x\n")
+
+
+# =================================================================================================
+# torch_npu text export
+# =================================================================================================
+
+@case("npu-csv-cut-mid-row", "torch_npu", pytest_sample=True)
+def npu_csv_cut_mid_row(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "memory_record.csv"
+    cut_mid_line(path, 5001)
+    return Expect(root, path, 5001, None, ("truncated",))
+
+
+@case("npu-csv-cut-mid-row-newline", "torch_npu")
+def npu_csv_cut_row_newline(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "operator_memory.csv"
+    data = lines_of(path)
+    data[30] = data[30][: len(data[30]) // 3] + b"\r\n"  # a writer killed mid-row, then a line break
+    path.write_bytes(b"".join(data[:31]))
+    return Expect(root, path, 31, None, ("fields",))
+
+
+@case("npu-csv-utf16", "torch_npu", pytest_sample=True)
+def npu_csv_utf16(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "memory_record.csv"
+    path.write_bytes(path.read_text("utf-8").encode("utf-16"))  # with its BOM, as Excel saves it
+    return Expect(root, path, 1, None, ("UTF-8",))
+
+
+@case("npu-csv-header-lone-cr", "torch_npu", defect=CSV_HEADER_CR)
+def npu_csv_lone_cr(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "memory_record.csv"
+    path.write_bytes(path.read_bytes().replace(b"Component,", b"Compo\rnent,", 1))  # a stray CR in the header
+    return Expect(root, path, 1, None, ())
+
+
+@case("npu-csv-latin1-header", "torch_npu")
+def npu_csv_latin1_header(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "npu_module_mem.csv"
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"Component", "Compon\u00e9nt".encode("latin-1"), 1))
+    return Expect(root, path, 1, None, ("UTF-8",))
+
+
+@case("npu-csv-latin1-row", "torch_npu")
+def npu_csv_latin1_row(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "operator_memory.csv"
+    data = lines_of(path)
+    k = next(i for i, line in enumerate(data) if i >= 99 and line.startswith(b"aten::"))
+    data[k] = data[k].replace(b"aten::", "at\u00e9n::".encode("latin-1"), 1)
+    path.write_bytes(b"".join(data))
+    return Expect(root, path, k + 1, None, ("UTF-8",))
+
+
+@case("npu-csv-binary-garbage", "torch_npu")
+def npu_csv_garbage(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "memory_record.csv"
+    path.write_bytes(garbage(20_000, seed=1))
+    return Expect(root, path, 1, None, ())
+
+
+@case("npu-csv-swapped-columns", "torch_npu")
+def npu_csv_swapped(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "memory_record.csv"
+
+    def swap(rows: list[list[str]]) -> None:
+        for r in rows:  # header and cells together: the data is consistent, the layout is not
+            r[2], r[3] = r[3], r[2]
+    edit_rows(path, swap)
+    return Expect(root, path, 1, None, ("out of order",))
+
+
+@case("npu-csv-duplicated-column", "torch_npu")
+def npu_csv_duplicated(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "operator_memory.csv"
+
+    def dup(rows: list[list[str]]) -> None:
+        for r in rows:
+            r.insert(2, r[1])
+    edit_rows(path, dup)
+    return Expect(root, path, 1, None, ())
+
+
+@case("npu-csv-missing-column", "torch_npu")
+def npu_csv_missing(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "operator_memory.csv"
+
+    def drop(rows: list[list[str]]) -> None:
+        for r in rows:
+            del r[1]
+    edit_rows(path, drop)
+    return Expect(root, path, 1, "Size(KB)", ("missing column",))
+
+
+@case("npu-csv-extra-cell", "torch_npu")
+def npu_csv_extra_cell(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "memory_record.csv"
+    row = first_row(path, "Component", "PTA")
+
+    def extra(rows: list[list[str]]) -> None:
+        rows[row].append("1.0")
+    edit_rows(path, extra)
+    return Expect(root, path, row + 1, None, ("fields",))
+
+
+@case("npu-size-nan", "torch_npu")
+def npu_size_nan(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "operator_memory.csv"
+    line = set_cell(path, 40, "Size(KB)", "nan")
+    return Expect(root, path, line, "Size(KB)", ("'nan'",))
+
+
+@case("npu-reserved-inf", "torch_npu")
+def npu_reserved_inf(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "memory_record.csv"
+    line = set_cell(path, first_row(path, "Component", "PTA"), "Total Reserved(MB)", "inf")
+    return Expect(root, path, line, "Total Reserved(MB)", ("'inf'",))
+
+
+@case("npu-allocated-1e400", "torch_npu")
+def npu_allocated_1e400(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "memory_record.csv"
+    line = set_cell(path, first_row(path, "Component", "PTA"), "Total Allocated(MB)", "1e400")
+    return Expect(root, path, line, "Total Allocated(MB)", ("1e400",))
+
+
+@case("npu-size-20-digits", "torch_npu")
+def npu_size_overflow(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "operator_memory.csv"
+    line = set_cell(path, 3, "Size(KB)", "99999999999999999999")
+    return Expect(root, path, line, "Size(KB)", ("99999999999999999999",))
+
+
+@case("npu-reserved-negative", "torch_npu")
+def npu_reserved_negative(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "memory_record.csv"
+    line = set_cell(path, first_row(path, "Component", "PTA"), "Total Reserved(MB)", "-10372.0")
+    return Expect(root, path, line, "Total Reserved(MB)", ("-10372.0",))
+
+
+@case("npu-time-in-ns-not-us", "torch_npu")
+def npu_time_wrong_unit(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "memory_record.csv"
+    row = first_row(path, "Component", "PTA")
+    value = read_rows(path)[row][1].strip()
+    line = set_cell(path, row, "Timestamp(us)", value.replace(".", "") + "000\t")  # ns digits in the µs column
+    return Expect(root, path, line, "Timestamp(us)", ())
+
+
+@case("npu-release-before-alloc", "torch_npu", pytest_sample=True)
+def npu_release_before_alloc(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "operator_memory.csv"
+    rows = read_rows(path)
+    alloc = rows[10][2]
+    line = set_cell(path, 10, "Release Time(us)", str(int(alloc.split(".")[0]) - 5_000_000) + ".000\t")
+    return Expect(root, path, line, "Release Time(us)", ("before",))
+
+
+@case("npu-csv-empty", "torch_npu")
+def npu_csv_empty(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "kernel_details.csv"
+    path.write_bytes(b"")
+    return Expect(root, path, None, None, ("empty", "0 bytes"))
+
+
+@case("npu-csv-is-a-directory", "torch_npu")
+def npu_csv_dir(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "operator_memory.csv"
+    _as_dir(path)
+    return Expect(root, path, None, None, ("not a regular file",))
+
+
+@case("npu-csv-symlink-loop", "torch_npu")
+def npu_csv_loop(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "memory_record.csv"
+    loop(path)
+    return Expect(root, path, None, None, ("symlink",))
+
+
+@case("npu-csv-unreadable-open", "torch_npu")
+def npu_csv_unreadable_open(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "memory_record.csv"
+    return Expect(root, path, None, None, ("permission denied",), deny=path, deny_access=False)
+
+
+@case("npu-step-not-a-number", "torch_npu")
+def npu_step_nan(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)  # no kernel_details / trace_view: step numbers come from this file
+    path = root / "step_trace_time.csv"
+    line = set_cell(path, 1, "Step", "thirteen")
+    return Expect(root, path, line, "Step", ("'thirteen'",))
+
+
+@case("npu-profiler-info-deep", "torch_npu")
+def npu_info_deep(tmp: Path) -> Expect:
+    root = sample_dir(PTA271, tmp)
+    path = root / "profiler_info_0.json"
+    path.write_bytes(b'{"config": ' + b"[" * DEEP + b"]" * DEEP + b"}")
+    return Expect(root, path, None, None, ("nested",))
+
+
+@case("npu-profiler-info-binary", "torch_npu")
+def npu_info_binary(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "profiler_info_0.json"
+    path.write_bytes(b"\x00\xff" + garbage(500, seed=2))
+    return Expect(root, path, None, None, ())
+
+
+@case("npu-trace-view-cut-in-string", "torch_npu")
+def npu_trace_cut_string(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    data = path.read_bytes()
+    at = data.index(b'"name"', len(data) // 3) + 3  # inside a key string
+    path.write_bytes(data[:at])
+    return Expect(root, path, data[:at].count(b"\n") + 1, "[", ("truncated",))
+
+
+@case("npu-trace-view-cut-after-comma", "torch_npu")
+def npu_trace_cut_comma(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    data = path.read_bytes()
+    at = data.index(b"},", (len(data) * 4) // 5) + 2
+    path.write_bytes(data[:at])
+    return Expect(root, path, data[:at].count(b"\n") + 1, "[", ("truncated",))
+
+
+@case("npu-trace-view-an-object", "torch_npu")
+def npu_trace_object(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    path.write_bytes(b'\n  {"0": {"ph": "C", "name": "APP/HBM", "args": {"KB": 1}}}')
+    return Expect(root, path, 1, None, ("JSON array", "JSON object"))
+
+
+@case("npu-trace-view-a-string", "torch_npu")
+def npu_trace_string(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    path.write_bytes(b'"[not an array]"\n')
+    return Expect(root, path, 1, None, ("JSON array",))
+
+
+@case("npu-trace-view-deep", "torch_npu", isolate=True)
+def npu_trace_deep(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    path.write_bytes(b"[" + b"[" * DEEP + b"]" * DEEP + b"]")
+    return Expect(root, path, None, "[0]", ("nested deeper",))
+
+
+@case("npu-trace-view-kb-1e400", "torch_npu")
+def npu_trace_kb_inf(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    data = path.read_bytes()
+    at = data.index(b'"KB":')
+    end = at + 5 + len(data[at + 5:].split(b"}", 1)[0])
+    path.write_bytes(data[:at] + b'"KB": 1e400' + data[end:])
+    return Expect(root, path, None, "[", ("overflow",))
+
+
+@case("npu-trace-view-ts-huge", "torch_npu")
+def npu_trace_ts_huge(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    data = path.read_bytes()
+    at = data.index(b'"ts":', data.index(b'"name": "ProfilerStep#') if b'"name": "ProfilerStep#' in data
+                    else data.index(b"ProfilerStep#"))
+    value_end = data.index(b",", at)
+    path.write_bytes(data[:at] + b'"ts": "99999999999999999999999.5"' + data[value_end:])
+    return Expect(root, path, None, ".ts", ("range",))
+
+
+@case("npu-trace-view-unreadable", "torch_npu")
+def npu_trace_unreadable(tmp: Path) -> Expect:
+    root = sample_dir(PTA21_L0, tmp)
+    path = root / "trace_view.json"
+    return Expect(root, path, None, None, ("permission denied",), deny=path)
+
+
+# =================================================================================================
+# Ascend sqlite (torch_npu db and CANN msprof db)
+# =================================================================================================
+
+def _db_sample(tmp: Path) -> Path:
+    return sample_file(DB_SAMPLE / "ascend_pytorch_profiler_0.db", tmp)
+
+
+@case("db-cut-mid-page", "ascend_db", pytest_sample=True)
+def db_cut_mid_page(tmp: Path) -> Expect:
+    path = _db_sample(tmp)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 + 1000])
+    return Expect(path, path, None, None, ("truncated",))
+
+
+@case("db-cut-in-header", "ascend_db")
+def db_cut_header(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    path.write_bytes(path.read_bytes()[:60])
+    return Expect(path, path, None, None, ("truncated", "100-byte"))
+
+
+@case("db-garbage-pages", "ascend_db")
+def db_garbage_pages(tmp: Path) -> Expect:
+    path = _db_sample(tmp)
+    data = bytearray(path.read_bytes())
+    page = struct.unpack(">H", data[16:18])[0]
+    data[page:] = garbage(len(data) - page, seed=3)  # every page after the first is noise
+    path.write_bytes(bytes(data))
+    return Expect(path, path, None, None, ())
+
+
+@case("db-binary-garbage", "ascend_db")
+def db_binary_garbage(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "db") / "ascend_pytorch_profiler_0.db"
+    path.write_bytes(b"SQLite format 3\x00" + garbage(8192, seed=4))
+    return Expect(path, path, None, None, ())
+
+
+@case("db-missing-memory-tables", "ascend_db")
+def db_missing_tables(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    db_exec(path, "DROP TABLE MEMORY_RECORD", "DROP TABLE OP_MEMORY")
+    return Expect(path, path, None, "MEMORY_RECORD", ("missing table",))
+
+
+@case("db-missing-string-ids", "ascend_db")
+def db_missing_strings(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    db_exec(path, "DROP TABLE STRING_IDS")
+    return Expect(path, path, None, "STRING_IDS", ("missing table",))
+
+
+@case("db-text-in-integer-column", "ascend_db")
+def db_wrong_type(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    db_exec(path, "UPDATE MEMORY_RECORD SET totalAllocated = 'lots' WHERE rowid = 2")
+    return Expect(path, path, None, "MEMORY_RECORD.totalAllocated", ("rowid 2", "wrong type"))
+
+
+@case("db-real-inf", "ascend_db")
+def db_inf(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    db_exec(path, "UPDATE OP_MEMORY SET size = 1e400 WHERE rowid = 1")
+    return Expect(path, path, None, "OP_MEMORY.size", ("rowid 1",))
+
+
+@case("db-negative-reserved", "ascend_db")
+def db_negative(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    db_exec(path, "UPDATE MEMORY_RECORD SET totalReserved = -4096 WHERE rowid = 3")
+    return Expect(path, path, None, "MEMORY_RECORD.totalReserved", ("rowid 3",))
+
+
+@case("db-step-ends-before-start", "ascend_db")
+def db_step_order(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    db_exec(path, "UPDATE STEP_TIME SET endNs = startNs - 1 WHERE rowid = 1")
+    return Expect(path, path, None, "STEP_TIME", ("before it starts",))
+
+
+@case("db-missing-column", "ascend_db")
+def db_missing_column(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    db_exec(path, "ALTER TABLE OP_MEMORY DROP COLUMN size")
+    return Expect(path, path, None, "OP_MEMORY.size", ("no column",))
+
+
+@case("db-empty-file", "ascend_db")
+def db_empty(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    path.write_bytes(b"")
+    return Expect(path, path, None, None, ("empty",))
+
+
+@case("db-unreadable", "ascend_db")
+def db_unreadable(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    return Expect(path, path, None, None, ("permission denied",), deny=path)
+
+
+@case("db-unreadable-open", "ascend_db")
+def db_unreadable_open(tmp: Path) -> Expect:
+    path = torch_db(tmp)
+    return Expect(path, path, None, None, ("permission denied",), deny=path, deny_access=False)
+
+
+@case("msprof-unknown-event-type", "ascend_db")
+def msprof_type(tmp: Path) -> Expect:
+    path = msprof_db(tmp)
+    db_exec(path, "UPDATE NPU_OP_MEM SET type = 77 WHERE rowid = 2")
+    return Expect(path, path, None, "NPU_OP_MEM", ("rowid 2",))
+
+
+@case("msprof-timestamp-overflow-text", "ascend_db")
+def msprof_ts_text(tmp: Path) -> Expect:
+    path = msprof_db(tmp)
+    db_exec(path, "UPDATE NPU_OP_MEM SET timestampNs = '99999999999999999999' WHERE rowid = 1")
+    return Expect(path, path, None, "NPU_OP_MEM.timestampNs", ("rowid 1",))
+
+
+# =================================================================================================
+# msMemScope
+# =================================================================================================
+
+@case("memscope-cut-mid-row", "msmemscope")
+def mm_cut(tmp: Path) -> Expect:
+    path = sample_file(MEMSCOPE_SAMPLE, tmp)
+    cut_mid_line(path, 200)
+    return Expect(path, path, 200, None, ("truncated",))
+
+
+@case("memscope-utf16", "msmemscope")
+def mm_utf16(tmp: Path) -> Expect:
+    path = sample_file(MEMSCOPE_SAMPLE, tmp)
+    path.write_bytes(path.read_text("utf-8").encode("utf-16"))
+    # UTF-16 text no longer starts with the msMemScope header: no format claims it.
+    return Expect(path, path, None, None, ("not a profile file",))
+
+
+@case("memscope-attr-malformed", "msmemscope")
+def mm_attr(tmp: Path) -> Expect:
+    path = mm_csv(tmp)
+    row = first_row(path, "Event", "MALLOC")
+    line = set_cell(path, row, "Attr", "{size:12,addr")
+    return Expect(path, path, line, "Attr", ("Attr",))
+
+
+@case("memscope-timestamp-20-digits", "msmemscope")
+def mm_ts(tmp: Path) -> Expect:
+    path = mm_csv(tmp)
+    row = first_row(path, "Event", "MALLOC")
+    line = set_cell(path, row, "Timestamp(ns)", "99999999999999999999")
+    return Expect(path, path, line, "Timestamp(ns)", ())
+
+
+@case("memscope-ptr-wider-than-64-bits", "msmemscope")
+def mm_ptr(tmp: Path) -> Expect:
+    path = mm_csv(tmp)
+    row = first_row(path, "Event", "FREE")
+    line = set_cell(path, row, "Ptr", "0x1" + "f" * 17)
+    return Expect(path, path, line, "Ptr", ("64-bit", "0x1fff"))
+
+
+@case("memscope-size-negative-malloc", "msmemscope")
+def mm_size_negative(tmp: Path) -> Expect:
+    path = mm_csv(tmp)
+    row = first_row(path, "Event", "MALLOC")
+    attr = read_rows(path)[row][9]
+    line = set_cell(path, row, "Attr", attr.replace("size:", "size:-", 1))
+    return Expect(path, path, line, "Attr", ("size",))
+
+
+@case("memscope-db-missing-table", "msmemscope")
+def mm_db_table(tmp: Path) -> Expect:
+    path = mm_db(tmp)
+    db_exec(path, "ALTER TABLE memscope_dump RENAME TO something_else")
+    return Expect(path, path, None, "memscope_dump", ("missing table",))
+
+
+@case("memscope-db-wrong-type", "msmemscope")
+def mm_db_type(tmp: Path) -> Expect:
+    path = mm_db(tmp)
+    db_exec(path, "UPDATE memscope_dump SET \"Timestamp(ns)\" = 1.5e300 WHERE rowid = 4")
+    return Expect(path, path, None, "memscope_dump", ("rowid 4",))
+
+
+@case("memscope-db-cut-mid-page", "msmemscope")
+def mm_db_cut(tmp: Path) -> Expect:
+    path = mm_db(tmp)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 700])
+    return Expect(path, path, None, None, ("truncated",))
+
+
+@case("memscope-unreadable-open", "msmemscope")
+def mm_unreadable(tmp: Path) -> Expect:
+    path = sample_file(MEMSCOPE_SAMPLE, tmp)
+    return Expect(path, path, None, None, ("permission denied",), deny=path, deny_access=False)
+
+
+# =================================================================================================
+# MindSpore
+# =================================================================================================
+
+@case("ms-memory-record-cut-mid-row", "mindspore")
+def ms_cut(tmp: Path) -> Expect:
+    out = ms_out(tmp)
+    path = out / "memory_record.csv"
+    n = len(lines_of(path))
+    cut_mid_line(path, n - 1)
+    return Expect(out.parent, path, n - 1, None, ("truncated",))
+
+
+@case("ms-operator-memory-release-before-alloc", "mindspore")
+def ms_order(tmp: Path) -> Expect:
+    out = ms_out(tmp)
+    path = out / "operator_memory.csv"
+    rows = read_rows(path)
+    row = next(i for i, r in enumerate(rows) if i and r[3] not in ("N/A", "") and r[2] not in ("N/A", ""))
+    line = set_cell(path, row, "Release Time(us)", "1.000")
+    return Expect(out.parent, path, line, "Release Time(us)", ("released before",))
+
+
+@case("ms-memory-record-nan", "mindspore")
+def ms_nan(tmp: Path) -> Expect:
+    out = ms_out(tmp)
+    path = out / "memory_record.csv"
+    line = set_cell(path, 2, "Total Reserved(MB)", "NaN")
+    return Expect(out.parent, path, line, "Total Reserved(MB)", ("'NaN'",))
+
+
+@case("ms-memory-record-swapped-header", "mindspore")
+def ms_swapped(tmp: Path) -> Expect:
+    out = ms_out(tmp)
+    path = out / "memory_record.csv"
+    rows = read_rows(path)
+    header = rows[0][:]
+    header[2], header[3] = header[3], header[2]
+    set_header(path, header)
+    # The header no longer is MindSpore's: the *_ascend_ms directory is still claimed by name.
+    return Expect(out.parent, path, 1, None, ())
+
+
+@case("ms-cpu-record-empty", "mindspore")
+def ms_cpu_empty(tmp: Path) -> Expect:
+    prof = write_ms_profile(small_trace(), _mkdir(tmp / "ms"), MsOptions(rank=0, memory_record=False))
+    path = next((prof / "FRAMEWORK").glob("cpu_ms_memory_record_*.txt"))
+    path.write_bytes(b"")
+    return Expect(prof, path, None, None, ("empty",))
+
+
+@case("ms-npu-module-mem-latin1", "mindspore")
+def ms_module_latin1(tmp: Path) -> Expect:
+    out = ms_out(tmp)
+    path = out / "npu_module_mem.csv"
+    data = lines_of(path)
+    data[3] = data[3].replace(b"NPU:", b"NP\xdc:", 1)
+    path.write_bytes(b"".join(data))
+    return Expect(out.parent, path, 4, None, ("UTF-8",))
+
+
+@case("ms-tracker-negative-size", "mindspore")
+def ms_tracker_negative(tmp: Path) -> Expect:
+    path = write_tracker_dump(small_trace(), _mkdir(tmp / "tracker"), 0)
+    line = set_cell(path, 2, "Size(KB)", "-1024.0")
+    return Expect(path, path, line, "Size(KB)", ("negative",))
+
+
+@case("ms-memory-block-garbage-rows", "mindspore")
+def ms_block_garbage(tmp: Path) -> Expect:
+    folder = _mkdir(tmp / "rank_3")
+    path = write_memory_block(small_trace(), folder)
+    data = lines_of(path)
+    path.write_bytes(b"".join(data[:3]) + garbage(3000, seed=5).replace(b"\n", b"") + b"\n")
+    return Expect(path, path, None, None, ())
+
+
+@case("ms-memory-block-end-before-start", "mindspore")
+def ms_block_order(tmp: Path) -> Expect:
+    folder = _mkdir(tmp / "rank_3")
+    path = write_memory_block(small_trace(), folder)
+    rows = read_rows(path)
+    row = next(i for i, r in enumerate(rows) if i and int(r[0]) > 1)
+    line = set_cell(path, row, "end_time_stamp", "0")
+    return Expect(path, path, line, "end_time_stamp", ("ends before it starts",))
+
+
+@case("ms-unreadable-open", "mindspore")
+def ms_unreadable(tmp: Path) -> Expect:
+    out = ms_out(tmp)
+    path = out / "operator_memory.csv"
+    return Expect(out.parent, path, None, None, ("permission denied",), deny=path, deny_access=False)
+
+
+# =================================================================================================
+# CANN msprof text export
+# =================================================================================================
+
+@case("cann-operator-memory-cut-mid-row", "cann", pytest_sample=True)
+def cann_cut(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "operator_memory")
+    cut_mid_line(path, 3)
+    return Expect(prof, path, 3, None, ("truncated",))
+
+
+@case("cann-npu-mem-inf", "cann")
+def cann_inf(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "npu_mem")
+    line = set_cell(path, 1, "memory(KB)", "inf")
+    return Expect(prof, path, line, "memory(KB)", ("'inf'",))
+
+
+@case("cann-memory-record-swapped", "cann")
+def cann_swapped(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "memory_record")
+
+    def swap(rows: list[list[str]]) -> None:
+        for r in rows:
+            r[3], r[4] = r[4], r[3]
+    edit_rows(path, swap)
+    return Expect(prof, path, 1, None, ())
+
+
+@case("cann-device-id-20-digits", "cann")
+def cann_device_overflow(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "npu_module_mem")
+    line = set_cell(path, 1, "Device_id", "99999999999999999999")
+    return Expect(prof, path, line, "Device_id", ())
+
+
+@case("cann-static-op-mem-garbage", "cann")
+def cann_static_garbage(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "static_op_mem")
+    path.write_bytes(garbage(4096, seed=6))
+    return Expect(prof, path, 1, None, ())
+
+
+@case("cann-output-file-is-a-directory", "cann")
+def cann_dir(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "memory_record")
+    _as_dir(path)
+    # A directory with a file's name is not a file of the export: nothing claims it, and the
+    # export's other files are still read.
+    return Expect(prof, path, None, None, ("not a regular file",))
+
+
+@case("cann-unreadable", "cann")
+def cann_unreadable(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "operator_memory")
+    return Expect(prof, path, None, None, ("permission denied",), deny=path)
+
+
+@case("cann-unreadable-open", "cann")
+def cann_unreadable_open(tmp: Path) -> Expect:
+    prof = cann_prof(tmp)
+    path = cann_file(prof, "npu_mem")
+    return Expect(prof, path, None, None, ("permission denied",), deny=path, deny_access=False)
+
+
+# =================================================================================================
+# PyTorch snapshot pickles
+# =================================================================================================
+
+# Pickle opcodes (pickletools names) used to write hostile streams by hand.
+PROTO2 = b"\x80\x02"
+STOP, MARK, EMPTY_DICT, EMPTY_LIST = b".", b"(", b"}", b"]"
+SETITEM, APPEND, TUPLE1, TUPLE, REDUCE, DUP = b"s", b"a", b"\x85", b"t", b"R", b"2"
+STACK_GLOBAL, NEWOBJ, OBJ, BINPERSID = b"\x93", b"\x81", b"o", b"Q"
+
+
+def _unicode(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return b"X" + struct.pack("<I", len(raw)) + raw  # BINUNICODE
+
+
+def _snapshot_head() -> bytes:
+    """PROTO 2, a dict and its first key: the head memgate's snapshot detector claims."""
+    return PROTO2 + EMPTY_DICT + _unicode("segments")
+
+
+def _touch(target: Path) -> str:
+    return f"touch {target}"
+
+
+def _argv(target: Path) -> bytes:
+    """The list ["touch", target] as pickle opcodes."""
+    return EMPTY_LIST + _unicode("touch") + APPEND + _unicode(str(target)) + APPEND
+
+
+def _evil_pickle(tmp: Path, body: Callable[[Path], bytes], name: str) -> Expect:
+    side = tmp / f"PWNED-{name}"
+    path = _mkdir(tmp / "snap") / "snapshot.pickle"
+    path.write_bytes(_snapshot_head() + body(side) + SETITEM + STOP)
+    return Expect(path, path, None, None, ("refused",), side_effect=side)
+
+
+# The hostile pickles that plain pickle.load would run (NEWOBJ only builds Popen.__new__; persistent
+# ids and extension codes need a handler / registration): tests/test_corpus.py proves it on each.
+RUNS_CODE = ("pickle-global-reduce-os-system", "pickle-stack-global-exec", "pickle-inst-subprocess",
+             "pickle-obj-os-system")
+
+
+@case("pickle-global-reduce-os-system", "torch_snapshot", pytest_sample=True)
+def pickle_global(tmp: Path) -> Expect:
+    # GLOBAL 'os system', the argument tuple, REDUCE: pickle.load would run the command.
+    return _evil_pickle(tmp, lambda side: b"cos\nsystem\n" + _unicode(_touch(side)) + TUPLE1 + REDUCE, "global")
+
+
+@case("pickle-stack-global-exec", "torch_snapshot")
+def pickle_stack_global(tmp: Path) -> Expect:
+    def body(side: Path) -> bytes:
+        code = f"open({str(side)!r}, 'w').close()"
+        return _unicode("builtins") + _unicode("exec") + STACK_GLOBAL + _unicode(code) + TUPLE1 + REDUCE
+    return _evil_pickle(tmp, body, "stack-global")
+
+
+@case("pickle-inst-subprocess", "torch_snapshot")
+def pickle_inst(tmp: Path) -> Expect:
+    # INST: MARK, args, 'i module\nname\n' -> subprocess.call(["touch", side])
+    return _evil_pickle(tmp, lambda side: MARK + _argv(side) + b"isubprocess\ncall\n", "inst")
+
+
+@case("pickle-obj-os-system", "torch_snapshot")
+def pickle_obj(tmp: Path) -> Expect:
+    # OBJ: MARK, callable, args..., 'o' -> callable(*args)
+    return _evil_pickle(tmp, lambda side: MARK + b"cos\nsystem\n" + _unicode(_touch(side)) + OBJ, "obj")
+
+
+@case("pickle-newobj-popen", "torch_snapshot")
+def pickle_newobj(tmp: Path) -> Expect:
+    # NEWOBJ: cls, args tuple, 0x81 -> cls.__new__(cls, *args); BUILD would then call __setstate__
+    return _evil_pickle(tmp, lambda side: b"csubprocess\nPopen\n" + MARK + _argv(side) + TUPLE + NEWOBJ, "newobj")
+
+
+@case("pickle-persistent-load", "torch_snapshot")
+def pickle_persid(tmp: Path) -> Expect:
+    # BINPERSID: pickle.Unpickler.persistent_load decides what an id means (torch.load loads storages).
+    return _evil_pickle(tmp, lambda side: _unicode(_touch(side)) + BINPERSID, "persid")
+
+
+@case("pickle-ext1-extension-registry", "torch_snapshot")
+def pickle_ext(tmp: Path) -> Expect:
+    # EXT1: a code in copyreg's extension registry stands for a (module, name) pair; an unregistered
+    # code is refused, a registered one goes through find_class (refused too).
+    expect = _evil_pickle(tmp, lambda side: b"\x82\x01" + _unicode(_touch(side)) + TUPLE1 + REDUCE, "ext1")
+    return replace(expect, says=("extension code",))
+
+
+@case("pickle-cut-mid-stream", "torch_snapshot")
+def pickle_cut(tmp: Path) -> Expect:
+    path = sample_file(SNAPSHOT_SAMPLE, tmp)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    return Expect(path, path, None, None, ("truncated",))
+
+
+@case("pickle-binbytes8-huge-length", "torch_snapshot")
+def pickle_binbytes8(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "snap") / "snapshot.pickle"
+    # BINBYTES8 declaring 2**62 bytes (pickle.load would try to allocate them), then nothing.
+    path.write_bytes(_snapshot_head() + b"\x8e" + struct.pack("<Q", 1 << 62) + b"xxxx")
+    return Expect(path, path, None, None, ())
+
+
+@case("pickle-long4-huge-length", "torch_snapshot")
+def pickle_long4(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "snap") / "snapshot.pickle"
+    path.write_bytes(_snapshot_head() + b"\x8b" + struct.pack("<i", 0x7FFFFFFF) + b"\x01" * 64)
+    return Expect(path, path, None, None, ())
+
+
+@case("pickle-deep-nesting", "torch_snapshot")
+def pickle_deep(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "snap") / "snapshot.pickle"
+    # segments = [[[[...]]]] a million deep (EMPTY_LIST + ... + APPEND, built without recursion)
+    body = EMPTY_LIST * DEEP + APPEND * (DEEP - 1)
+    path.write_bytes(_snapshot_head() + body + SETITEM + _unicode("device_traces") + EMPTY_LIST + SETITEM + STOP)
+    return Expect(path, path, None, "segments", ())
+
+
+@case("pickle-repeated-dup", "torch_snapshot")
+def pickle_dup(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "snap") / "snapshot.pickle"
+    # 4 million DUPs of one list: 32 MB of stack references from 4 MB of file, never a STOP.
+    path.write_bytes(_snapshot_head() + EMPTY_LIST + DUP * 4_000_000)
+    return Expect(path, path, None, None, ())
+
+
+@case("pickle-nan-and-overflow-sizes", "torch_snapshot")
+def pickle_values(tmp: Path) -> Expect:
+    path = snapshot_file(tmp)
+    data = pickle.loads(path.read_bytes())
+    data["segments"][0]["total_size"] = float("nan")
+    data["segments"][0]["blocks"][0]["size"] = 1 << 70
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    return Expect(path, path, None, "segments[0]", ())
+
+
+@case("pickle-negative-trace-size", "torch_snapshot")
+def pickle_negative(tmp: Path) -> Expect:
+    path = snapshot_file(tmp)
+    data = pickle.loads(path.read_bytes())
+    entry = next(e for e in data["device_traces"][0] if e["action"] == "alloc")
+    entry["size"] = -entry["size"]
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    return Expect(path, path, None, "device_traces[0]", ())
+
+
+@case("pickle-unreadable", "torch_snapshot")
+def pickle_unreadable(tmp: Path) -> Expect:
+    path = snapshot_file(tmp)
+    return Expect(path, path, None, None, ("permission denied",), deny=path)
+
+
+# =================================================================================================
+# Kineto / torch.profiler traces
+# =================================================================================================
+
+@case("kineto-cut-mid-array", "kineto")
+def kineto_cut(tmp: Path) -> Expect:
+    path = sample_file(KINETO_SAMPLE, tmp)
+    data = path.read_bytes()
+    at = data.index(b"{", len(data) // 2) + 10
+    path.write_bytes(data[:at])
+    return Expect(path, path, data[:at].count(b"\n") + 1, "traceEvents[", ("truncated",))
+
+
+@case("kineto-gz-cut-mid-stream", "kineto", pytest_sample=True)
+def kineto_gz_cut(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "kineto") / "train.pt.trace.json.gz"
+    data = gzip.compress(KINETO_SAMPLE.read_bytes())
+    path.write_bytes(data[: len(data) * 3 // 4])  # the head still reads: the stream ends later
+    return Expect(path, path, None, None, ("gzip",))
+
+
+@case("kineto-gz-garbage-after-header", "kineto")
+def kineto_gz_garbage(tmp: Path) -> Expect:
+    path = kineto_file(tmp, gz=True)
+    data = path.read_bytes()
+    path.write_bytes(data[:10] + garbage(len(data), seed=7))
+    return Expect(path, path, None, None, ())
+
+
+@case("kineto-trace-events-an-object", "kineto")
+def kineto_events_object(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    text = path.read_text("utf-8")
+    path.write_text(text.replace('"traceEvents": [', '"traceEvents": {"0": [', 1).rstrip().removesuffix("}")
+                    + "}}\n", "utf-8")
+    return Expect(path, path, None, "traceEvents", ())
+
+
+@case("kineto-deep", "kineto", isolate=True, defect=KINETO_GUARD)
+def kineto_deep(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "kineto") / "deep.pt.trace.json"
+    path.write_bytes(b'{"traceEvents": [' + b"[" * DEEP + b"]" * DEEP + b"]}")
+    return Expect(path, path, None, "traceEvents", ("nested",))
+
+
+@case("kineto-bytes-huge-integer", "kineto", isolate=True, defect=KINETO_GUARD)
+def kineto_bigint(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    text = path.read_text("utf-8")
+    path.write_text(text.replace('"Bytes": ', '"Bytes": ' + "9" * 5000, 1), "utf-8")
+    return Expect(path, path, None, "traceEvents", ())
+
+
+@case("kineto-bytes-nan", "kineto")
+def kineto_nan(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    text = path.read_text("utf-8")
+    path.write_text(text.replace('"Bytes": ', '"Bytes": NaN, "x": ', 1), "utf-8")
+    return Expect(path, path, None, "traceEvents", ())
+
+
+@case("kineto-bytes-1e400", "kineto")
+def kineto_inf(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    text = path.read_text("utf-8")
+    path.write_text(text.replace('"Bytes": ', '"Bytes": 1e400, "x": ', 1), "utf-8")
+    return Expect(path, path, None, "traceEvents", ())
+
+
+@case("kineto-ts-in-ns", "kineto")
+def kineto_ts_ns(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    text = path.read_text("utf-8")
+    # ts in ns since the epoch where µs relative to baseTimeNanoseconds belong: past int64 ns
+    at = text.index('"ts": ', text.index('"[memory]"'))
+    end = text.index(",", at)
+    path.write_text(text[:at] + '"ts": 1736408883573957000.000' + text[end:], "utf-8")
+    return Expect(path, path, None, "traceEvents", ())
+
+
+@case("kineto-empty-file", "kineto")
+def kineto_empty(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    path.write_bytes(b"")
+    return Expect(path, path, None, None, ())
+
+
+@case("kineto-unreadable", "kineto")
+def kineto_unreadable(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    return Expect(path, path, None, None, ("permission denied",), deny=path)
+
+
+@case("timeline-deep", "torch_memory_timeline", isolate=True, defect=KINETO_GUARD)
+def timeline_deep(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "tl") / "run_memory_timeline.json"
+    path.write_bytes(b"[[1, 2], " + b"[" * DEEP + b"]" * DEEP + b"]")
+    return Expect(path, path, None, None, ("nested",))
+
+
+@case("timeline-huge-integer", "torch_memory_timeline", isolate=True, defect=KINETO_GUARD)
+def timeline_bigint(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "tl") / "run_memory_timeline.json"
+    path.write_bytes(b"[[1, " + b"7" * 5000 + b"], [[1], [2]]]")
+    return Expect(path, path, None, None, ())
+
+
+@case("timeline-garbage", "torch_memory_timeline")
+def timeline_garbage(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "tl") / "run_memory_timeline.json"
+    path.write_bytes(b"[[1, 2, 3], [[1, 2], [3]]" + garbage(100, seed=8))
+    return Expect(path, path, None, None, ())
+
+
+@case("timeline-rows-differ", "torch_memory_timeline")
+def timeline_width(tmp: Path) -> Expect:
+    path = _mkdir(tmp / "tl") / "run_memory_timeline.json"
+    path.write_text(json.dumps([[1, 2], [[1, 2, 3], [4]]]))
+    return Expect(path, path, None, "[1][1]", ("width",))
+
+
+# =================================================================================================
+# Discovery (a root that is not a profile at all)
+# =================================================================================================
+
+@case("root-symlink-loop", "discover")
+def root_loop(tmp: Path) -> Expect:
+    root = tmp / "prof"
+    root.symlink_to("prof")
+    return Expect(root, root, None, None, ())
+
+
+@case("root-dir-of-symlink-loops", "discover")
+def root_dir_loops(tmp: Path) -> Expect:
+    root = _mkdir(tmp / "run")
+    (root / "a").symlink_to("b")
+    (root / "b").symlink_to("a")
+    (root / "self").symlink_to(".")
+    return Expect(root, root, None, None, ("no profile found",))
+
+
+@case("root-empty-file", "discover")
+def root_empty_file(tmp: Path) -> Expect:
+    root = _mkdir(tmp / "run") / "snapshot.pickle"
+    root.write_bytes(b"")
+    return Expect(root, root, None, None, ())
+
+
+# ---- inputs that must be ACCEPTED --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Accepted:
+    id: str
+    make: Callable[[Path], tuple[Path, Path]]  # (the damaged copy, the original it must equal)
+
+
+def _bom(path: Path) -> None:
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+
+
+def accepted_npu_bom(tmp: Path) -> tuple[Path, Path]:
+    root = sample_dir(PTA271, tmp)
+    for name in ("memory_record.csv", "operator_memory.csv", "npu_module_mem.csv", "kernel_details.csv"):
+        _bom(root / name)
+    return root, PTA271
+
+
+def accepted_memscope_bom(tmp: Path) -> tuple[Path, Path]:
+    path = sample_file(MEMSCOPE_SAMPLE, tmp)
+    _bom(path)
+    return path, MEMSCOPE_SAMPLE
+
+
+def accepted_cann_bom(tmp: Path) -> tuple[Path, Path]:
+    prof = cann_prof(tmp / "a")
+    original = cann_prof(tmp / "b")
+    for path in (prof / "mindstudio_profiler_output").glob("*.csv"):
+        _bom(path)
+    return prof, original
+
+
+def accepted_trace_view_bom(tmp: Path) -> tuple[Path, Path]:
+    root = sample_dir(PTA21_L0, tmp)
+    _bom(root / "trace_view.json")
+    return root, PTA21_L0
+
+
+def accepted_out_of_order_rows(tmp: Path) -> tuple[Path, Path]:
+    """memory_record rows in reverse order: the loader sorts by time (no data lost, no error)."""
+    root = sample_dir(PTA21_L1, tmp)
+    path = root / "memory_record.csv"
+    data = lines_of(path)
+    path.write_bytes(data[0] + b"".join(reversed(data[1:])))
+    return root, PTA21_L1
+
+
+ACCEPTED = [
+    Accepted("npu-csv-utf8-bom", accepted_npu_bom),
+    Accepted("memscope-utf8-bom", accepted_memscope_bom),
+    Accepted("cann-utf8-bom", accepted_cann_bom),
+    Accepted("trace-view-utf8-bom", accepted_trace_view_bom),
+    Accepted("npu-rows-out-of-order", accepted_out_of_order_rows),
+]
+
+
+def writable(path: Path) -> None:
+    """Let tmp cleanup remove what a case made read-only."""
+    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if p.is_dir() else 0))
+
