@@ -107,7 +107,11 @@ def read_header(path: Path) -> list[str]:
         text = first.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError("header is not UTF-8 text", file=path, line=1, found=repr(first[:40])) from None
-    fields = next(csv.reader([text.rstrip("\r\n")]), [])
+    try:
+        fields = next(csv.reader([text.rstrip("\r\n")]), [])
+    except csv.Error as exc:  # e.g. a lone CR inside the header line
+        raise InputError(f"malformed header: {exc}", file=path, line=1, expected="one line of comma-separated names",
+                         found=repr(first[:60])) from None
     if fields and fields[-1] == "":
         fields = fields[:-1]  # MindSpore C++ writers end every line with a comma
     return fields

@@ -141,6 +141,10 @@ def device_metrics(
             missing["op_max_block_bytes"] = "no per-block data (operator_memory / allocation events)"
     parts = block_components(device, name) or ()
     values["top_at_peak"] = top_at(blocks, peak_t, parts) if peak_t is not None else []
+    # What the loader knows cannot be measured from this file (e.g. a snapshot without history).
+    for key, why in (profile.metadata.get("not_measurable") or {}).items():
+        values[key] = [] if key == "top_at_peak" else None
+        missing[key] = str(why)
     return DeviceMetrics(
         device=device.device,
         component=name,
@@ -214,6 +218,16 @@ def _step_growth(
             f"needs at least 2 timed steps after {warmup} warmup step(s); the profile has "
             f"{_describe_steps(all_steps)} (profile more steps, e.g. schedule active>=3)"
         )
+    # Memory rows and step records that never overlap come from different windows (or runs): a
+    # quiet step is fine, but not a profile whose every sample lies outside every step.
+    timed = all_steps.dropna(subset=["t_start", "t_end"])
+    starts = timed["t_start"].to_numpy(dtype=np.int64)
+    inside = np.searchsorted(times, timed["t_end"].to_numpy(dtype=np.int64), side="right") - np.searchsorted(
+        times, starts, side="left")
+    if not inside.any():
+        numbers = ", ".join(str(int(n)) for n in timed["step"])
+        return None, (f"no allocator sample falls inside any step ({numbers}): the memory rows and the step "
+                      "records do not overlap (were both recorded in the same run and profiling window?)")
     ends = steps["t_end"].to_numpy(dtype=np.int64)
     idx = np.searchsorted(times, ends, side="right") - 1
     xs = steps["step"].to_numpy(dtype=np.int64)[idx >= 0]

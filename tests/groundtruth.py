@@ -135,7 +135,9 @@ def expected_metrics(trace: Trace, warmup_steps: int = 1, *, separate_allocators
     peak_reserved = max(level for _, level in reserved)
     counted = sorted(trace.steps)[warmup_steps:]
     growth: object = None
-    if len(counted) >= 2:
+    # DESIGN: memory rows that never fall inside any step (another window or run) measure no growth.
+    overlap = any(start <= t <= end for t, *_ in trace.events() for _, start, end in trace.steps)
+    if len(counted) >= 2 and overlap:
         slope = theil_sen([s[0] for s in counted], [allocated_at(curve, s[2]) for s in counted])
         growth = int(slope) if slope.denominator == 1 else float(slope)
     leaked: object = None

@@ -325,8 +325,10 @@ CAPPED: dict[str, Callable[[Path], Path]] = {
     "msmemscope-db": corpus.mm_db,
     "mindspore": corpus.ms_profile,
     "cann": corpus.cann_prof,
+    "snapshot": corpus.snapshot_file,
+    "kineto": corpus.kineto_file,
 }
-UNCAPPED = {"snapshot": corpus.snapshot_file, "kineto": corpus.kineto_file}  # not calling memgate.limits yet
+UNCAPPED: dict[str, Callable[[Path], Path]] = {}  # every loader calls memgate.limits now
 NO_LIMITS = "memgate/loaders/{} does not call memgate.limits (file size before reading, events after)"
 
 

@@ -329,12 +329,13 @@ def test_truncated_and_corrupt_files(tmp_path: Path) -> None:
     assert info.value.column == "traceEvents[1]"
 
 
-def test_a_trace_without_memory_events_has_no_devices(tmp_path: Path) -> None:
+def test_a_trace_without_memory_events_says_how_to_record_them(tmp_path: Path) -> None:
     path = tmp_path / "nomem.json"
     path.write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.5, "dur": 2, '
                      b'"pid": 1, "tid": 1}]}')
-    profile = kineto.load(path)
-    assert profile.devices == () and "profile_memory=True" in profile.metadata["note"]
+    with pytest.raises(InputError) as info:
+        kineto.load(path)
+    assert "profile_memory=True" in info.value.one_line() and info.value.file == str(path)
 
 
 # ---- the innermost-op search ----------------------------------------------------------------------

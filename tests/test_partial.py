@@ -33,13 +33,7 @@ from memgate.errors import InputError, MemgateError, NotMeasurable
 from memgate.model import Profile
 
 COLLECT_NPU = "recorded without profile_memory=True; re-run torch_npu.profiler.profile(..., profile_memory=True)"
-METRICS_STEPS = ("memgate/metrics.py _step_growth: steps with no allocator sample inside them take the last earlier "
-                 "sample as their end value, so the slope is a silent 0 instead of NotMeasurable naming the steps")
-SNAPSHOT_NO_HISTORY = ("memgate/loaders/snapshot.py build_profile: a snapshot without device_traces yields a "
-                       "one-sample series (the state at dump time), and budgets on it pass or say only 'no steps' "
-                       "instead of naming _record_memory_history")
-KINETO_NO_MEMORY = ("memgate/loaders/kineto.py load: a trace without [memory] events loads with no devices, so a "
-                    "budget says only \"no device matches devices='*' (has: none)\"")
+
 
 
 def load_all(root: Path) -> list[Profile]:
@@ -195,7 +189,6 @@ def _steps_after_memory(tmp: Path) -> Path:
     return write_npu_profile(trace, tmp, NpuOptions(step_source="trace_view"))
 
 
-@pytest.mark.xfail(strict=True, reason=METRICS_STEPS)
 def test_step_growth_on_steps_without_samples_is_not_measurable(tmp_path: Path) -> None:
     err = verdict_error(_steps_after_memory(tmp_path), step_growth="1 MiB")
     assert isinstance(err, NotMeasurable)
@@ -223,7 +216,6 @@ def test_step_growth_with_samples_inside_the_steps_is_measured(tmp_path: Path) -
 NO_TRACE_SNAPSHOT = TORCH / "snapshot_multidevice_expandable_notrace.pickle"
 
 
-@pytest.mark.xfail(strict=True, reason=SNAPSHOT_NO_HISTORY)
 @pytest.mark.parametrize("limit", [{"peak_allocated": "1 GiB"}, {"step_growth": "1 MiB"}, {"leaked": "1 MiB"}],
                          ids=lambda d: next(iter(d)))
 def test_snapshot_without_record_memory_history(limit: dict[str, str], tmp_path: Path) -> None:
@@ -243,7 +235,6 @@ def test_the_no_trace_sample_really_has_no_trace() -> None:
     assert pickle.loads(NO_TRACE_SNAPSHOT.read_bytes())["device_traces"] == data["device_traces"]
 
 
-@pytest.mark.xfail(strict=True, reason=KINETO_NO_MEMORY)
 def test_kineto_without_profile_memory(tmp_path: Path) -> None:
     trace = json.loads(KINETO_SAMPLE.read_text("utf-8"))
     trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("name") != "[memory]"]

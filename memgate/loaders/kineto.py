@@ -40,10 +40,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import convert, discover
+from memgate import convert, discover, limits
 from memgate.csvtable import check_readable
 from memgate.errors import InputError
-from memgate.loaders.jsonstream import syntax_error
+from memgate.loaders.jsonstream import JsonLimitError, guard, syntax_error
 from memgate.loaders.snapshot import pair_allocs
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.pyrecords import check_column, check_records, missing_int64, nullable_int64, resolve
@@ -139,7 +139,10 @@ def _collect(path: Path, fh: IO[bytes], gz: bool) -> _Collected:
     out = _Collected()
     index = -1
     try:
-        for index, event in enumerate(ijson.items(fh, "traceEvents.item")):
+        max_rows = limits.current().max_rows
+        for index, event in enumerate(ijson.items(guard(fh, path), "traceEvents.item")):
+            if index >= max_rows:
+                limits.check_rows(path, index + 1, what="trace events", column=f"traceEvents[{index}]")
             if type(event) is not dict:
                 raise InputError("trace event is not an object", file=path, column=f"traceEvents[{index}]",
                                  expected="an object", found=type(event).__name__)
@@ -163,6 +166,9 @@ def _collect(path: Path, fh: IO[bytes], gz: bool) -> _Collected:
                     out.op_pid.append(event.get("pid"))
                     out.op_tid.append(event.get("tid"))
         out.events = index + 1
+    except JsonLimitError as exc:
+        raise InputError(exc.message, file=path, column=f"traceEvents[{index + 1}] ({exc.column})",
+                         expected=exc.expected, found=exc.found) from None
     except ijson.JSONError as exc:
         if gz:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -182,14 +188,14 @@ def _head_fields(head: bytes) -> dict[str, Any]:
     """Top-level scalars written before ``traceEvents`` (Kineto's header), plus ``distributedInfo.rank``."""
     fields: dict[str, Any] = {}
     try:
-        for prefix, event, value in ijson.parse(io.BytesIO(head)):
+        for prefix, event, value in ijson.parse(guard(io.BytesIO(head))):
             if prefix == "traceEvents":
                 fields["traceEvents"] = event  # start_array, or what it is instead
                 break
             if event in ("number", "string", "boolean") and (prefix.count(".") == 0 or prefix == "distributedInfo.rank"):
                 fields[prefix] = value
-    except ijson.JSONError:
-        pass  # the head ends mid-document
+    except (ijson.JSONError, JsonLimitError):
+        pass  # the head ends mid-document (or nests absurdly: the full read reports that)
     return fields
 
 
@@ -198,6 +204,7 @@ def _head_fields(head: bytes) -> dict[str, Any]:
 
 def load(path: Path) -> Profile:
     check_readable(path)
+    limits.check_file_size(path)
     gz = path.name.lower().endswith(".gz")
     try:
         head = read_head(path)
@@ -227,7 +234,9 @@ def load(path: Path) -> Profile:
     metadata: dict[str, Any] = {"base_time_ns": base, "trace_events": got.events, "memory_events": len(got.mem),
                                 "cpu_ops": len(got.op_index)}
     if not got.mem:
-        metadata["note"] = "no [memory] events: record with torch.profiler.profile(profile_memory=True)"
+        raise InputError("no [memory] events: the trace was recorded without profile_memory=True", file=path,
+                         expected="re-run torch.profiler.profile(..., profile_memory=True) and export the trace",
+                         found=f"{got.events} events, none of them [memory]")
     rank = fields.get("distributedInfo.rank")
     return Profile(
         path=str(path),
@@ -470,11 +479,14 @@ def load_timeline(path: Path) -> Profile:
     items: list[Any] = []
     try:
         with _open(path) as fh:
-            for index, item in enumerate(ijson.items(fh, "item")):
+            for index, item in enumerate(ijson.items(guard(fh, path), "item")):
                 if index >= 2:
                     raise InputError("a memory timeline has exactly two arrays", file=path, column=f"[{index}]",
                                      expected="[times_us, sizes]", found="a third element")
                 items.append(item)
+    except JsonLimitError as exc:
+        raise InputError(exc.message, file=path, column=f"[{len(items)}] ({exc.column})", expected=exc.expected,
+                         found=exc.found) from None
     except ijson.JSONError as exc:
         raise syntax_error(path, exc, len(items)) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:

@@ -43,7 +43,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover, safepickle
+from memgate import discover, limits, safepickle
 from memgate.errors import InputError
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.pyrecords import check_records, missing_int64, nullable_int64
@@ -98,8 +98,13 @@ def is_snapshot_head(head: bytes) -> bool:
 
 
 def load(path: Path, *, max_bytes: int | None = None) -> Profile:
-    data = safepickle.load(path, max_bytes=max_bytes)
-    return build_profile(path, data)
+    limits.check_file_size(path)  # the general cap first: its message names its own override
+    data = safepickle.load(path, max_bytes=limits.current().max_pickle_bytes if max_bytes is None else max_bytes)
+    profile = build_profile(path, data)
+    traces = data.get("device_traces") if isinstance(data, dict) else None
+    entries = sum(len(t) for t in traces if isinstance(t, (list, tuple))) if isinstance(traces, list) else 0
+    limits.check_rows(path, entries, what="trace entries", column="device_traces")
+    return profile
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,13 @@ def build_profile(path: Path, data: Any) -> Profile:
             metadata["alloc_conf"] = conf
     if step_note:
         metadata["steps_note"] = step_note
+    markers = ("snapshot", "workspace_snapshot")  # mark the dump, record no allocation
+    if not any(isinstance(e, dict) and e.get("action") not in markers for t in traces for e in t):
+        # Only the final state: no history to find a peak, a growth or a leak in.
+        why = ("the snapshot has no allocation history (device_traces are empty): record with "
+               "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()")
+        metadata["not_measurable"] = {k: why for k in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation",
+                                                         "step_growth_bytes", "leaked_bytes", "top_at_peak")}
     return Profile(
         path=str(path),
         format=FORMAT,

@@ -1,0 +1,452 @@
+"""A cache of loaded profiles, keyed on the content of the files they were loaded from.
+
+Loading a gigabyte trace or a 10-million-row CSV takes tens of seconds; reading back the normalized
+frames takes well under one. An entry is ``<cache_dir>/<key>/``: one Arrow IPC (feather) file per
+DataFrame and a ``manifest.json`` with everything else (paths, rank, metadata, dtypes, and the size
+and hash of every feather file). The key is a hash of:
+
+- every input file of the profile (a directory profile: every regular file under it, with its
+  relative path and size; a file profile: the file), so any changed byte is a different key;
+- memgate's version, the hash of memgate's own source (a loader fixed without a version bump must
+  not be served its old output) and the cache layout version;
+- the loader's format name and the profile's path (the rank and the ``source`` strings are derived
+  from the path, so the same bytes elsewhere are a different profile).
+
+Entries are written into a temporary directory inside ``cache_dir`` and renamed into place in one
+step, so a reader sees a whole entry or none; of two writers of the same key the second rename
+fails and that writer discards its copy. An entry that does not verify (manifest unreadable, a file
+missing, a size or hash that differs) is removed and treated as a miss, never trusted. Errors are
+never cached: a profile that fails to load raises every time. Nothing is ever written into the
+profile directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from memgate import __version__
+from memgate.discover import Found, load
+from memgate.errors import ConfigError
+from memgate.model import DeviceModel, Profile, Series
+
+try:  # xxh3 hashes at memory speed; blake2b is the standard-library fallback (~1 GB/s)
+    import xxhash
+
+    HASH_NAME = "xxh3_128"
+    _new_hash: Callable[[], Any] = xxhash.xxh3_128
+except ModuleNotFoundError:  # pragma: no cover - xxhash is a dependency
+    HASH_NAME = "blake2b-128"
+    _new_hash = functools.partial(hashlib.blake2b, digest_size=16)
+
+CACHE_LAYOUT = 1  # bump when the entry layout changes
+MANIFEST = "manifest.json"
+CACHE_DIR_ENV = "MEMGATE_CACHE_DIR"
+_CHUNK = 8 << 20
+_TMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+_STALE_TMP_S = 3600.0  # a temp dir this old belongs to a writer that died
+# The model fields this module stores; a model with other fields is not cached (it would lose them).
+_PROFILE_FIELDS = ("path", "format", "rank", "devices", "steps", "steps_source", "metadata")
+_DEVICE_FIELDS = ("device", "series", "blocks", "blocks_source", "sum_components")
+_SERIES_FIELDS = ("component", "frame", "source")
+
+
+def default_cache_dir() -> Path:
+    """``$MEMGATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/memgate``, else ``~/.cache/memgate``."""
+    if env := os.environ.get(CACHE_DIR_ENV):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "memgate"
+
+
+# ---- keys -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputFile:
+    rel: str  # path relative to the profile ('' for a file profile), '/'-separated
+    path: Path
+    size: int
+    mtime_ns: int
+    inode: int
+
+
+def input_files(profile_path: Path) -> list[InputFile]:
+    """The files a loader may read: the file itself, or every regular file under the directory.
+
+    Symlinks are followed (as discovery follows them), loops are cut, the order is stable.
+    """
+    st = os.stat(profile_path)
+    if not stat.S_ISDIR(st.st_mode):
+        return [InputFile("", profile_path, st.st_size, st.st_mtime_ns, st.st_ino)]
+    found: list[InputFile] = []
+    seen: set[tuple[int, int]] = set()
+    for current, dirs, files in os.walk(profile_path, followlinks=True):
+        here = Path(current)
+        dst = os.stat(here)
+        if (dst.st_dev, dst.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((dst.st_dev, dst.st_ino))
+        dirs.sort()
+        for name in sorted(files):
+            path = here / name
+            try:
+                fst = os.stat(path)
+            except FileNotFoundError:  # a dangling symlink: no loader can read it either
+                continue
+            if stat.S_ISREG(fst.st_mode):
+                rel = path.relative_to(profile_path).as_posix()
+                found.append(InputFile(rel, path, fst.st_size, fst.st_mtime_ns, fst.st_ino))
+    found.sort(key=lambda f: f.rel)
+    return found
+
+
+def _signature(files: list[InputFile]) -> tuple[tuple[str, int, int, int], ...]:
+    return tuple((f.rel, f.size, f.mtime_ns, f.inode) for f in files)
+
+
+def hash_file(path: Path, into: Any | None = None) -> Any:
+    """Feed the bytes of ``path`` to ``into`` (a new hash when None) in large chunks; return the hash."""
+    h = _new_hash() if into is None else into
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+    return h
+
+
+# Modules that only read a loaded profile (metrics, budgets, reports, the shells): editing them does
+# not change what a loader returns, so they stay out of the fingerprint. Every other module (loaders,
+# their helpers, schemas, and any module added later) is in it.
+_DOWNSTREAM = frozenset({
+    "__init__.py", "__main__.py", "cache.py", "cli.py", "plugin.py", "session.py", "budgets.py", "metrics.py",
+    "reconcile.py", "report.py", "html_report.py", "compare.py", "ci.py", "record.py", "lttb.py", "sizes.py",
+    "schemas/budgets.schema.json", "schemas/report.schema.json",
+})
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """memgate's version and a hash of the source files that make a loaded profile (a loader fixed
+    without a version bump must not be served its old output)."""
+    h = _new_hash()
+    h.update(f"{__version__}\0{CACHE_LAYOUT}\0{HASH_NAME}\0{pd.__version__}\0{pa.__version__}\0".encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".json") and path.is_file() and path.relative_to(package).as_posix() not in _DOWNSTREAM:
+            h.update(path.relative_to(package).as_posix().encode() + b"\0")
+            h.update(path.read_bytes())
+    return str(h.hexdigest())
+
+
+def _key_of(found: Found, files: list[InputFile]) -> str:
+    h = _new_hash()
+    h.update(b"memgate-profile-cache\0" + code_fingerprint().encode() + b"\0")
+    h.update(found.format.name.encode() + b"\0" + os.fsencode(os.path.abspath(found.path)) + b"\0")
+    for f in files:
+        h.update(f.rel.encode() + b"\0" + f.size.to_bytes(8, "little"))
+        hash_file(f.path, h)
+    return str(h.hexdigest())
+
+
+def profile_key(found: Found) -> str:
+    """The cache key of ``found`` as its files are now."""
+    return _key_of(found, input_files(found.path))
+
+
+# ---- frames <-> Arrow -----------------------------------------------------------------------------
+
+
+def _dtype_token(dtype: Any) -> str | None:
+    """A name for the dtypes the model uses; None for anything else (then the profile is not cached)."""
+    if isinstance(dtype, pd.StringDtype):
+        return f"string[{dtype.storage}]" if dtype.na_value is pd.NA else None
+    if isinstance(dtype, (pd.Int64Dtype, pd.Int32Dtype, pd.Float64Dtype, pd.BooleanDtype)):
+        return str(dtype)
+    if isinstance(dtype, type(pd.api.types.pandas_dtype("int64"))) and dtype.kind in "iufb":
+        return str(dtype)
+    return None
+
+
+def _dtype_of(token: str) -> Any:
+    if token.startswith("string["):
+        return pd.StringDtype(token[len("string["):-1])
+    return pd.api.types.pandas_dtype(token)
+
+
+class _Uncacheable(Exception):
+    """The profile holds something this cache cannot store exactly."""
+
+
+def _write_frame(frame: pd.DataFrame, path: Path, compression: str | None = None) -> dict[str, Any]:
+    tokens = {}
+    for name, dtype in frame.dtypes.items():
+        token = _dtype_token(dtype)
+        if token is None or not isinstance(name, str):
+            raise _Uncacheable(f"column {name!r} of dtype {dtype}")
+        tokens[name] = token
+    if len(set(frame.columns)) != len(frame.columns):
+        raise _Uncacheable("duplicate column names")
+    table = pa.Table.from_pandas(frame, preserve_index=None)
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return {"file": path.name, "columns": list(frame.columns), "dtypes": tokens, "rows": len(frame),
+            "size": path.stat().st_size, "hash": str(hash_file(path).hexdigest())}
+
+
+def _read_frame(entry: Path, spec: dict[str, Any]) -> pd.DataFrame:
+    path = entry / spec["file"]
+    data = path.read_bytes()
+    if len(data) != spec["size"]:
+        raise _Corrupt(f"{spec['file']}: {len(data)} bytes, manifest says {spec['size']}")
+    h = _new_hash()
+    h.update(data)
+    if h.hexdigest() != spec["hash"]:
+        raise _Corrupt(f"{spec['file']}: hash differs from the manifest")
+    table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    frame = table.to_pandas()
+    if list(frame.columns) != spec["columns"] or len(frame) != spec["rows"]:
+        raise _Corrupt(f"{spec['file']}: columns or rows differ from the manifest")
+    for name, token in spec["dtypes"].items():
+        if _dtype_token(frame[name].dtype) != token:
+            frame[name] = frame[name].astype(_dtype_of(token))
+    return frame
+
+
+class _Corrupt(Exception):
+    """An entry that does not verify."""
+
+
+def _exact_json(value: Any) -> str:
+    """JSON text that loads back equal to ``value`` (no tuple→list, no NaN, no str keys from ints)."""
+    try:
+        text = json.dumps(value, allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise _Uncacheable(f"metadata is not plain JSON: {exc}") from None
+    if json.loads(text) != value or not _same_types(json.loads(text), value):
+        raise _Uncacheable("metadata does not survive a JSON round trip")
+    return text
+
+
+def _same_types(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return all(_same_types(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return all(_same_types(x, y) for x, y in zip(a, b))
+    return True
+
+
+def _check_model_fields() -> None:
+    for cls, known in ((Profile, _PROFILE_FIELDS), (DeviceModel, _DEVICE_FIELDS), (Series, _SERIES_FIELDS)):
+        names = tuple(f.name for f in fields(cls))
+        if sorted(names) != sorted(known):
+            raise _Uncacheable(f"{cls.__name__} has fields {names}; this cache stores {known}")
+
+
+def _serialize(profile: Profile, into: Path, compression: str | None = None) -> dict[str, Any]:
+    _check_model_fields()
+    counter = iter(range(1 << 30))
+
+    def frame(df: pd.DataFrame, what: str) -> dict[str, Any]:
+        if not isinstance(df, pd.DataFrame):
+            raise _Uncacheable(f"{what} is not a DataFrame")
+        return _write_frame(df, into / f"{next(counter):04d}-{what}.arrow", compression)
+
+    devices = []
+    for d, device in enumerate(profile.devices):
+        series = []
+        for s, (key, item) in enumerate(device.series.items()):
+            series.append({"key": key, "component": item.component, "source": item.source,
+                           "frame": frame(item.frame, f"d{d}-s{s}")})
+        devices.append({
+            "device": device.device,
+            "series": series,
+            "blocks": frame(device.blocks, f"d{d}-blocks"),
+            "blocks_source": device.blocks_source,
+            "sum_components": {k: list(v) for k, v in device.sum_components.items()},
+        })
+    head = {"path": profile.path, "format": profile.format, "rank": profile.rank,
+            "steps_source": profile.steps_source}
+    for name, value in head.items():
+        if value is not None and not isinstance(value, str):
+            raise _Uncacheable(f"Profile.{name} is not a string")
+    return {
+        **head,
+        "metadata": _exact_json(profile.metadata),
+        "steps": frame(profile.steps, "steps"),
+        "devices": devices,
+    }
+
+
+def _deserialize(entry: Path, doc: dict[str, Any]) -> Profile:
+    devices = []
+    for d in doc["devices"]:
+        series = {s["key"]: Series(s["component"], _read_frame(entry, s["frame"]), s["source"]) for s in d["series"]}
+        devices.append(DeviceModel(
+            device=d["device"],
+            series=series,
+            blocks=_read_frame(entry, d["blocks"]),
+            blocks_source=d["blocks_source"],
+            sum_components={k: tuple(v) for k, v in d["sum_components"].items()},
+        ))
+    return Profile(
+        path=doc["path"],
+        format=doc["format"],
+        rank=doc["rank"],
+        devices=tuple(devices),
+        steps=_read_frame(entry, doc["steps"]),
+        steps_source=doc["steps_source"],
+        metadata=json.loads(doc["metadata"]),
+    )
+
+
+# ---- the cache ------------------------------------------------------------------------------------
+
+
+class ProfileCache:
+    """Loaded profiles under ``cache_dir``, one directory per key (see the module docstring)."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str], *, compression: str | None = "zstd") -> None:
+        # zstd: a third of lz4's size and a fifth of the raw Arrow size for about the same read time
+        # (10M-row torch_npu profile: raw 707 MiB / 2.0 s, lz4 314 MiB / 1.1 s, zstd 158 MiB / 1.4 s)
+        self.cache_dir = Path(cache_dir)
+        self.compression = compression
+
+    def key(self, found: Found) -> str:
+        """The key of ``found`` as its files are now (hashes every input file: no stat shortcut)."""
+        return _key_of(found, input_files(found.path))
+
+    def _check_outside(self, found: Found) -> None:
+        profile = Path(os.path.realpath(found.path))
+        cache = Path(os.path.realpath(self.cache_dir))
+        if cache == profile or profile in cache.parents:
+            raise ConfigError("the cache directory is inside the profile directory", file=self.cache_dir,
+                              expected=f"a cache directory outside {found.path} (memgate never writes there)")
+
+    def entry_dir(self, key: str) -> Path:
+        return self.cache_dir / key
+
+    def get(self, found: Found) -> Profile | None:
+        """The cached profile of ``found`` as its files are now, or None (a miss or an entry that fails checks)."""
+        self._check_outside(found)
+        try:
+            key = self.key(found)
+        except OSError:
+            return None  # loading will name the unreadable file
+        return self._get(key, found)
+
+    def _get(self, key: str, found: Found) -> Profile | None:
+        entry = self.entry_dir(key)
+        try:
+            raw = (entry / MANIFEST).read_bytes()
+        except FileNotFoundError:
+            if entry.exists():
+                self._discard(entry)  # a directory without a manifest is not an entry
+            return None
+        except OSError:
+            return None
+        try:
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or doc.get("layout") != CACHE_LAYOUT or doc.get("key") != key \
+                    or doc.get("format") != found.format.name:
+                raise _Corrupt("manifest does not match")
+            return _deserialize(entry, doc["profile"])
+        except (_Corrupt, ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowException):
+            self._discard(entry)
+            return None
+
+    def put(self, found: Found, profile: Profile) -> None:
+        """Store ``profile`` as the load of ``found``'s current files (a no-op if the cache cannot hold it)."""
+        self._check_outside(found)
+        self._put(self.key(found), found, profile)
+
+    def _put(self, key: str, found: Found, profile: Profile) -> None:
+        final = self.entry_dir(key)
+        if final.exists():
+            return
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{key}-", dir=self.cache_dir))
+        except OSError:
+            return  # a read-only or full cache never stops a load
+        try:
+            body = _serialize(profile, tmp, self.compression)
+            manifest = {"layout": CACHE_LAYOUT, "key": key, "format": found.format.name,
+                        "memgate_version": __version__, "hash": HASH_NAME, "created": time.time(),
+                        "profile": body}
+            (tmp / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+            os.rename(tmp, final)  # atomic; fails when another writer got there first
+        except (_Uncacheable, OSError, pa.ArrowException):
+            pass  # the loser of a race, a full disk, or a profile the cache cannot hold exactly
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._sweep()
+
+    def _discard(self, entry: Path) -> None:
+        """Remove a bad entry: renamed away first, so no reader sees it half deleted."""
+        trash = self.cache_dir / f"{_TRASH_PREFIX}{entry.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(entry, trash)
+        except OSError:
+            return  # already gone (another reader removed it)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _sweep(self) -> None:
+        """Remove temp dirs of writers that died (older than an hour) and leftover trash."""
+        now = time.time()
+        try:
+            names = os.listdir(self.cache_dir)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+                path = self.cache_dir / name
+                try:
+                    old = now - path.stat().st_mtime > _STALE_TMP_S
+                except OSError:
+                    continue
+                if old:
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+def load_cached(found: Found, cache: ProfileCache | None) -> Profile:
+    """``found`` loaded, from ``cache`` when it holds it; a fresh load is stored unless a file changed meanwhile."""
+    if cache is None:
+        return load(found)
+    cache._check_outside(found)
+    try:
+        before = input_files(found.path)
+        key = _key_of(found, before)
+    except OSError:
+        return load(found)  # the loader names the unreadable file
+    hit = cache._get(key, found)
+    if hit is not None:
+        return hit
+    profile = load(found)  # an error propagates and is not cached
+    try:
+        unchanged = _signature(input_files(found.path)) == _signature(before)
+    except OSError:
+        unchanged = False
+    if unchanged:  # a file rewritten while it loaded: the profile matches neither version's key
+        cache._put(key, found, profile)
+    return profile
