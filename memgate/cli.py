@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     loading = _Parser(add_help=False)
     loading.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                          help="load profiles (ranks) in N processes (default 1)")
+    loading.add_argument("--cache-dir", metavar="DIR", default=os.environ.get("MEMGATE_CACHE_DIR"),
+                         help="keep loaded profiles here, keyed on file content: a second run over unchanged "
+                              "files reads them back (default: $MEMGATE_CACHE_DIR; none when unset)")
     shown = loading.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_true", default=None,
                        help="show progress of loads over ~2 s even when stderr is not a terminal")
@@ -101,7 +104,15 @@ def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = ()
     if args.jobs < 1:
         raise ConfigError(f"invalid --jobs {args.jobs}", expected="a number of processes >= 1")
     write = stderr_writer() if wanted(sys.stderr, args.progress) else None
-    return run_profiles(root, budgets, warmup_steps=warmup_steps, jobs=args.jobs, write_progress=write)
+    loader: Any = None
+    if args.cache_dir:
+        from functools import partial
+
+        from memgate.cache import ProfileCache, load_cached
+
+        loader = partial(load_cached, cache=ProfileCache(args.cache_dir))
+    return run_profiles(root, budgets, warmup_steps=warmup_steps, jobs=args.jobs, write_progress=write,
+                        **({"loader": loader} if loader else {}))
 
 
 def _report_errors(results: list[ProfileResult]) -> list[dict[str, Any]]:

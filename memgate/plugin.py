@@ -29,6 +29,7 @@ from memgate.budgets import (
     judge,
     load_budget_file,
 )
+from memgate.cache import ProfileCache, load_cached
 from memgate.ci import benchmark_export, github_annotations, step_summary_markdown
 from memgate.compare import CompareRule, Regression, baseline_from_entries, compare_entry, load_baseline, parse_rule, ratchet
 from memgate.discover import Found, discover, load, rank_hint
@@ -53,6 +54,8 @@ OPTIONS: dict[str, tuple[str, str, str]] = {
     "memgate_benchmark_json": ("memgate_benchmark_json", "string",
                                "write github-action-benchmark customSmallerIsBetter JSON to this file"),
     "memgate_html": ("memgate_html", "string", "write the self-contained HTML report to this file"),
+    "memgate_cache_dir": ("memgate_cache_dir", "string",
+                          "cache of loaded profiles keyed on file content (default: pytest's cache dir)"),
 }
 MISSING_POLICIES = ("skip", "warn", "fail")
 DETAIL_TOP = 5  # holders shown under a failure line; each -v adds as many again
@@ -79,6 +82,7 @@ class _Settings:
     ratchet: bool = False
     benchmark_json: Path | None = None
     html_path: Path | None = None
+    cache_dir: Path | None = None
 
     @property
     def wants_profiles(self) -> bool:
@@ -95,12 +99,13 @@ class _State:
         self.reported_profiles: set[str] = set()  # attach each profile entry to one report per process
         self._baseline: dict[str, Any] | None = None
         self._baseline_error: MemgateError | None = None
+        self.cache = ProfileCache(settings.cache_dir) if settings.cache_dir is not None else None
 
     def load(self, found: Found) -> tuple[Profile, MetricCache]:
         key = str(found.path)
         if key not in self.profiles:
             try:
-                profile = load(found)
+                profile = load_cached(found, self.cache)
                 self.profiles[key] = (profile, None, MetricCache(profile))
             except MemgateError as exc:
                 self.profiles[key] = (None, exc, None)
@@ -187,6 +192,9 @@ def _read_settings(config: pytest.Config) -> _Settings:
     settings.save_baseline = _path_setting(config, "memgate_save_baseline")
     settings.benchmark_json = _path_setting(config, "memgate_benchmark_json")
     settings.html_path = _path_setting(config, "memgate_html")
+    settings.cache_dir = _path_setting(config, "memgate_cache_dir")
+    if settings.cache_dir is None and config.pluginmanager.has_plugin("cacheprovider") and config.cache is not None:
+        settings.cache_dir = config.cache.mkdir("memgate")  # shared by xdist workers; never the profile dir
     rules, _ = _setting(config, "memgate_compare_fail")
     settings.rules = [parse_rule(r) for r in (rules or [])]
     policy, _ = _setting(config, "memgate_baseline_missing")
