@@ -26,6 +26,7 @@ is needed for a metric to be observable at all from the files):
 from __future__ import annotations
 
 from groundtruth import Block, Trace
+from hypothesis import settings
 from hypothesis import strategies as st
 from writers.torch_npu import CSV_FILES, GENERATIONS, STEP_SOURCES, NpuOptions
 
@@ -139,3 +140,10 @@ def npu_options(*, memory_record: bool | None = None) -> st.SearchStrategy[NpuOp
         app_overhead=st.integers(0, 4096).map(lambda k: k << 20),
         app_period_ns=st.sampled_from((20_000_000, 1_000_000)),
     )
+
+
+def secondary_examples() -> settings:
+    """Settings for a per-format property whose ground-truth comparison the cross-format property
+    (tests/test_cross_format.py, the profile's full example count) already repeats for every writer:
+    fewer examples keep the suite inside its time budget."""
+    return settings(max_examples=min(50, settings.default.max_examples))

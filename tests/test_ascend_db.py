@@ -19,7 +19,7 @@ import pytest
 from groundtruth import expected_metrics
 from helpers import ASCEND, PTA21_L1, one_stderr_line, run_cli
 from hypothesis import given
-from strategies import traces
+from strategies import secondary_examples, traces
 from writers.ascend_db import app_peak, write_msprof_db, write_torch_db
 
 from memgate import discover
@@ -224,6 +224,7 @@ def test_claims_by_name_and_sqlite_header(tmp_path: Path) -> None:
 
 # --- writers: round trip -------------------------------------------------------------------------------
 
+@secondary_examples()
 @given(traces())
 def test_torch_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) -> None:  # type: ignore[no-untyped-def]
     path = write_torch_db(trace, tmp_path_factory.mktemp("db"), rank=5)
@@ -238,6 +239,7 @@ def test_torch_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) ->
     assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == sorted(trace.steps)
 
 
+@secondary_examples()
 @given(traces())
 def test_msprof_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) -> None:  # type: ignore[no-untyped-def]
     """CANN NPU_OP_MEM events of one allocator (every block); ops get the cann:: prefix."""

@@ -17,7 +17,7 @@ from groundtruth import Block, Trace, expected_metrics
 from helpers import join_row, one_stderr_line, read_lines, run_cli, split_row, write_lines
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import traces
+from strategies import secondary_examples, traces
 from writers.cann import STATIC_GRAPH, STATIC_TOTAL, CannOptions, app_samples, raw_name, write_prof
 
 from memgate.csvtable import read_csv, rows_as_dicts
@@ -50,6 +50,7 @@ def _read(prof: Path) -> Profile:
     return load(found[0])
 
 
+@secondary_examples()
 @given(trace=traces(), opts=cann_options)
 def test_metrics_equal_ground_truth(trace: Trace, opts: CannOptions) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,6 +82,7 @@ def test_metrics_equal_ground_truth(trace: Trace, opts: CannOptions) -> None:
         "ops": len(STATIC_GRAPH), "largest_op": "MatMulV2", "largest_op_bytes": 7 << 20}]
 
 
+@secondary_examples()
 @given(a=traces(), b=traces(), opts=cann_options)
 def test_one_profile_with_a_device_per_device_id(a: Trace, b: Trace, opts: CannOptions) -> None:
     a, b = replace(a, device_id=0), replace(b, device_id=5)
@@ -95,6 +97,7 @@ def test_one_profile_with_a_device_per_device_id(a: Trace, b: Trace, opts: CannO
         assert m.values["op_max_block_bytes"] == _expected_ops(trace)
 
 
+@secondary_examples()
 @given(trace=traces(max_blocks=10), slices=st.integers(2, 3))
 def test_slices_read_as_one_file(trace: Trace, slices: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ from groundtruth import Block, Trace, expected_metrics, live_blocks_at, peak_mom
 from helpers import PTA21_L1, copy_sample, join_row, one_stderr_line, read_lines, run_cli, split_row, write_lines
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import traces
+from strategies import secondary_examples, traces
 from writers.mindspore import MsOptions, app_samples, write_memory_block, write_profile, write_tracker_dump
 
 from memgate.csvtable import read_csv, rows_as_dicts
@@ -81,6 +81,7 @@ ms_options = st.builds(
 )
 
 
+@secondary_examples()
 @given(trace=traces(), opts=ms_options)
 def test_metrics_equal_ground_truth(trace: Trace, opts: MsOptions) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,6 +119,7 @@ def test_metrics_equal_ground_truth(trace: Trace, opts: MsOptions) -> None:
         assert (ms.baseline_bytes, ms.consistency) == (trace.hidden_baseline, 1.0)
 
 
+@secondary_examples()
 @given(trace=traces(), rank=st.integers(0, 7))
 def test_float_times_as_mindspore_writes_them(trace: Trace, rank: int) -> None:
     """operator_memory times as ``ns / 1000`` float text: exact on a whole-µs clock."""
@@ -133,6 +135,7 @@ def test_float_times_as_mindspore_writes_them(trace: Trace, rank: int) -> None:
     assert got == want
 
 
+@secondary_examples()
 @given(trace=traces(ge=False))
 def test_cpu_memory_record_is_the_mindspore_series_when_memory_record_is_absent(trace: Trace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,6 +185,7 @@ def _aligned(trace: Trace) -> Trace:
     return replace(trace, blocks=blocks, hidden_baseline=trace.hidden_baseline % (1 << 32) // 512 * 512)
 
 
+@secondary_examples()
 @given(trace=traces(pre_window=False), rank=st.integers(0, 15))
 def test_tracker_dump_exact_for_aligned_sizes(trace: Trace, rank: int) -> None:
     trace = _aligned(_whole_us(trace))
@@ -205,6 +209,7 @@ def _tracker_error(size: int) -> float:
 
 
 @pytest.mark.parametrize("unit", ["KB", "MB"])
+@secondary_examples()
 @given(trace=traces(pre_window=False, max_blocks=12))
 def test_tracker_dump_within_rounding(unit: str, trace: Trace) -> None:
     """Any sizes: each block within 51.2 B + 2**-23 relative; the peak within the sum of those errors
@@ -225,6 +230,7 @@ def test_tracker_dump_within_rounding(unit: str, trace: Trace) -> None:
     assert abs(m.values["peak_allocated_bytes"] - peak) <= total_error
 
 
+@secondary_examples()
 @given(trace=traces(pre_window=False), rank=st.integers(0, 7), last_user_task=st.booleans())
 def test_memory_block_on_the_logical_clock(trace: Trace, rank: int, last_user_task: bool) -> None:
     trace = replace(trace, hidden_baseline=0)  # the tracker sees every block since the process started

@@ -21,7 +21,7 @@ import pytest
 from groundtruth import Trace, expected_metrics
 from helpers import SAMPLES, one_stderr_line, read_lines, run_cli, write_lines
 from hypothesis import assume, given
-from strategies import traces
+from strategies import secondary_examples, traces
 from writers.msmemscope import as_written, write_csv, write_db
 
 from memgate.csvtable import read_csv, rows_as_dicts
@@ -192,12 +192,14 @@ def check_round_trip(path: Path, trace: Trace) -> None:
     assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == sorted(as_written(trace).steps)
 
 
+@secondary_examples()
 @given(traces(ge=False))
 def test_csv_round_trip(tmp_path_factory: pytest.TempPathFactory, trace: Trace) -> None:
     path = write_csv(trace, tmp_path_factory.mktemp("ms") / "memscope_dump_20251203120000.csv")
     check_round_trip(path, trace)
 
 
+@secondary_examples()
 @given(traces(ge=False))
 def test_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace: Trace) -> None:
     path = write_db(trace, tmp_path_factory.mktemp("ms") / "memscope_dump_20251203120000.db")
@@ -213,6 +215,7 @@ def shifted(trace: Trace, delta: int) -> Trace:
                    t_start=trace.t_start + delta, t_end=trace.t_end + delta)
 
 
+@secondary_examples()
 @given(traces(ge=False))
 def test_old_layout_round_trip(tmp_path_factory: pytest.TempPathFactory, trace: Trace) -> None:
     """16-digit µs under Timestamp(ns), decimal Ptr, negative FREE sizes: exact on a whole-µs clock."""
