@@ -259,11 +259,11 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     )
 
 
-def _fmt(value: int | float, kind: str) -> str:
+def _fmt(value: float, kind: str) -> str:
     return format_size(value) if kind == "size" else f"{value:.3f}"
 
 
-def verdict_line(metric: str, kind: str, value: int | float, limit: int | float, where: str) -> str:
+def verdict_line(metric: str, kind: str, value: float, limit: float, where: str) -> str:
     """``peak_allocated 25.10 GiB exceeds budget 24.00 GiB by 1.10 GiB (+4.6%) — rank 3 npu:3, step 120``."""
     if value <= limit:
         head = f"{metric} {_fmt(value, kind)} within budget {_fmt(limit, kind)}"

@@ -34,7 +34,7 @@ class CompareRule:
     absolute: int | float | None
     text: str
 
-    def allowed(self, base: int | float) -> int | float:
+    def allowed(self, base: float) -> int | float:
         """Largest value that still passes against ``base`` (the larger allowance when both are given)."""
         limits: list[Decimal] = []
         if self.percent is not None:
@@ -158,7 +158,7 @@ class Regression:
     message: str
 
 
-def _fmt(metric: str, value: int | float) -> str:
+def _fmt(metric: str, value: float) -> str:
     return format_size(value) if LIMITS[metric][1] == "size" else f"{value:.3f}"
 
 
@@ -262,9 +262,9 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
                     continue
                 name = key.removesuffix("_bytes")
                 if key == "fragmentation":
-                    show = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+                    show = lambda v: "-" if v is None else f"{v:.3f}"
                 else:
-                    show = lambda v: "-" if v is None else format_size(v)  # noqa: E731
+                    show = lambda v: "-" if v is None else format_size(v)
                 delta = m["delta"]
                 pct = f" ({delta / m['base'] * 100:+.1f}%)" if delta is not None and m["base"] else ""
                 sign = "+" if delta is not None and delta >= 0 else ""

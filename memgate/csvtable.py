@@ -83,7 +83,7 @@ class CsvTable:
 
     @property
     def num_rows(self) -> int:
-        return self.table.num_rows
+        return int(self.table.num_rows)
 
 
 def _count_lines(path: Path) -> int:
@@ -105,7 +105,7 @@ def read_header(path: Path) -> list[str]:
         first = fh.readline()
     try:
         text = first.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError:
         raise InputError("header is not UTF-8 text", file=path, line=1, found=repr(first[:40])) from None
     try:
         fields = next(csv.reader([text.rstrip("\r\n")]), [])
@@ -227,14 +227,6 @@ def _arrow_error(path: Path, exc: Exception, fields: int) -> InputError:
     return InputError(f"cannot parse CSV: {text.splitlines()[0]}", file=path, line=int(m.group(1)) if m else None)
 
 
-def _count_lines(path: Path) -> int:
-    count = 0
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            count += chunk.count(b"\n")
-    return count
-
-
 def _first_ragged_line(path: Path, fields: int) -> tuple[int | None, int | None]:
     """The first line whose field count differs from the header's (error path only)."""
     with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
@@ -273,7 +265,7 @@ def describe(prop: dict[str, Any]) -> str:
     pattern = prop.get("pattern", "")
     if "enum" in prop:
         return "one of " + ", ".join(repr(v) for v in prop["enum"] if v is not None)
-    if pattern.startswith("^-?[0-9]+(\\.") or pattern.startswith("^[0-9]+(\\."):
+    if pattern.startswith(("^-?[0-9]+(\\.", "^[0-9]+(\\.")):
         what = "a timestamp" if unit == "us" and "\\t" in pattern else "a decimal number"
     elif pattern in ("^[0-9]+$", "^-?[0-9]+$"):
         what = "an integer"

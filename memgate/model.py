@@ -32,6 +32,16 @@ def empty_blocks() -> pd.DataFrame:
     return frame[list(BLOCK_COLUMNS)]
 
 
+def typed_blocks(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s BLOCK_COLUMNS with the model's dtypes (Int64 numbers, string text)."""
+    out = empty_blocks().reindex(range(len(frame)))
+    for column in ("size", "t_alloc", "t_free", "alloc_total"):
+        out[column] = pd.array(frame[column], dtype="Int64")
+    for column in ("op", "stream", "owner", "component"):
+        out[column] = pd.array(frame[column], dtype="string")
+    return out[list(BLOCK_COLUMNS)]
+
+
 def empty_steps() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([], dtype="Int64") for c in STEP_COLUMNS})
 

@@ -31,11 +31,26 @@ from memgate.budgets import (
 )
 from memgate.cache import ProfileCache, load_cached
 from memgate.ci import benchmark_export, github_annotations, step_summary_markdown
-from memgate.compare import CompareRule, Regression, baseline_from_entries, compare_entry, load_baseline, parse_rule, ratchet
+from memgate.compare import (
+    CompareRule,
+    Regression,
+    baseline_from_entries,
+    compare_entry,
+    load_baseline,
+    parse_rule,
+    ratchet,
+)
 from memgate.discover import Found, discover, load, rank_hint
 from memgate.errors import ConfigError, MemgateError
 from memgate.model import Profile
-from memgate.report import build_report, outcome_entry, profile_entry, summary_table, write_json_atomic, write_text_atomic
+from memgate.report import (
+    build_report,
+    outcome_entry,
+    profile_entry,
+    summary_table,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 # option dest → (ini name, ini type, help); every option has an ini twin of the same name.
 OPTIONS: dict[str, tuple[str, str, str]] = {
@@ -45,8 +60,8 @@ OPTIONS: dict[str, tuple[str, str, str]] = {
     "memgate_baseline": ("memgate_baseline", "string", "compare each profile with this baseline (or JSON report)"),
     "memgate_save_baseline": ("memgate_save_baseline", "string", "save this run's metrics as a baseline file"),
     "memgate_compare_fail": ("memgate_compare_fail", "linelist",
-                             "regression rule, repeatable: peak_allocated:5%, peak_allocated:+256MiB, "
-                             "peak_allocated:2.5%+256MiB (fails only when both are exceeded)"),
+                             ("regression rule, repeatable: peak_allocated:5%, peak_allocated:+256MiB, "
+                              "peak_allocated:2.5%+256MiB (fails only when both are exceeded)")),
     "memgate_baseline_missing": ("memgate_baseline_missing", "string",
                                  "when the baseline or a rank in it is missing: skip, warn (default) or fail"),
     "memgate_ratchet": ("memgate_ratchet", "bool",
@@ -520,7 +535,7 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
             outcomes = [outcome_entry(o) for o in item.stash[MARKER_OUTCOMES]]
         elif REGRESSION in item.stash:
             r = item.stash[REGRESSION]
-            outcomes = [{"profile": str(getattr(item, "found").path), "rank": r.rank, "budget": "baseline",
+            outcomes = [{"profile": str(item.found.path), "rank": r.rank, "budget": "baseline",
                          "metric": r.metric, "limit": r.allowed, "value": r.value, "passed": r.passed,
                          "device": r.device, "message": r.message, "baseline_value": r.base}]
     if outcomes:

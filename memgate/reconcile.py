@@ -105,14 +105,14 @@ def _reconcile_blocks(component: str, blocks: pd.DataFrame) -> tuple[ComponentFa
         recorded = totals.to_numpy(dtype=np.int64, na_value=-1)[event_rows]
         has_total = recorded >= 0
         estimates = recorded[has_total] - live_at_alloc[has_total]
-        checked = int(len(estimates))
+        checked = len(estimates)
         if checked:
             values, counts = np.unique(estimates, return_counts=True)
             baseline = int(values[np.argmax(counts)])
             consistency = float(counts.max() / checked)
     facts = ComponentFacts(
         component=component,
-        blocks=int(len(blocks)),
+        blocks=len(blocks),
         pre_window_blocks=int(pre.sum()),
         open_blocks=int((~freed).sum()),
         baseline_bytes=baseline,

@@ -32,12 +32,10 @@ import importlib.util
 import json
 import os
 import warnings
-from collections.abc import Generator, Iterator
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, Self
-
 
 TRACE_NAME = "torch_trace.json"
 CUDA_SNAPSHOT = "cuda_snapshot.pickle"

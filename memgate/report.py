@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from memgate import __version__
 from memgate.budgets import LIMITS, Outcome
 from memgate.metrics import DeviceMetrics
@@ -18,8 +20,8 @@ from memgate.sizes import format_size
 
 def profile_entry(profile: Profile, metrics: list[DeviceMetrics]) -> dict[str, Any]:
     steps = [
-        {k: (None if v is None or v != v else int(v)) for k, v in row.items()}
-        for row in profile.steps.astype(object).where(profile.steps.notna(), None).to_dict("records")
+        {k: (None if pd.isna(v) else int(v)) for k, v in row.items()}
+        for row in profile.steps.astype(object).to_dict("records")
     ]
     return {
         "path": profile.path,

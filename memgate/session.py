@@ -6,6 +6,7 @@ processes (``--jobs``): what comes back is plain JSON, small next to the profile
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -87,12 +88,13 @@ def run_profiles(
     """Every profile under ``root``, in discovery order; a bad one carries its error."""
     found = discover(root)
     if jobs > 1 and len(found) > 1:
-        with progress(f"{len(found)} profiles on {jobs} processes", write_progress):
-            with ProcessPoolExecutor(max_workers=min(jobs, len(found))) as pool:
-                futures = [pool.submit(process_profile, f, tuple(budgets), warmup_steps, loader) for f in found]
-                return [future.result() for future in futures]
+        with (progress(f"{len(found)} profiles on {jobs} processes", write_progress),
+              ProcessPoolExecutor(max_workers=min(jobs, len(found))) as pool):
+            futures = [pool.submit(process_profile, f, tuple(budgets), warmup_steps, loader) for f in found]
+            return [future.result() for future in futures]
     results = []
     for entry in found:
-        with progress(lambda: describe(entry.path), write_progress):
+        label = functools.partial(describe, entry.path)  # computed only if the progress line shows
+        with progress(label, write_progress):
             results.append(process_profile(entry, budgets, warmup_steps, loader))
     return results

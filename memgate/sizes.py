@@ -57,7 +57,7 @@ def parse_size(value: object, *, what: str = "size") -> int:
 _IEC = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 
 
-def format_size(nbytes: int | float) -> str:
+def format_size(nbytes: float) -> str:
     """IEC text with two decimals, e.g. ``25.10 GiB``; negative values keep their sign."""
     sign = "-" if nbytes < 0 else ""
     value = abs(nbytes)

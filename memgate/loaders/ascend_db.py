@@ -37,7 +37,7 @@ import pandas as pd
 from memgate import discover
 from memgate.errors import InputError
 from memgate.loaders.msmemscope import pair_events, take
-from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
+from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps, typed_blocks
 from memgate.schemas import load_schema
 from memgate.sqlitetable import (
     INVALID_ID,
@@ -310,7 +310,7 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, pd.DataFrame]], list[
     devices = take(frame["device"], first)
     start = blocks["t_alloc"].fillna(blocks["t_free"]).to_numpy(dtype=np.int64, na_value=0)
     order = np.lexsort((first, start))
-    blocks, devices = _as_blocks(blocks.iloc[order].reset_index(drop=True)), devices.iloc[order].reset_index(drop=True)
+    blocks, devices = typed_blocks(blocks.iloc[order].reset_index(drop=True)), devices.iloc[order].reset_index(drop=True)
     by_device = [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices.to_numpy(), sort=True)]
     series_frame = pd.DataFrame({
         "device": frame["device"], "component": frame["component"], "t_ns": frame["t_ns"],
@@ -318,15 +318,6 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, pd.DataFrame]], list[
         "active": pd.Series(pd.NA, index=frame.index, dtype="Int64"),
     })
     return by_device, _split_series(series_frame)
-
-
-def _as_blocks(frame: pd.DataFrame) -> pd.DataFrame:
-    out = empty_blocks().reindex(range(len(frame)))
-    for column in ("size", "t_alloc", "t_free", "alloc_total"):
-        out[column] = pd.array(frame[column], dtype="Int64")
-    for column in ("op", "stream", "owner", "component"):
-        out[column] = pd.array(frame[column], dtype="string")
-    return out[list(BLOCK_COLUMNS)]
 
 
 def read_npu_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:

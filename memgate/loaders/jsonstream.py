@@ -137,7 +137,7 @@ def iter_array(path: Path, prefix: str = "item", fh: IO[bytes] | None = None) ->
     limits.check_file_size(path)
     max_rows = limits.current().max_rows
     own = fh is None
-    stream = open(path, "rb") if fh is None else fh
+    stream = open(path, "rb") if fh is None else fh  # noqa: SIM115 - closed in the finally below
     index = -1
     try:
         for index, element in enumerate(ijson.items(guard(stream, path), prefix, use_float=True)):

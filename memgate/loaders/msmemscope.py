@@ -56,7 +56,7 @@ from memgate import discover
 from memgate.csvtable import describe, re2_pattern
 from memgate.errors import InputError
 from memgate.limits import check_rows, read_csv
-from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
+from memgate.model import DeviceModel, Profile, Series, empty_steps, typed_blocks
 from memgate.schemas import load_schema
 from memgate.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
 
@@ -561,7 +561,7 @@ def build_profile(rows: Rows) -> Profile:
         models.append(DeviceModel(
             device=str(device),
             series=device_series.get(str(device), {}),
-            blocks=_typed_blocks(device_blocks),
+            blocks=typed_blocks(device_blocks),
             blocks_source=str(rows.path) if len(device_blocks) else None,
         ))
     metadata: dict[str, Any] = {
@@ -592,15 +592,6 @@ def _span_inputs(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: 
     group = np.unique(np.stack([pid, tid], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
     names = _strings(_na_to_null(rows.col("Name")))
     return group, t_ns, seq, delta, names, target
-
-
-def _typed_blocks(frame: pd.DataFrame) -> pd.DataFrame:
-    out = empty_blocks().reindex(range(len(frame)))
-    for column in ("size", "t_alloc", "t_free", "alloc_total"):
-        out[column] = pd.array(frame[column], dtype="Int64")
-    for column in ("op", "stream", "owner", "component"):
-        out[column] = pd.array(frame[column], dtype="string")
-    return out[list(BLOCK_COLUMNS)]
 
 
 def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np.ndarray, t_ns: np.ndarray,
