@@ -66,7 +66,7 @@ def assert_same_profile(got: Profile, want: Profile) -> None:
     for name, frame in want_frames.items():
         other = got_frames[name]
         assert other.dtypes.to_dict() == frame.dtypes.to_dict(), name
-        pd.testing.assert_frame_equal(other, frame, check_exact=True, check_index_type=True), name
+        pd.testing.assert_frame_equal(other, frame, check_exact=True, check_index_type=True, obj=name)
 
 
 def tree_digest(root: Path) -> dict[str, tuple[str, int, int]]:

@@ -1,0 +1,443 @@
+"""Time memgate against named baselines on the generated inputs, in one run.
+
+    python benchmarks/run.py [--out /tmp/memgate-bench] [--scale 1.0] [--only csv,trace_view,...] [--jobs 2]
+
+Every measurement runs in a fresh interpreter (``python benchmarks/run.py --child TASK ...``); the
+parent takes its peak RSS from ``os.wait4`` (that child's own ``ru_maxrss``) and its wall time.
+Two times are kept per child: ``op`` (the work alone, timed inside the child after its imports)
+and ``wall`` (the whole process, interpreter start and imports included). Library lines compare
+``op`` times; lines that compare command-line tools (``memgate inspect --json`` against
+``python -m torch.cuda._memory_viz``) compare ``wall`` times.
+
+The memgate side is what ``memgate inspect`` does: ``discover`` + ``load`` + ``profile_metrics``
+for every profile under the input. The table is followed by the raw numbers as JSON
+(``OUT/results-scale-S.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import generate
+
+PY = sys.executable
+
+
+# ---- parallel loading --------------------------------------------------------------------------
+
+
+def inspect_parallel(root: str | os.PathLike[str], jobs: int) -> list[Any]:
+    """``memgate inspect`` over every profile under ``root`` on ``jobs`` processes.
+
+    This is ``memgate.session.run_profiles(root, jobs=N)`` (a ProcessPoolExecutor over the
+    ``discover()`` results; each worker loads one profile and returns its JSON report entry), which
+    the CLI now exposes as ``--jobs N``; ``jobs=1`` is the serial path of the same function, so
+    the two lines differ only by the pool.
+    """
+    from memgate.session import run_profiles
+
+    return run_profiles(root, jobs=jobs)
+
+
+# ---- child tasks ----------------------------------------------------------------------------------
+
+
+def _frames_bytes(profile: Any) -> int:
+    frames = [profile.steps]
+    for d in profile.devices:
+        frames.append(d.blocks)
+        frames += [s.frame for s in d.series.values()]
+    return int(sum(f.memory_usage(deep=True, index=True).sum() for f in frames))
+
+
+def child(task: str, args: list[str]) -> dict[str, Any]:
+    """Run one measured task in this (fresh) process; return what the parent records."""
+    extra: dict[str, Any] = {}
+    if task == "memgate":  # discover + load + profile_metrics (memgate inspect)
+        from memgate import discover as disc
+        from memgate.metrics import profile_metrics
+
+        disc._load_plugins()
+        started = time.perf_counter()
+        profiles = []
+        for found in disc.discover(args[0]):
+            profile = disc.load(found)
+            profile_metrics(profile)
+            profiles.append(profile)
+        op = time.perf_counter() - started
+        extra = {"profiles": len(profiles), "model_bytes": sum(_frames_bytes(p) for p in profiles)}
+    elif task == "memgate-cached":
+        from memgate import cache as cache_mod
+        from memgate import discover as disc
+        from memgate.cache import ProfileCache, load_cached
+        from memgate.metrics import profile_metrics
+
+        # the cold and the warm run use one code fingerprint: memgate's source may be edited between them
+        cache_mod.code_fingerprint = lambda: args[2]  # type: ignore[assignment]
+        disc._load_plugins()
+        store = ProfileCache(args[1])
+        started = time.perf_counter()
+        n = 0
+        for found in disc.discover(args[0]):
+            profile_metrics(load_cached(found, store))
+            n += 1
+        op = time.perf_counter() - started
+        extra = {"profiles": n}
+    elif task == "memgate-parallel":
+        from memgate import discover as disc
+
+        disc._load_plugins()
+        started = time.perf_counter()
+        results = inspect_parallel(args[0], int(args[1]))
+        op = time.perf_counter() - started
+        extra = {"profiles": len(results), "errors": sum(1 for x in results if x.error is not None)}
+    elif task == "pandas-pyarrow":  # the CSV parse floor
+        import pandas as pd
+
+        started = time.perf_counter()
+        rows = sum(len(pd.read_csv(path, engine="pyarrow")) for path in args)
+        op = time.perf_counter() - started
+        extra = {"rows": rows}
+    elif task == "orjson":
+        import orjson
+
+        started = time.perf_counter()
+        with open(args[0], "rb") as fh:
+            doc = orjson.loads(fh.read())
+        op = time.perf_counter() - started
+        extra = {"events": len(doc) if isinstance(doc, list) else len(doc.get("traceEvents", []))}
+    elif task == "pickle":
+        import pickle
+
+        started = time.perf_counter()
+        with open(args[0], "rb") as fh:
+            pickle.load(fh)
+        op = time.perf_counter() - started
+    elif task == "hash":
+        import hashlib
+
+        import xxhash
+
+        out = {}
+        with open(args[0], "rb") as fh:
+            data = fh.read()  # in memory: the hash's own speed, without the disk
+        for name, make in (("xxh3_128", xxhash.xxh3_128), ("blake2b", hashlib.blake2b)):
+            started = time.perf_counter()
+            make().update(data)
+            out[name] = time.perf_counter() - started
+        from memgate.cache import hash_file
+
+        started = time.perf_counter()
+        hash_file(Path(args[0]))  # what a cache lookup pays: read in 8 MiB chunks + xxh3
+        out["file"] = time.perf_counter() - started
+        op = out["xxh3_128"]
+        extra = {"blake2b_s": out["blake2b"], "hash_file_s": out["file"], "bytes": len(data)}
+    else:
+        raise SystemExit(f"unknown child task {task!r}")
+    return {"op_s": op, **extra}
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    name: str
+    op_s: float | None
+    wall_s: float
+    peak_rss: int  # bytes
+    rc: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    stderr: str = ""
+    cpu_s: float = 0.0  # user + system time of the process and the children it waited for
+
+
+# A tiny launcher between this (large) process and each measured one: a child's ru_maxrss also
+# counts the memory of the process it was forked from (Linux keeps the pre-exec high-water mark),
+# so forking from here would add this process's few hundred MiB to every child.
+_LAUNCHER = (
+    "import os,sys,time,subprocess\n"
+    "t=time.perf_counter();p=subprocess.Popen(sys.argv[2:])\n"
+    "_,st,ru=os.wait4(p.pid,0)\n"
+    "open(sys.argv[1],'w').write('%d %d %r %r'%(os.waitstatus_to_exitcode(st),ru.ru_maxrss,time.perf_counter()-t,"
+    "ru.ru_utime+ru.ru_stime))\n"
+)
+
+
+def measure(name: str, command: Sequence[str], *, capture: bool = True, timeout: float = 3600) -> Run:
+    """Run ``command`` in a fresh process; its wall time and its own peak RSS (``wait4`` in a small launcher)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".rusage") as report:
+        proc = subprocess.run([PY, "-I", "-S", "-c", _LAUNCHER, report.name, *command],
+                              stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=timeout, check=False)
+        rc_text, rss_text, wall_text, cpu_text = (report.read().split() + ["1", "0", "0", "0"])[:4]
+    rc, wall, cpu = int(rc_text), float(wall_text), float(cpu_text)
+    extra: dict[str, Any] = {}
+    op = None
+    if capture and rc == 0:
+        try:
+            extra = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+            op = extra.pop("op_s")
+        except (ValueError, IndexError):
+            pass
+    rss = int(rss_text) * (1 if sys.platform == "darwin" else 1024)
+    return Run(name, op, wall, rss, rc, extra, proc.stderr.decode(errors="replace")[-2000:], cpu)
+
+
+def child_cmd(task: str, *args: str | os.PathLike[str]) -> list[str]:
+    return [PY, str(Path(__file__).resolve()), "--child", task, *map(str, args)]
+
+
+def cli_cmd(path: str | os.PathLike[str]) -> list[str]:
+    return [PY, "-m", "memgate", "inspect", "--json", str(path)]
+
+
+def warm_page_cache(paths: Sequence[Path]) -> None:
+    """Read every input once so the first measured process does not pay for the disk."""
+    for root in paths:
+        files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+        for f in files:
+            with open(f, "rb", buffering=0) as fh:
+                while fh.read(16 << 20):
+                    pass
+
+
+@dataclass
+class Line:
+    input: str
+    baseline: str
+    base: Run
+    mine: Run
+    mine_name: str
+    clock: str  # "op" or "wall"
+    target: str
+    limit: float | None  # ratio limit (mine / base), None = report only
+    rss_note: str = ""
+    rss_ok: bool | None = None
+
+    def ratio(self) -> float | None:
+        b, m = self.times()
+        return (m / b) if (b and m is not None) else None
+
+    def times(self) -> tuple[float | None, float | None]:
+        if self.clock == "op":
+            return self.base.op_s, self.mine.op_s
+        return self.base.wall_s, self.mine.wall_s
+
+    def verdict(self) -> str:
+        if self.base.rc != 0 or self.mine.rc != 0:
+            return "ERROR"
+        r = self.ratio()
+        if self.limit is None or r is None:
+            return "-"
+        ok = r <= self.limit and (self.rss_ok is not False)
+        return "PASS" if ok else "MISS"
+
+
+def _mb(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else (f"{x:.2f} s" if x >= 0.1 else f"{x * 1000:.0f} ms")
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "cores": os.cpu_count()}
+    try:
+        cpu = Path("/proc/cpuinfo").read_text()
+        info["cpu"] = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("model name")),
+                           platform.processor())
+        mem = Path("/proc/meminfo").read_text()
+        kb = int(next(line.split()[1] for line in mem.splitlines() if line.startswith("MemTotal")))
+        info["ram"] = f"{kb / 2**20:.1f} GiB"
+        info["loadavg"] = Path("/proc/loadavg").read_text().split()[:3]
+    except (OSError, StopIteration, ValueError):
+        info["cpu"] = platform.processor()
+    import numpy
+    import orjson
+    import pandas
+    import pyarrow
+
+    info.update(pandas=pandas.__version__, pyarrow=pyarrow.__version__, numpy=numpy.__version__,
+                orjson=orjson.__version__)
+    for name in ("ijson", "xxhash", "torch", "memgate"):
+        try:
+            module = __import__(name)
+            info[name] = getattr(module, "__version__", getattr(module, "VERSION", "?"))
+        except ImportError:
+            info[name] = "not installed"
+    return info
+
+
+# ---- the benchmark --------------------------------------------------------------------------------
+
+
+def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = print) -> tuple[list[Line], dict[str, Any]]:
+    inputs = generate.generate(out, scale, only, log=log)
+    warm_page_cache([Path(info["path"]) for info in inputs.values()])
+    lines: list[Line] = []
+    cache_root = generate.scale_dir(out, scale) / "profile-cache"
+    imports = "import memgate.discover, memgate.metrics, memgate.loaders.torch_npu; memgate.discover._load_plugins()"
+    base_rss = measure("import memgate", [PY, "-c", imports])
+    extras: dict[str, Any] = {"import_baseline_rss": base_rss.peak_rss, "import_wall_s": base_rss.wall_s}
+    from memgate.cache import code_fingerprint
+
+    fingerprint = code_fingerprint()
+
+    def lib(item: str, path: str) -> Run:
+        log(f"  memgate lib on {item} ...")
+        return measure(f"memgate {item}", child_cmd("memgate", path))
+
+    def add_cache_line(item: str, path: str) -> None:
+        store = cache_root / item
+        shutil.rmtree(store, ignore_errors=True)
+        log(f"  cache on {item} (cold, then warm) ...")
+        cold = measure("memgate + cache (cold)", child_cmd("memgate-cached", path, store, fingerprint))
+        warm = measure("memgate + cache (warm)", child_cmd("memgate-cached", path, store, fingerprint))
+        lines.append(Line(item, "memgate, 1st run (fills cache)", cold, warm, "2nd run (cache hit)", "op",
+                          "≥10× faster", 0.1))
+
+    if "csv" in inputs:
+        info = inputs["csv"]
+        log("csv ...")
+        base = measure("pandas.read_csv(engine=pyarrow)", child_cmd("pandas-pyarrow", *info["files"]))
+        mine = lib("csv", info["path"])
+        net = mine.peak_rss - base_rss.peak_rss
+        model = mine.extra.get("model_bytes")
+        line = Line("csv", "pandas.read_csv(engine='pyarrow')", base, mine, "memgate inspect (lib)", "op",
+                    "≤1.5× parse; net RSS ≤2× model", 1.5)
+        if model:
+            line.rss_ok = net <= 2 * model
+            line.rss_note = f"net {_mb(net)} vs model {_mb(model)}"
+        lines.append(line)
+        log("  CLI ...")
+        lines.append(Line("csv", "pandas.read_csv (process wall)", base, measure("cli", cli_cmd(info["path"]), capture=False),
+                          "memgate inspect --json (CLI)", "wall", "report", None))
+        add_cache_line("csv", info["path"])
+
+    for item in ("trace_view", "kineto"):
+        if item not in inputs:
+            continue
+        info = inputs[item]
+        file = info.get("file", info["path"])
+        log(f"{item} ...")
+        base = measure("orjson.loads", child_cmd("orjson", file))
+        mine = lib(item, info["path"])
+        line = Line(item, "orjson.loads", base, mine, "memgate inspect (lib)", "op", "≤2× time, ≤25% RSS", 2.0)
+        line.rss_ok = mine.peak_rss <= 0.25 * base.peak_rss
+        line.rss_note = f"{mine.peak_rss / max(base.peak_rss, 1):.0%} of orjson's"
+        lines.append(line)
+        log("  CLI ...")
+        lines.append(Line(item, "orjson.loads (process wall)", base, measure("cli", cli_cmd(info["path"]), capture=False),
+                          "memgate inspect --json (CLI)", "wall", "report", None))
+        add_cache_line(item, info["path"])
+
+    if "snapshot" in inputs:
+        path = inputs["snapshot"]["path"]
+        log("snapshot ...")
+        base = measure("pickle.load", child_cmd("pickle", path))
+        mine = lib("snapshot", path)
+        lines.append(Line("snapshot", "pickle.load (unrestricted)", base, mine, "memgate inspect (lib)", "op",
+                          "≤1.5× unpickling", 1.5))
+        log("  CLI and torch.cuda._memory_viz ...")
+        cli = measure("cli", cli_cmd(path), capture=False)
+        for sub in ("stats", "trace"):
+            viz = measure(f"_memory_viz {sub}", [PY, "-m", "torch.cuda._memory_viz", sub, path], capture=False)
+            lines.append(Line("snapshot", f"python -m torch.cuda._memory_viz {sub}", viz, cli,
+                              "memgate inspect --json (CLI)", "wall", "≥10× faster", 0.1))
+        add_cache_line("snapshot", path)
+
+    if "ranks64" in inputs:
+        root = inputs["ranks64"]["path"]
+        log("ranks64 ...")
+        serial = measure("run_profiles(jobs=1)", child_cmd("memgate-parallel", root, 1))
+        parallel = measure(f"run_profiles(jobs={jobs})", child_cmd("memgate-parallel", root, jobs))
+        lines.append(Line("ranks64", "run_profiles(jobs=1)", serial, parallel, f"run_profiles(jobs={jobs})", "op",
+                          f"≤{1 / (0.8 * jobs):.2f}× (≥{0.8 * jobs:.1f}× speed-up)", 1 / (0.8 * jobs)))
+        add_cache_line("ranks64", root)
+
+    big = inputs.get("trace_view") or inputs.get("kineto")
+    if big:
+        file = big.get("file", big["path"])
+        log("hash speed ...")
+        run = measure("hash", child_cmd("hash", file))
+        extras["hash"] = {**run.extra, "op_s": run.op_s, "file": file}
+    return lines, extras
+
+
+def table(lines: list[Line]) -> list[str]:
+    head = ("input", "baseline", "base time", "memgate", "memgate time", "ratio", "target", "result", "peak RSS base",
+            "peak RSS memgate", "CPU base/memgate", "note")
+    rows = [head]
+    for ln in lines:
+        b, m = ln.times()
+        r = ln.ratio()
+        rows.append((ln.input, ln.baseline, _s(b), ln.mine_name, _s(m), "-" if r is None else f"{r:.2f}×", ln.target,
+                     ln.verdict(), _mb(ln.base.peak_rss), _mb(ln.mine.peak_rss),
+                     f"{ln.base.cpu_s:.1f}/{ln.mine.cpu_s:.1f} s", ln.rss_note))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        print(json.dumps(child(argv[1], argv[2:])))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=generate.DEFAULT_OUT)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--only", default=",".join(generate.ITEMS))
+    parser.add_argument("--jobs", type=int, default=2, help="workers for the parallel 64-rank line")
+    args = parser.parse_args(argv)
+    only = tuple(x for x in args.only.split(",") if x)
+    info = machine()
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+    lines, extras = bench(args.out, args.scale, only, args.jobs, log=lambda s: print(s, flush=True))
+    print()
+    print("\n".join(table(lines)))
+    print(f"\nimport baseline (python + memgate + pandas + pyarrow): peak RSS {_mb(extras['import_baseline_rss'])}, "
+          f"wall {_s(extras['import_wall_s'])}; 'net' RSS = peak - this")
+    if "hash" in extras:
+        h = extras["hash"]
+        print(f"hash of {h['bytes'] / 2**30:.2f} GiB in memory: xxh3_128 {h['op_s']:.2f} s "
+              f"({h['bytes'] / h['op_s'] / 2**30:.1f} GiB/s), blake2b {h['blake2b_s']:.2f} s "
+              f"({h['bytes'] / h['blake2b_s'] / 2**30:.1f} GiB/s); memgate.cache.hash_file (read + xxh3) "
+              f"{h['hash_file_s']:.2f} s")
+    errors = [ln for ln in lines if ln.verdict() == "ERROR"]
+    for ln in errors:
+        for run in (ln.base, ln.mine):
+            if run.rc != 0:
+                print(f"ERROR {ln.input} {run.name}: rc={run.rc}: {run.stderr.strip().splitlines()[-1:] or ''}")
+    results = {"machine": info, "scale": args.scale, "extras": extras, "lines": [
+        {"input": ln.input, "baseline": ln.baseline, "memgate": ln.mine_name, "clock": ln.clock,
+         "base": vars(ln.base), "mine": vars(ln.mine), "ratio": ln.ratio(), "target": ln.target,
+         "result": ln.verdict(), "rss_note": ln.rss_note} for ln in lines]}
+    path = args.out / f"results-scale-{args.scale:g}.json"
+    path.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nraw results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
