@@ -119,8 +119,13 @@ def _report_errors(results: list[ProfileResult]) -> list[dict[str, Any]]:
     return [r.error_entry() for r in results if r.error is not None]
 
 
-def _first_error_line(results: list[ProfileResult]) -> str | None:
-    return next((r.error.one_line() for r in results if r.error is not None), None)
+def _exit_status(results: list[ProfileResult]) -> int:
+    """2 with the first bad profile's one-line error on stderr, else 0."""
+    error = next((r.error.one_line() for r in results if r.error is not None), None)
+    if error is not None:
+        print(f"memgate: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -135,11 +140,7 @@ def _inspect(args: argparse.Namespace) -> int:
     else:
         for entry in entries:
             print("\n".join(inspect_text(entry)))
-    error = _first_error_line(results)
-    if error is not None:
-        print(f"memgate: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return EXIT_OK
+    return _exit_status(results)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -182,11 +183,7 @@ def _validate(args: argparse.Namespace) -> int:
     for r in results:
         status = "ok" if r.error is None else f"INVALID: {r.error.one_line()}"
         print(f"{r.path} [{r.format}]: {status}")
-    error = _first_error_line(results)
-    if error is not None:
-        print(f"memgate: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return EXIT_OK
+    return _exit_status(results)
 
 
 def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
@@ -276,11 +273,7 @@ def _report(args: argparse.Namespace) -> int:
         by_path = {e["path"]: e for e in entries}
         write_curve_image(profiles[0], by_path[profiles[0].path], Path(args.image), outcomes=outcomes)
         print(f"memgate: curves of {profiles[0].path} written to {args.image}")
-    error = _first_error_line(results)
-    if error is not None:
-        print(f"memgate: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return EXIT_OK
+    return _exit_status(results)
 
 
 if __name__ == "__main__":  # pragma: no cover
