@@ -493,7 +493,7 @@ def render_html(
     """The whole page as a string.
 
     ``entries``: :func:`memgate.report.profile_entry` dicts; ``outcomes``: budget outcome dicts
-    (:func:`memgate.report.outcome_entry`, or the error rows of :func:`memgate.session.judge_all`);
+    (:func:`memgate.report.outcome_entry`, or the error rows of :func:`memgate.session.error_outcome`);
     ``profiles``: the normalized profiles, matched to entries by ``path``, for the curves (without
     them the page has every table but no chart); ``max_points``: samples drawn per curve at most
     (+1 for the peak); ``errors``: profiles that failed to load (``{"profile", "error"}``).
