@@ -185,7 +185,8 @@ def measure(name: str, command: Sequence[str], *, capture: bool = True, timeout:
     with tempfile.NamedTemporaryFile("r", suffix=".rusage") as report:
         proc = subprocess.run([PY, "-I", "-S", "-c", _LAUNCHER, report.name, *command],
                               stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=timeout, check=False)
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=timeout, check=False,
+                              cwd=tempfile.gettempdir())  # `python -m memgate` must not import ./memgate first
         rc_text, rss_text, wall_text, cpu_text = (report.read().split() + ["1", "0", "0", "0"])[:4]
     rc, wall, cpu = int(rc_text), float(wall_text), float(cpu_text)
     extra: dict[str, Any] = {}
