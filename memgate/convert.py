@@ -42,6 +42,32 @@ def ns_text_to_ns(col: pa.ChunkedArray | pa.Array) -> pd.Series:
 
 
 def _decimal_text_to_int(col: pa.ChunkedArray | pa.Array, decimals: int) -> pd.Series:
+    fast = _decimal_cast(col, decimals)
+    if fast is not None:
+        return fast
+    return _decimal_text_to_int_regex(col, decimals)
+
+
+_PLAIN = {d: rf"^[0-9]+(\.[0-9]{{1,{d}}})?\t?$" if d else r"^[0-9]+\t?$" for d in (0, 3)}
+
+
+def _decimal_cast(col: pa.ChunkedArray | pa.Array, decimals: int) -> pd.Series | None:
+    """The common case in C: every cell is plain digits with at most ``decimals`` decimals (and
+    torch_npu's TAB); Arrow's string→decimal cast parses them exactly, ~5x faster than the regex
+    extraction. None (use the general path, which also locates errors) for anything else.
+    """
+    pattern = _PLAIN.get(decimals)
+    if pattern is None or pc.any(pc.invert(pc.fill_null(pc.match_substring_regex(col, pattern), True))).as_py():
+        return None
+    try:
+        exact = pc.cast(pc.utf8_rtrim(col, "\t"), pa.decimal128(22, decimals))
+        scaled = pc.multiply_checked(exact, pa.scalar(10**decimals, pa.decimal128(4, 0))) if decimals else exact
+        return _int64_series(pc.cast(scaled, pa.int64()))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # past int64: the general path names the row
+        return None
+
+
+def _decimal_text_to_int_regex(col: pa.ChunkedArray | pa.Array, decimals: int) -> pd.Series:
     parts = pc.extract_regex(col, _TIME)
     integer = pc.struct_field(parts, "int")
     scale = 10**decimals
@@ -89,7 +115,14 @@ def int_text(col: pa.ChunkedArray | pa.Array) -> pd.Series:
 
 
 def text(col: pa.ChunkedArray | pa.Array) -> pd.Series:
-    return pd.Series(col.to_pylist(), dtype="string")
+    """Text cells as a pandas ``string`` Series, converted in C (no Python str per cell)."""
+    mapper = {pa.string(): pd.StringDtype(), pa.large_string(): pd.StringDtype()}.get
+    return pd.Series(col.to_pandas(types_mapper=mapper), dtype="string")
+
+
+def device_labels(col: pa.ChunkedArray | pa.Array) -> pd.Series:
+    """``NPU:0`` → ``npu:0`` for a whole column (what ``torch_npu.device_label`` does to one cell)."""
+    return text(pc.utf8_lower(pc.utf8_trim_whitespace(col)))
 
 
 def _int64_series(values: pa.ChunkedArray | pa.Array) -> pd.Series:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import combinations
 from typing import Any
 
 import numpy as np
@@ -237,14 +237,107 @@ def _step_growth(
     return theil_sen(list(map(int, xs)), list(map(int, ys))), None
 
 
+_PAIR_CHUNK = 1 << 22  # pairs per numpy pass: bounded memory whatever the number of steps
+_BINS = 1 << 16
+_EXACT_LIMIT = 1 << 16  # candidates ordered exactly at the end
+
+
 def theil_sen(xs: list[int], ys: list[int]) -> int | float:
-    """Median of pairwise slopes, exact; an int when the median is a whole number."""
-    slopes = sorted(Fraction(y2 - y1, x2 - x1) for (x1, y1), (x2, y2) in combinations(zip(xs, ys), 2) if x2 != x1)
-    n = len(slopes)
-    if n == 0:
+    """Median of pairwise slopes, exact; an int when the median is a whole number.
+
+    The n(n-1)/2 slopes are never all held at once (thousands of steps give tens of millions): the
+    median is selected by histogram passes over chunks of pairs on the float slopes, and the last
+    few candidates, widened by a margin far above float rounding, are ordered exactly as reduced
+    fractions (equal slopes are counted, not sorted one by one).
+    """
+    x = np.asarray(xs, dtype=np.int64)
+    y = np.asarray(ys, dtype=np.int64)
+    m, lo, hi = 0, np.inf, -np.inf
+    for _, _, f in _slopes(x, y):
+        m += len(f)
+        if len(f):
+            lo, hi = min(lo, float(f.min())), max(hi, float(f.max()))
+    if m == 0:
         return 0
-    median = slopes[n // 2] if n % 2 else (slopes[n // 2 - 1] + slopes[n // 2]) / 2
+    ranks = [m // 2] if m % 2 else [m // 2 - 1, m // 2]
+    picked = [_select(x, y, k, lo, hi) for k in ranks]
+    median = picked[0] if m % 2 else (picked[0] + picked[1]) / 2
     return int(median) if median.denominator == 1 else float(median)
+
+
+def _slopes(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(dy, dx > 0, dy / dx) of every pair with distinct x, a chunk of rows at a time."""
+    n = len(x)
+    counts = np.arange(n - 1, -1, -1, dtype=np.int64)  # pairs (i, j > i) of row i
+    ends = np.cumsum(counts)
+    row = 0
+    while row < n - 1:
+        stop = max(row + 1, int(np.searchsorted(ends, ends[row] - counts[row] + _PAIR_CHUNK, side="right")))
+        stop = min(stop, n)
+        rows = np.arange(row, stop, dtype=np.int64)
+        c = counts[row:stop]
+        total = int(c.sum())
+        i = np.repeat(rows, c)
+        j = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c) + np.repeat(rows + 1, c)
+        dx, dy = x[j] - x[i], y[j] - y[i]
+        keep = dx != 0
+        dx, dy = dx[keep], dy[keep]
+        sign = np.sign(dx)
+        dx, dy = dx * sign, dy * sign
+        yield dy, dx, dy / dx
+        row = stop
+
+
+def _select(x: np.ndarray, y: np.ndarray, k: int, lo: float, hi: float) -> Fraction:
+    """The exact k-th smallest slope (0-based), knowing every float slope lies in [lo, hi].
+
+    Each pass counts the slopes below ``lo`` and bins those in [lo, hi]; binning is monotone in
+    the slope, so the k-th lies in the bin where the counts reach k, and the next window is that
+    bin and its two neighbours (a margin far above any rounding at the bin edges).
+    """
+    # distinct slopes p/q (0 < q <= the x span) differ by at least 1/span**2: a window narrower than
+    # that holds a single exact value, up to float rounding
+    span = int(x.max() - x.min())
+    floor = 0.25 / float(span) ** 2
+    while hi - lo > max(max(abs(lo), abs(hi)) * 1e-9, floor):
+        width = hi - lo
+        below = 0
+        hist = np.zeros(_BINS, dtype=np.int64)
+        for _, _, f in _slopes(x, y):
+            below += int(np.count_nonzero(f < lo))
+            inside = f[(f >= lo) & (f <= hi)]
+            hist += np.bincount(np.minimum(((inside - lo) / width * _BINS).astype(np.int64), _BINS - 1),
+                                minlength=_BINS)
+        b = int(np.searchsorted(np.cumsum(hist), k - below, side="right"))
+        first, last = max(b - 1, 0), min(b + 1, _BINS - 1)
+        lo, hi = lo + width * first / _BINS, lo + width * (last + 1) / _BINS
+        if int(hist[first:last + 1].sum()) <= _EXACT_LIMIT or hi - lo >= width:
+            break
+    # exact: every slope within a margin of [lo, hi], as reduced fractions with multiplicities
+    tol = max(abs(lo), abs(hi)) * 1e-9 + 1e-300
+    counted: dict[tuple[int, int], int] = {}
+    exact_below = 0
+    for dy, dx, f in _slopes(x, y):
+        exact_below += int(np.count_nonzero(f < lo - tol))
+        near = (f >= lo - tol) & (f <= hi + tol)
+        num, den = dy[near], dx[near]
+        if not len(num):
+            continue
+        g = np.gcd(num, den)
+        num, den = num // g, den // g
+        if (num == num[0]).all() and (den == den[0]).all():  # one slope many times (a steady leak): no sort
+            pairs, mult = [(int(num[0]), int(den[0]))], [len(num)]
+        else:
+            unique, counts = np.unique(np.stack([num, den], axis=1), axis=0, return_counts=True)
+            pairs, mult = [tuple(pq) for pq in unique.tolist()], counts.tolist()
+        for (p, q), c in zip(pairs, mult):
+            counted[(p, q)] = counted.get((p, q), 0) + c
+    rank = k - exact_below
+    for (p, q) in sorted(counted, key=lambda pq: Fraction(pq[0], pq[1])):
+        rank -= counted[(p, q)]
+        if rank < 0:
+            return Fraction(p, q)
+    raise AssertionError("median slope not found")  # pragma: no cover - the counts cover rank k
 
 
 def _leaked(

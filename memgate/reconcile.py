@@ -124,26 +124,48 @@ def _reconcile_blocks(component: str, blocks: pd.DataFrame) -> tuple[ComponentFa
 
 
 def _sum_check(device: DeviceModel, total: str, parts: tuple[str, ...]) -> float | None:
-    """Share of ``total`` rows equal to the sum of each part's latest value at that time."""
+    """Share of ``total`` rows equal to the sum of each part's latest value at that time.
+
+    Compared at the end of each instant: rows sharing a timestamp are written in an order the
+    per-component frames no longer hold, so their intermediate sums are not comparable. Vectorized:
+    each part's value at a time is its last non-null sample at or before it (searchsorted).
+    """
     if total not in device.series or not any(p in device.series for p in parts):
         return None
-    frames = []
-    for part in parts:
-        if part in device.series:
-            f = device.series[part].frame[["t_ns", "allocated"]].copy()
-            f["part"] = part
-            frames.append(f)
-    merged = pd.concat(frames, ignore_index=True)
-    merged = merged.reset_index().sort_values(["t_ns", "index"], kind="stable")
-    latest = merged.pivot_table(index="index", columns="part", values="allocated", aggfunc="first")
-    latest = latest.reindex(merged["index"]).ffill().fillna(0)
-    running = pd.DataFrame({"t_ns": merged["t_ns"].to_numpy(), "sum": latest.sum(axis=1).to_numpy()})
-    running = running.groupby("t_ns").last()
-    # Compare the state at the end of each instant: rows sharing a timestamp are written in an
-    # order the per-component frames no longer hold, so their intermediate sums are not comparable.
-    target = device.series[total].frame[["t_ns", "allocated"]].groupby("t_ns", sort=True).last()
-    if len(target) == 0:
+    target = device.series[total].frame
+    timed = target["t_ns"].notna().to_numpy()
+    if not timed.any():
         return None
-    expected = running["sum"].reindex(target.index.to_numpy(), method="ffill")
-    agree = np.asarray(expected.to_numpy(dtype=float) == target["allocated"].to_numpy(dtype=float))
+    # the total at the end of each instant: its last non-null value per timestamp (null if none)
+    target_t = target["t_ns"].to_numpy(dtype=np.int64, na_value=0)[timed]
+    target_v = target["allocated"].to_numpy(dtype=np.float64, na_value=np.nan)[timed]
+    t_inst = np.unique(target_t)
+    valid = ~np.isnan(target_v)
+    o = np.lexsort((np.arange(len(target_t))[valid], target_t[valid]))
+    tv, vv = target_t[valid][o], target_v[valid][o]
+    ends = np.r_[tv[1:] != tv[:-1], True] if len(tv) else np.zeros(0, dtype=bool)
+    total_alloc = np.full(len(t_inst), np.nan)
+    total_alloc[np.searchsorted(t_inst, tv[ends])] = vv[ends]
+    expected = np.zeros(len(t_inst), dtype=np.float64)
+    seen = np.zeros(len(t_inst), dtype=bool)
+    for part in parts:
+        if part not in device.series:
+            continue
+        frame = device.series[part].frame
+        values = frame["allocated"]
+        has_t = frame["t_ns"].notna().to_numpy()
+        keep = values.notna().to_numpy() & has_t
+        t_part = frame["t_ns"].to_numpy(dtype=np.int64, na_value=0)[keep]
+        v_part = values.to_numpy(dtype=np.float64, na_value=np.nan)[keep]
+        o = np.argsort(t_part, kind="stable")
+        t_part, v_part = t_part[o], v_part[o]
+        at = np.searchsorted(t_part, t_inst, side="right") - 1  # the last sample at or before each instant
+        has = at >= 0
+        expected[has] += v_part[at[has]]
+        seen |= has
+        # a part whose only samples at an instant are null still counts as present (pivot/ffill kept the row)
+        t_any = np.sort(frame["t_ns"].to_numpy(dtype=np.int64, na_value=0)[has_t])
+        seen |= np.searchsorted(t_any, t_inst, side="right") > 0
+    expected[~seen] = np.nan
+    agree = expected == total_alloc
     return float(agree.mean())

@@ -11,6 +11,7 @@ the load can take; the cap has an override for legitimately huge snapshots.
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import pickle
@@ -39,6 +40,20 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         raise RefusedClass(f"persistent id {pid!r}"[:120])
+
+
+def _unpickle(stream: io.BytesIO) -> Any:
+    """Unpickle with the cyclic GC paused: a snapshot is millions of small dicts and lists, and
+    each GC generation pass over them while they are created costs more than the unpickling
+    (1M trace entries: 1.29 s with GC, 0.56 s without). Collection is only delayed, never skipped.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _PlainDataUnpickler(stream).load()
+    finally:
+        if paused:
+            gc.enable()
 
 
 def max_bytes_default() -> int:
@@ -82,7 +97,7 @@ def load(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> Any:
                          expected=f"a binary pickle (protocol 2..{HIGHEST_PROTOCOL}, first byte 0x80)", found=found)
     stream = io.BytesIO(data)
     try:
-        value = _PlainDataUnpickler(stream).load()
+        value = _unpickle(stream)
     except RefusedClass as exc:
         raise InputError(
             f"refused to load {exc.what!r}: the pickle references code, and memgate never runs code from a "

@@ -226,7 +226,7 @@ def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
     _require_when(table, "Component", lambda c: pc.equal(c, "APP"), ("Total Reserved(MB)",))
     frame = pd.DataFrame(
         {
-            "device": convert.text(table.column("Device Type")).map(device_label),
+            "device": convert.device_labels(table.column("Device Type")),
             "component": convert.text(table.column("Component")),
             "t_ns": table.ns_from_us("Timestamp(us)"),
             "allocated": table.bytes("Total Allocated(MB)", MIB),
@@ -319,7 +319,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
             "alloc_total": table.bytes("Allocation Total Allocated(MB)", MIB),
         }
     )[list(BLOCK_COLUMNS)]
-    devices = convert.text(table.column("Device Type")).map(device_label)
+    devices = convert.device_labels(table.column("Device Type"))
     return [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices, sort=True)]
 
 
@@ -328,7 +328,7 @@ def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.npu_module_mem"))
     frame = pd.DataFrame(
         {
-            "device": convert.text(table.column("Device")).map(device_label),
+            "device": convert.device_labels(table.column("Device")),
             "component": convert.text(table.column("Component")),
             "t_ns": table.ns_from_us("Timestamp(us)"),
             "allocated": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
