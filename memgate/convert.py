@@ -121,9 +121,14 @@ def text(col: pa.ChunkedArray | pa.Array) -> pd.Series:
 
 
 def device_labels(col: pa.ChunkedArray | pa.Array) -> pd.Series:
-    """``NPU:0`` → ``npu:0`` for a whole column (what ``torch_npu.device_label`` does to one cell)."""
+    """``NPU:0`` → ``npu:0`` for a whole column (stripped, lower-case)."""
     return text(pc.utf8_lower(pc.utf8_trim_whitespace(col)))
 
 
 def _int64_series(values: pa.ChunkedArray | pa.Array) -> pd.Series:
     return pd.Series(values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get), dtype="Int64")
+
+
+def na_to_null(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``N/A`` (MindSpore, msMemScope) is a missing value: null before any number is parsed."""
+    return pc.if_else(pc.equal(col, "N/A"), pa.scalar(None, pa.string()), col)

@@ -42,6 +42,15 @@ def typed_blocks(frame: pd.DataFrame) -> pd.DataFrame:
     return out[list(BLOCK_COLUMNS)]
 
 
+def split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(device, component, SERIES_COLUMNS frame in time order) for each pair in a long frame."""
+    out = []
+    for (device, component), group in frame.groupby(["device", "component"], sort=True):
+        series = group[list(SERIES_COLUMNS)].sort_values("t_ns", kind="stable")
+        out.append((str(device), str(component), series.reset_index(drop=True).astype("Int64")))
+    return out
+
+
 def empty_steps() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([], dtype="Int64") for c in STEP_COLUMNS})
 

@@ -37,7 +37,16 @@ import pandas as pd
 from memgate import discover
 from memgate.errors import InputError
 from memgate.loaders.msmemscope import pair_events, take
-from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps, typed_blocks
+from memgate.model import (
+    BLOCK_COLUMNS,
+    DeviceModel,
+    Profile,
+    Series,
+    empty_blocks,
+    empty_steps,
+    split_series,
+    typed_blocks,
+)
 from memgate.schemas import load_schema
 from memgate.sqlitetable import (
     INVALID_ID,
@@ -188,14 +197,6 @@ def _check_devices(db: Database, table: str) -> None:
                          file=db.path, column=f"{table}.deviceId", expected="a device id", found=str(INVALID_ID))
 
 
-def _split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    out = []
-    for (device, component), group in frame.groupby(["device", "component"], sort=True):
-        series = group[["t_ns", "allocated", "reserved", "active"]].sort_values("t_ns", kind="stable")
-        out.append((str(device), str(component), series.reset_index(drop=True).astype("Int64")))
-    return out
-
-
 def _names(db: Database, ids: pd.Series) -> pd.Series:
     """STRING_IDS ids → text (NA for NULL and the invalid-id marker; validate_table checked the rest)."""
     strings = dict(db.query("SELECT id, value FROM STRING_IDS", table="STRING_IDS"))
@@ -224,7 +225,7 @@ def read_memory_record(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
     frame["component"] = _names(db, frame["component"])
     _string_ref_missing(db, "MEMORY_RECORD", "component", frame, "component", "component id is the invalid-id marker")
     frame["device"] = _device_labels(frame["device_id"])
-    return _split_series(frame)
+    return split_series(frame)
 
 
 def read_op_memory(db: Database) -> list[tuple[str, pd.DataFrame]]:
@@ -317,7 +318,7 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, pd.DataFrame]], list[
         "allocated": frame["allocated"], "reserved": frame["reserved"],
         "active": pd.Series(pd.NA, index=frame.index, dtype="Int64"),
     })
-    return by_device, _split_series(series_frame)
+    return by_device, split_series(series_frame)
 
 
 def read_npu_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
@@ -343,7 +344,7 @@ def read_npu_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
             "allocated": pd.Series(pd.NA, index=frame.index, dtype="Int64"), "reserved": values,
             "active": pd.Series(pd.NA, index=frame.index, dtype="Int64"),
         }))
-    result = _split_series(pd.concat(parts, ignore_index=True))
+    result = split_series(pd.concat(parts, ignore_index=True))
     # APP = the whole process's device memory (ddr + hbm), as memory_record.csv's APP rows.
     result += [(d, "APP", f) for d, c, f in result if c == "NPU MEM APP/Memory"]
     return result
@@ -362,7 +363,7 @@ def read_npu_module_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
     frame["device"] = _device_labels(frame["device_id"])
     frame["allocated"] = pd.Series(pd.NA, index=frame.index, dtype="Int64")
     frame["active"] = pd.Series(pd.NA, index=frame.index, dtype="Int64")
-    return _split_series(frame)
+    return split_series(frame)
 
 
 def read_step_time(db: Database) -> pd.DataFrame:

@@ -41,8 +41,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from memgate import convert, discover
 from memgate.csvtable import CsvTable, read_header
@@ -242,11 +240,6 @@ def _find_tracker_ops(profile_dir: Path) -> Path | None:
 # ---- the files -----------------------------------------------------------------------------------
 
 
-def na_to_null(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """MindSpore's ``N/A`` is a missing value: null before any number is parsed."""
-    return pc.if_else(pc.equal(col, "N/A"), pa.scalar(None, pa.string()), col)
-
-
 def _split(frame: pd.DataFrame, key: str) -> list[tuple[str, pd.DataFrame]]:
     out = []
     for name, group in frame.groupby(key, sort=True):
@@ -286,8 +279,8 @@ def read_operator_memory(path: Path, parts: _Parts | None = None) -> pd.DataFram
     """Blocks of MindSpore's allocator; ``N/A`` = missing (not freed, no active columns)."""
     table = read_csv(path, load_schema("mindspore.operator_memory"))
     size = table.bytes("Size(KB)", KIB)
-    alloc = convert.us_text_to_ns(na_to_null(table.column("Allocation Time(us)")))
-    release = convert.us_text_to_ns(na_to_null(table.column("Release Time(us)")))
+    alloc = convert.us_text_to_ns(convert.na_to_null(table.column("Allocation Time(us)")))
+    release = convert.us_text_to_ns(convert.na_to_null(table.column("Release Time(us)")))
     release_only = (size < 0).to_numpy(dtype=bool)
     missing_alloc = alloc.isna().to_numpy(dtype=bool)
     bad = np.flatnonzero(release_only == ~missing_alloc)
@@ -314,10 +307,10 @@ def read_operator_memory(path: Path, parts: _Parts | None = None) -> pd.DataFram
             "t_alloc": alloc,
             "t_free": release,
             "op": convert.text(table.column("Name")),
-            "stream": convert.text(na_to_null(table.column("Stream Ptr"))),
+            "stream": convert.text(convert.na_to_null(table.column("Stream Ptr"))),
             "owner": pd.Series(pd.NA, index=range(table.num_rows), dtype="string"),
             "component": pd.Series(MS_COMPONENT, index=range(table.num_rows), dtype="string"),
-            "alloc_total": convert.unit_text_to_bytes(na_to_null(table.column("Allocation Total Allocated(MB)")), MIB),
+            "alloc_total": convert.unit_text_to_bytes(convert.na_to_null(table.column("Allocation Total Allocated(MB)")), MIB),
         }
     )
     return blocks[list(BLOCK_COLUMNS)]

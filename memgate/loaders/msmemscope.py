@@ -52,7 +52,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
+from memgate import convert, discover
 from memgate.csvtable import describe, re2_pattern
 from memgate.errors import InputError
 from memgate.limits import check_rows, read_csv
@@ -238,13 +238,9 @@ def _np_bool(mask: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _na_to_null(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.if_else(pc.equal(col, "N/A"), pa.scalar(None, pa.string()), col)
-
-
 def _int_or(col: pa.ChunkedArray, missing: int) -> np.ndarray:
     """Decimal text (already pattern-checked) → int64, ``missing`` where null / N/A."""
-    values = pc.cast(_na_to_null(col), pa.int64())
+    values = pc.cast(convert.na_to_null(col), pa.int64())
     return np.asarray(pc.fill_null(values, missing).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
@@ -464,7 +460,7 @@ def build_profile(rows: Rows) -> Profile:
                          found=repr(rows.col("Attr")[row].as_py()))
     m_pool = _strings(sub.take(take_mem))
     m_comp = m_pool.map(POOL_COMPONENTS).fillna(m_pool).astype("string")
-    ptr_text = _strings(_na_to_null(rows.col("Ptr")).take(take_mem)).fillna(attr.addr)
+    ptr_text = _strings(convert.na_to_null(rows.col("Ptr")).take(take_mem)).fillna(attr.addr)
     if ptr_text.isna().any():
         row = int(mem_idx[np.flatnonzero(ptr_text.isna().to_numpy())[0]])
         raise rows.error(row, "MALLOC/FREE row without an address", "Ptr", expected="0x-hex or decimal", found="N/A")
@@ -486,7 +482,7 @@ def build_profile(rows: Rows) -> Profile:
                      "never freed")
 
     # Device of each memory row: its own, else (FREE rows with N/A) its MALLOC's, else the process's only one.
-    m_dev = _strings(_na_to_null(rows.col("Device Id")).take(take_mem))
+    m_dev = _strings(convert.na_to_null(rows.col("Device Id")).take(take_mem))
     a, f = pairs.alloc_rows, pairs.free_rows
     both = (a >= 0) & (f >= 0)
     from_malloc = pd.Series(pd.NA, index=range(len(m_dev)), dtype="string")
@@ -590,7 +586,7 @@ def _span_inputs(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: 
     delta = starts.astype(np.int64) - ends.astype(np.int64)
     tid = _int_or(rows.col("Thread Id"), -1)
     group = np.unique(np.stack([pid, tid], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
-    names = _strings(_na_to_null(rows.col("Name")))
+    names = _strings(convert.na_to_null(rows.col("Name")))
     return group, t_ns, seq, delta, names, target
 
 
@@ -608,7 +604,7 @@ def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np
         row = int(step_idx[np.flatnonzero(bad)[0]])
         raise rows.error(row, "STEP row without a step number", "Name", expected="the step number",
                          found=repr(rows.col("Name")[row].as_py()))
-    device = _strings(_na_to_null(rows.col("Device Id"))).fillna("N/A")
+    device = _strings(convert.na_to_null(rows.col("Device Id"))).fillna("N/A")
     # Int64 throughout: a float64 detour (NaN from shift) would round ns timestamps.
     frame = pd.DataFrame({"pid": pid, "device": device, "t": pd.array(t_ns, dtype="Int64"), "seq": seq})
     stops = frame[system & _np_bool(pc.equal(sub, "STOP_TRACE"))]

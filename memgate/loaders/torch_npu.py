@@ -29,6 +29,7 @@ from memgate.model import (
     empty_blocks,
     empty_series,
     empty_steps,
+    split_series,
 )
 from memgate.schemas import load_schema
 
@@ -57,11 +58,6 @@ def is_profile_dir(path: Path) -> bool:
         return True
     # A *_ascend_pt run without memory data (profile_memory=False, or never exported): load() says so.
     return path.name.endswith("_ascend_pt") and ((path / OUTPUT_DIR).is_dir() or any(path.glob("profiler_info*.json")))
-
-
-def device_label(text: str) -> str:
-    """``NPU:0`` → ``npu:0``."""
-    return text.strip().lower()
 
 
 def load(profile_dir: Path) -> Profile:
@@ -236,7 +232,7 @@ def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
     )
     _no_negative(table, frame, {"allocated": "Total Allocated(MB)", "reserved": "Total Reserved(MB)",
                                 "active": "Total Active(MB)"})
-    return _split_series(frame)
+    return split_series(frame)
 
 
 def _no_negative(table: CsvTable, frame: pd.DataFrame, columns: dict[str, str]) -> None:
@@ -247,14 +243,6 @@ def _no_negative(table: CsvTable, frame: pd.DataFrame, columns: dict[str, str]) 
             row = int(below.nonzero()[0][0])
             raise InputError("a memory total below 0", file=table.path, line=table.line_of(row), column=column,
                              expected="a size >= 0", found=repr(table.column(column)[row].as_py()))
-
-
-def _split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    result = []
-    for (device, component), group in frame.groupby(["device", "component"], sort=True):
-        series = group[["t_ns", "allocated", "reserved", "active"]].sort_values("t_ns", kind="stable")
-        result.append((str(device), str(component), series.reset_index(drop=True)))
-    return result
 
 
 def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str, ...]) -> None:
@@ -336,7 +324,7 @@ def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
             "active": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
     )
-    return _split_series(frame)
+    return split_series(frame)
 
 
 @_file_errors
