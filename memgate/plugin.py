@@ -51,6 +51,7 @@ from memgate.report import (
     write_json_atomic,
     write_text_atomic,
 )
+from memgate.session import error_outcome
 
 # option dest → (ini name, ini type, help); every option has an ini twin of the same name.
 OPTIONS: dict[str, tuple[str, str, str]] = {
@@ -553,11 +554,8 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
         found = item.found
         payload["error"] = {"item": item.nodeid, "profile": str(found.path) if found else item.name, "error": error}
         if isinstance(item, MemgateItem):
-            payload["outcomes"] = [{
-                "profile": str(item.found.path) if item.found else "", "rank": "?", "budget": item.budget.name,
-                "metric": item.metric, "limit": item.budget.limits.get(item.metric, item.budget.op_caps.get(item.metric[8:-1], 0)),
-                "value": None, "passed": None, "device": None, "message": error, "error": error,
-            }]
+            path = str(item.found.path) if item.found else ""
+            payload["outcomes"] = [error_outcome(None, path, item.budget, item.metric, call.excinfo.value)]
     found = getattr(item, "found", None)
     if state.settings.wants_profiles and found is not None and call.when == "call":
         key = str(found.path)
