@@ -83,8 +83,8 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
     elif task == "memgate-cached":
         from memgate import cache as cache_mod
         from memgate import discover as disc
-        from memgate.cache import ProfileCache, load_cached
-        from memgate.metrics import profile_metrics
+        from memgate.cache import ProfileCache
+        from memgate.session import process_profile
 
         # the cold and the warm run use one code fingerprint: memgate's source may be edited between them
         cache_mod.code_fingerprint = lambda: args[2]  # type: ignore[assignment]
@@ -92,8 +92,9 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
         store = ProfileCache(args[1])
         started = time.perf_counter()
         n = 0
-        for found in disc.discover(args[0]):
-            profile_metrics(load_cached(found, store))
+        for found in disc.discover(args[0]):  # what `memgate inspect --cache-dir` does per profile
+            result = process_profile(found, cache=store)
+            assert result.error is None, result.error
             n += 1
         op = time.perf_counter() - started
         extra = {"profiles": n}

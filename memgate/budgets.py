@@ -5,15 +5,16 @@ from __future__ import annotations
 import fnmatch
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jsonschema
 
 from memgate.errors import ConfigError, NotMeasurable
 from memgate.metrics import DeviceMetrics, profile_metrics
-from memgate.model import Profile
+from memgate.model import Profile, ProfileInfo
 from memgate.schemas import load_schema
 from memgate.sizes import format_size, parse_size
 
@@ -191,23 +192,53 @@ class Outcome:
         return "\n".join(lines)
 
 
-class MetricCache:
-    """Device metrics of one profile per (component, warmup_steps), computed once."""
+class MetricStore(Protocol):
+    """Where results of an earlier run are kept (:class:`memgate.cache.ResultStore`)."""
 
-    def __init__(self, profile: Profile) -> None:
-        self.profile = profile
+    def get(self, component: str | None, warmup_steps: int) -> list[DeviceMetrics] | None: ...
+
+    def put(self, component: str | None, warmup_steps: int, metrics: list[DeviceMetrics]) -> None: ...
+
+
+class MetricCache:
+    """Device metrics of one profile per (component, warmup_steps), computed once.
+
+    Built from a loaded ``profile``, or from a profile's ``info`` and a ``load`` that loads it only
+    when a result is not in ``store`` (a warm run judges without reading the profile's frames).
+    """
+
+    def __init__(self, profile: Profile | None = None, *, info: ProfileInfo | None = None,
+                 load: Callable[[], Profile] | None = None, store: MetricStore | None = None) -> None:
+        if profile is None and (info is None or load is None):
+            raise TypeError("MetricCache needs a profile, or its info and a load")
+        self._profile = profile
+        self._load = load
+        self.info = info if info is not None else ProfileInfo.of(profile)  # type: ignore[arg-type]
+        self._store = store
         self._cache: dict[tuple[str | None, int], list[DeviceMetrics]] = {}
+
+    @property
+    def profile(self) -> Profile:
+        if self._profile is None:
+            assert self._load is not None
+            self._profile = self._load()
+        return self._profile
 
     def get(self, component: str | None, warmup_steps: int) -> list[DeviceMetrics]:
         key = (component, warmup_steps)
         if key not in self._cache:
-            self._cache[key] = profile_metrics(self.profile, component=component, warmup_steps=warmup_steps)
+            stored = self._store.get(component, warmup_steps) if self._store is not None else None
+            if stored is None:
+                stored = profile_metrics(self.profile, component=component, warmup_steps=warmup_steps)
+                if self._store is not None:
+                    self._store.put(component, warmup_steps, stored)
+            self._cache[key] = stored
         return self._cache[key]
 
 
 def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     """Judge one (profile, budget, metric); raise NotMeasurable when the profile lacks the data."""
-    profile = cache.profile
+    profile = cache.info
     devices = [m for m in cache.get(budget.component, budget.warmup_steps)
                if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
     if not devices:
@@ -274,7 +305,7 @@ def verdict_line(metric: str, kind: str, value: float, limit: float, where: str)
     return f"{head} — {where}"
 
 
-def source_lines(metrics: DeviceMetrics, profile: Profile) -> str:
+def source_lines(metrics: DeviceMetrics, profile: ProfileInfo) -> str:
     lines = []
     if metrics.component:
         lines.append(f"series: {metrics.component} from {metrics.source}")

@@ -39,9 +39,11 @@ import pandas as pd
 import pyarrow as pa
 
 from memgate import __version__
+from memgate.budgets import MetricCache
 from memgate.discover import Found, load
 from memgate.errors import ConfigError
-from memgate.model import DeviceModel, Profile, Series
+from memgate.metrics import DeviceMetrics
+from memgate.model import DeviceModel, Profile, ProfileInfo, Series
 
 try:  # xxh3 hashes at memory speed; blake2b is the standard-library fallback (~1 GB/s)
     import xxhash
@@ -52,7 +54,7 @@ except ModuleNotFoundError:  # pragma: no cover - xxhash is a dependency
     HASH_NAME = "blake2b-128"
     _new_hash = functools.partial(hashlib.blake2b, digest_size=16)
 
-CACHE_LAYOUT = 1  # bump when the entry layout changes
+CACHE_LAYOUT = 2  # bump when the entry layout changes
 MANIFEST = "manifest.json"
 CACHE_DIR_ENV = "MEMGATE_CACHE_DIR"
 _CHUNK = 8 << 20
@@ -355,6 +357,18 @@ class ProfileCache:
         return self._get(key, found)
 
     def _get(self, key: str, found: Found) -> Profile | None:
+        doc = self._manifest(key, found)
+        if doc is None:
+            return None
+        entry = self.entry_dir(key)
+        try:
+            return _deserialize(entry, doc["profile"])
+        except (_Corrupt, ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowException):
+            self._discard(entry)
+            return None
+
+    def _manifest(self, key: str, found: Found) -> dict[str, Any] | None:
+        """The manifest of ``key``'s entry if it is one for ``found`` (a bad one is discarded)."""
         entry = self.entry_dir(key)
         try:
             raw = (entry / MANIFEST).read_bytes()
@@ -367,10 +381,10 @@ class ProfileCache:
         try:
             doc = json.loads(raw)
             if not isinstance(doc, dict) or doc.get("layout") != CACHE_LAYOUT or doc.get("key") != key \
-                    or doc.get("format") != found.format.name:
+                    or doc.get("format") != found.format.name or not isinstance(doc.get("info"), dict):
                 raise _Corrupt("manifest does not match")
-            return _deserialize(entry, doc["profile"])
-        except (_Corrupt, ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowException):
+            return doc
+        except (_Corrupt, ValueError):
             self._discard(entry)
             return None
 
@@ -392,7 +406,7 @@ class ProfileCache:
             body = _serialize(profile, tmp, self.compression)
             manifest = {"layout": CACHE_LAYOUT, "key": key, "format": found.format.name,
                         "memgate_version": __version__, "hash": HASH_NAME, "created": time.time(),
-                        "profile": body}
+                        "profile": body, "info": ProfileInfo.of(profile).as_json()}
             (tmp / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
             os.rename(tmp, final)  # atomic; fails when another writer got there first
         except (_Uncacheable, OSError, pa.ArrowException):
@@ -429,19 +443,30 @@ class ProfileCache:
                     shutil.rmtree(path, ignore_errors=True)
 
 
-def load_cached(found: Found, cache: ProfileCache | None) -> Profile:
-    """``found`` loaded, from ``cache`` when it holds it; a fresh load is stored unless a file changed meanwhile."""
+def open_profile(found: Found, cache: ProfileCache | None) -> MetricCache:
+    """``found`` ready to be judged and reported.
+
+    With a ``cache`` entry for ``found``'s current files, the metrics an earlier run computed are
+    read back and the profile's frames are loaded only if a result is missing; otherwise the
+    profile is loaded and stored (unless a file changed while it loaded), and so are its results.
+    """
     if cache is None:
-        return load(found)
+        return MetricCache(load(found))
     cache._check_outside(found)
     try:
         before = input_files(found.path)
         key = _key_of(found, before)
     except OSError:
-        return load(found)  # the loader names the unreadable file
-    hit = cache._get(key, found)
-    if hit is not None:
-        return hit
+        return MetricCache(load(found))  # the loader names the unreadable file
+    store = ResultStore(cache.entry_dir(key), key)
+    doc = cache._manifest(key, found)
+    if doc is not None:
+        try:
+            info = ProfileInfo.from_json(doc["info"])
+        except (KeyError, TypeError, ValueError):
+            cache._discard(cache.entry_dir(key))
+        else:
+            return MetricCache(info=info, load=lambda: cache._get(key, found) or load(found), store=store)
     profile = load(found)  # an error propagates and is not cached
     try:
         unchanged = _signature(input_files(found.path)) == _signature(before)
@@ -449,4 +474,55 @@ def load_cached(found: Found, cache: ProfileCache | None) -> Profile:
         unchanged = False
     if unchanged:  # a file rewritten while it loaded: the profile matches neither version's key
         cache._put(key, found, profile)
-    return profile
+    return MetricCache(profile, store=store if cache.entry_dir(key).exists() else None)
+
+
+def load_cached(found: Found, cache: ProfileCache | None) -> Profile:
+    """``found`` loaded, from ``cache`` when it holds it; a fresh load is stored unless a file changed meanwhile."""
+    return open_profile(found, cache).profile
+
+
+class ResultStore:
+    """Metric results of one cache entry, one JSON file per (component, warmup_steps).
+
+    Written after the entry (a first run computes them while it judges), each atomically (a temp
+    file renamed into place); removed with their entry. A file that does not read back is deleted
+    and computed again.
+    """
+
+    def __init__(self, entry: Path, key: str) -> None:
+        self.entry = entry
+        self.key = key
+
+    def _path(self, component: str | None, warmup_steps: int) -> Path:
+        token = hashlib.blake2b(json.dumps([component, warmup_steps]).encode(), digest_size=8).hexdigest()
+        return self.entry / f"metrics-{token}.json"
+
+    def get(self, component: str | None, warmup_steps: int) -> list[DeviceMetrics] | None:
+        path = self._path(component, warmup_steps)
+        try:
+            doc = json.loads(path.read_bytes())
+            if doc["key"] != self.key or doc["component"] != component or doc["warmup_steps"] != warmup_steps:
+                raise _Corrupt("result of another request")
+            return [DeviceMetrics.from_json(d) for d in doc["devices"]]
+        except FileNotFoundError:
+            return None
+        except (_Corrupt, ValueError, KeyError, TypeError, AttributeError, OSError):
+            path.unlink(missing_ok=True)
+            return None
+
+    def put(self, component: str | None, warmup_steps: int, metrics: list[DeviceMetrics]) -> None:
+        devices = [m.as_json() for m in metrics]
+        if [DeviceMetrics.from_json(json.loads(json.dumps(d))).as_json() for d in devices] != devices:
+            return  # a value JSON would not give back exactly: compute it each time instead
+        doc = {"key": self.key, "component": component, "warmup_steps": warmup_steps, "devices": devices}
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self.entry)
+        except OSError:
+            return  # the entry is gone, or the cache is read-only: never stops a run
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+            os.replace(tmp, self._path(component, warmup_steps))
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)

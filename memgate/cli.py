@@ -104,15 +104,10 @@ def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = ()
     if args.jobs < 1:
         raise ConfigError(f"invalid --jobs {args.jobs}", expected="a number of processes >= 1")
     write = stderr_writer() if wanted(sys.stderr, args.progress) else None
-    loader: Any = None
-    if args.cache_dir:
-        from functools import partial
+    from memgate.cache import ProfileCache
 
-        from memgate.cache import ProfileCache, load_cached
-
-        loader = partial(load_cached, cache=ProfileCache(args.cache_dir))
-    return run_profiles(root, budgets, warmup_steps=warmup_steps, jobs=args.jobs, write_progress=write,
-                        **({"loader": loader} if loader else {}))
+    cache = ProfileCache(args.cache_dir) if args.cache_dir else None
+    return run_profiles(root, budgets, warmup_steps=warmup_steps, jobs=args.jobs, write_progress=write, cache=cache)
 
 
 def _report_errors(results: list[ProfileResult]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from memgate.errors import InputError
 
+ArrowColumn = pa.Array | pa.ChunkedArray
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
 _INT64_MAX = 2**63 - 1
 
@@ -34,40 +35,57 @@ def us_text_to_ns(col: pa.ChunkedArray | pa.Array) -> pd.Series:
 
     Digits past the third decimal (sub-ns) are dropped.
     """
-    return _decimal_text_to_int(col, decimals=3)
+    return int64_series(us_to_ns(col))
 
 
 def ns_text_to_ns(col: pa.ChunkedArray | pa.Array) -> pd.Series:
+    return int64_series(ns_to_ns(col))
+
+
+def unit_text_to_bytes(col: pa.ChunkedArray | pa.Array, bytes_per_unit: float) -> pd.Series:
+    """Decimal text in a unit (MB, KB, ...) → int64 bytes, rounded to the nearest byte."""
+    return int64_series(unit_to_bytes(col, bytes_per_unit))
+
+
+def int_text(col: pa.ChunkedArray | pa.Array) -> pd.Series:
+    return int64_series(to_int(col))
+
+
+# ---- Arrow-level conversions (text column in, int64 column out) ------------------------------------
+# The CSV reader applies these per block while it streams a file, so only int64 columns are kept.
+
+
+def us_to_ns(col: ArrowColumn) -> ArrowColumn:
+    return _decimal_text_to_int(col, decimals=3)
+
+
+def ns_to_ns(col: ArrowColumn) -> ArrowColumn:
     return _decimal_text_to_int(col, decimals=0)
 
 
-def _decimal_text_to_int(col: pa.ChunkedArray | pa.Array, decimals: int) -> pd.Series:
+def _decimal_text_to_int(col: ArrowColumn, decimals: int) -> ArrowColumn:
     fast = _decimal_cast(col, decimals)
     if fast is not None:
         return fast
     return _decimal_text_to_int_regex(col, decimals)
 
 
-_PLAIN = {d: rf"^[0-9]+(\.[0-9]{{1,{d}}})?\t?$" if d else r"^[0-9]+\t?$" for d in (0, 3)}
+def _decimal_cast(col: ArrowColumn, decimals: int) -> ArrowColumn | None:
+    """The common case in C: Arrow's string→decimal cast parses plain digits (and torch_npu's TAB)
+    exactly, ~5x faster than the regex extraction. None (use the general path, which also locates
+    errors) when a cell has more decimals than ``decimals`` or the value is past int64.
 
-
-def _decimal_cast(col: pa.ChunkedArray | pa.Array, decimals: int) -> pd.Series | None:
-    """The common case in C: every cell is plain digits with at most ``decimals`` decimals (and
-    torch_npu's TAB); Arrow's string→decimal cast parses them exactly, ~5x faster than the regex
-    extraction. None (use the general path, which also locates errors) for anything else.
+    The cells have passed their schema pattern (digits, an optional fraction, an optional TAB).
     """
-    pattern = _PLAIN.get(decimals)
-    if pattern is None or pc.any(pc.invert(pc.fill_null(pc.match_substring_regex(col, pattern), True))).as_py():
-        return None
     try:
         exact = pc.cast(pc.utf8_rtrim(col, "\t"), pa.decimal128(22, decimals))
         scaled = pc.multiply_checked(exact, pa.scalar(10**decimals, pa.decimal128(4, 0))) if decimals else exact
-        return _int64_series(pc.cast(scaled, pa.int64()))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # past int64: the general path names the row
+        return pc.cast(scaled, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
 
 
-def _decimal_text_to_int_regex(col: pa.ChunkedArray | pa.Array, decimals: int) -> pd.Series:
+def _decimal_text_to_int_regex(col: ArrowColumn, decimals: int) -> ArrowColumn:
     parts = pc.extract_regex(col, _TIME)
     integer = pc.struct_field(parts, "int")
     scale = 10**decimals
@@ -78,21 +96,18 @@ def _decimal_text_to_int_regex(col: pa.ChunkedArray | pa.Array, decimals: int) -
         raise OutOfRange(row, col[row].as_py(), f"a time below {_INT64_MAX // scale} (int64 ns)")
     whole = pc.cast(integer, pa.int64())
     if decimals == 0:
-        values = whole
-    else:
-        frac = pc.fill_null(pc.struct_field(parts, "frac"), "")
-        frac = pc.utf8_slice_codeunits(pc.utf8_rpad(frac, decimals, "0"), 0, decimals)
-        try:
-            values = pc.add_checked(pc.multiply_checked(whole, scale), pc.cast(frac, pa.int64()))
-        except pa.ArrowInvalid:  # within a few ns of the int64 end, past the float check above
-            near = pc.greater_equal(whole, _INT64_MAX // scale)
-            row = int(pc.index(near, True).as_py())
-            raise OutOfRange(row, col[row].as_py(), f"a time below {_INT64_MAX // scale} (int64 ns)") from None
-    return _int64_series(values)
+        return whole
+    frac = pc.fill_null(pc.struct_field(parts, "frac"), "")
+    frac = pc.utf8_slice_codeunits(pc.utf8_rpad(frac, decimals, "0"), 0, decimals)
+    try:
+        return pc.add_checked(pc.multiply_checked(whole, scale), pc.cast(frac, pa.int64()))
+    except pa.ArrowInvalid:  # within a few ns of the int64 end, past the float check above
+        near = pc.greater_equal(whole, _INT64_MAX // scale)
+        row = int(pc.index(near, True).as_py())
+        raise OutOfRange(row, col[row].as_py(), f"a time below {_INT64_MAX // scale} (int64 ns)") from None
 
 
-def unit_text_to_bytes(col: pa.ChunkedArray | pa.Array, bytes_per_unit: float) -> pd.Series:
-    """Decimal text in a unit (MB, KB, ...) → int64 bytes, rounded to the nearest byte."""
+def unit_to_bytes(col: ArrowColumn, bytes_per_unit: float) -> pa.Array:
     values = np.asarray(pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = np.rint(values * bytes_per_unit)
@@ -101,12 +116,12 @@ def unit_text_to_bytes(col: pa.ChunkedArray | pa.Array, bytes_per_unit: float) -
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise OutOfRange(row, col[row].as_py(), "a finite size below 8 EiB")
-    return pd.Series(pd.arrays.IntegerArray(np.where(missing, 0, scaled).astype(np.int64), missing))
+    return pa.array(np.where(missing, 0, scaled).astype(np.int64), mask=missing if missing.any() else None)
 
 
-def int_text(col: pa.ChunkedArray | pa.Array) -> pd.Series:
+def to_int(col: ArrowColumn) -> ArrowColumn:
     try:
-        return _int64_series(pc.cast(col, pa.int64()))
+        return pc.cast(col, pa.int64())
     except pa.ArrowInvalid:
         fits = pc.match_substring_regex(col, r"^-?0*[0-9]{1,18}$")
         bad = pc.invert(pc.fill_null(fits, True))
@@ -122,10 +137,23 @@ def text(col: pa.ChunkedArray | pa.Array) -> pd.Series:
 
 def device_labels(col: pa.ChunkedArray | pa.Array) -> pd.Series:
     """``NPU:0`` → ``npu:0`` for a whole column (stripped, lower-case)."""
-    return text(pc.utf8_lower(pc.utf8_trim_whitespace(col)))
+    return text(labels(col))
 
 
-def _int64_series(values: pa.ChunkedArray | pa.Array) -> pd.Series:
+def labels(col: ArrowColumn) -> ArrowColumn:
+    return pc.utf8_lower(pc.utf8_trim_whitespace(col))
+
+
+def label_categories(col: pa.Array) -> pa.Array:
+    """Device labels of one block as a dictionary array (a few distinct values, millions of rows)."""
+    return pc.dictionary_encode(labels(col))
+
+
+def categories(col: pa.Array) -> pa.Array:
+    return pc.dictionary_encode(col)
+
+
+def int64_series(values: ArrowColumn) -> pd.Series:
     return pd.Series(values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get), dtype="Int64")
 
 

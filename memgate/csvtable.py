@@ -8,10 +8,12 @@ the subset of JSON Schema the row schemas use: ``type`` string/null, ``pattern``
 
 from __future__ import annotations
 
+import collections
 import csv
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,40 +30,67 @@ _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
 _ARROW_ROW = re.compile(r"Row #(\d+)")
 
 
+# Converts one text column of one block to what the loader keeps (e.g. int64 ns); raises
+# convert.OutOfRange with the row within that block.
+Converter = Callable[[pa.Array], pa.Array]
+
+
+def keep_text(col: pa.Array) -> pa.Array:
+    return col
+
+
 @dataclass(frozen=True)
 class CsvTable:
-    """Validated text columns of one CSV file; cells are raw strings, null when empty."""
+    """Validated columns of one CSV file.
+
+    Read without a plan, every column is its raw text (null when empty). Read with a plan
+    (``columns={name: converter}``), only the planned columns are kept, as their converters made
+    them; the text of other cells is read again from the file when an error message quotes it.
+    """
 
     path: Path
     header: tuple[str, ...]
     variant: str  # which header generation matched (a key of x-memgate-headers)
-    table: pa.Table
+    columns: dict[str, pa.ChunkedArray]
+    num_rows: int
+    text_columns: frozenset[str]  # the columns kept as their raw text
 
     def column(self, name: str) -> pa.ChunkedArray:
-        return self.table.column(name)
+        return self.columns[name]
 
     def has(self, name: str) -> bool:
-        return name in self.table.column_names
+        return name in self.columns
+
+    def series(self, name: str) -> pd.Series:
+        """A kept column as pandas: int64 → ``Int64``, dictionary → ``category``, text → ``string``."""
+        return _to_pandas(self.column(name))
+
+    def take(self, name: str) -> pd.Series:
+        """:meth:`series`, releasing the Arrow column: building a frame column by column then never
+        holds a file's columns twice (later messages read the cell's text from the file)."""
+        series = self.series(name)
+        del self.columns[name]
+        return series
+
+    @property
+    def table(self) -> pa.Table:
+        return pa.table(self.columns)
+
+    def cell(self, row: int, name: str) -> str | None:
+        """The raw text of one cell (error messages; reads the file again for a converted column)."""
+        if name in self.text_columns and self.has(name):
+            return self.column(name)[row].as_py()  # type: ignore[no-any-return]
+        offset = 0
+        for batch in _open_csv(self.path, _column_names(self.path, list(self.header)), [name]):
+            if row < offset + batch.num_rows:
+                return batch.column(0)[row - offset].as_py()  # type: ignore[no-any-return]
+            offset += batch.num_rows
+        raise IndexError(row)
 
     def line_of(self, row: int) -> int:
-        """1-based file line where a 0-based data row starts.
+        return line_of(self.path, row, self.num_rows)
 
-        A row is one line unless a quoted cell holds a line break; only then (this runs on error
-        paths) is the file read again with the csv module to count the lines earlier rows span.
-        """
-        if _count_lines(self.path) == self.num_rows + 1:
-            return row + 2
-        with open(self.path, encoding="utf-8-sig", errors="replace", newline="") as fh:
-            reader = csv.reader(fh)
-            next(reader, None)
-            start = reader.line_num + 1
-            for index, _ in enumerate(reader):
-                if index == row:
-                    break
-                start = reader.line_num + 1
-        return start
-
-    # Column conversions that name the cell when a number does not fit (convert.OutOfRange).
+    # Conversions of a raw text column that name the cell when a number does not fit (convert.OutOfRange).
     def bytes(self, name: str, bytes_per_unit: float) -> pd.Series:
         return self._convert(name, lambda col: convert.unit_text_to_bytes(col, bytes_per_unit))
 
@@ -81,9 +110,34 @@ class CsvTable:
             raise InputError(exc.message, file=self.path, line=self.line_of(exc.row), column=name,
                              expected=exc.expected, found=exc.found) from None
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.table.num_rows)
+
+def _to_pandas(col: pa.ChunkedArray) -> pd.Series:
+    if pa.types.is_integer(col.type):
+        return convert.int64_series(col)
+    if pa.types.is_dictionary(col.type):
+        return pd.Series(col.unify_dictionaries().to_pandas(), copy=False)
+    return convert.text(col)
+
+
+def line_of(path: Path, row: int, rows: int | None = None) -> int:
+    """1-based file line where a 0-based data row of a file with ``rows`` data rows starts.
+
+    A row is one line unless a quoted cell holds a line break; only then (this runs on error
+    paths) is the file read again with the csv module to count the lines earlier rows span.
+    """
+    if rows is None:  # still streaming the file: count its rows
+        rows = sum(batch.num_rows for batch in _open_csv(path, _column_names(path, read_header(path)), []))
+    if _count_lines(path) == rows + 1:
+        return row + 2
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+        reader = csv.reader(fh)
+        next(reader, None)
+        start = reader.line_num + 1
+        for index, _ in enumerate(reader):
+            if index == row:
+                break
+            start = reader.line_num + 1
+    return start
 
 
 def _count_lines(path: Path) -> int:
@@ -171,8 +225,13 @@ def _split_unit(column: str) -> tuple[str, str | None]:
     return (m.group("base"), m.group("unit")) if m else (column, None)
 
 
-def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
-    """Read ``path`` as text, check its header against ``schema`` and validate every row."""
+def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None) -> CsvTable:
+    """Read ``path``, check its header against ``schema`` and validate every row.
+
+    The file is streamed block by block; each block is validated and its ``columns`` converted on
+    a thread pool (Arrow's kernels release the GIL) while the next block is parsed, so only the
+    converted columns stay in memory. Without ``columns``, every known column is kept as text.
+    """
     header = read_header(path)
     variant, _ = match_header(path, header, schema)
     if variant == "":  # pragma: no cover - match_header raised
@@ -182,36 +241,111 @@ def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
         if fh.read(1) != b"\n":
             raise InputError("truncated last line (the file does not end with a line break)", file=path,
                              line=_count_lines(path) + 1, expected="every line, the last too, to end with a line break")
-    with open(path, encoding="utf-8-sig", errors="replace") as fh:
-        phantom = len(next(csv.reader([fh.readline()]))) > len(header)
-    names = header + ([""] if phantom else [])
-    names = [n if n else f"__phantom_{i}" for i, n in enumerate(names)]
+    names = _column_names(path, header)
     # Every column the schema describes, in file order: the first bad cell of a row is the leftmost
     # one, and a known column outside the matched header generation is still validated.
     known = schema["properties"]
     wanted = [c for c in header if c in known] if schema.get("additionalProperties", False) else header
+    plan = dict(columns) if columns is not None else {name: keep_text for name in wanted}
+    checks = [(name, known[name]) for name in wanted if name in known]
+    kept: dict[str, list[pa.Array]] = {name: [] for name in plan}
+    rows = 0
+    for block_rows, block in _blocks(path, names, wanted, checks, plan):
+        for name, array in block.items():
+            kept[name].append(array)
+        rows += block_rows
+    if rows == 0:
+        raise InputError("header only: the file has no data rows", file=path, line=2)
+    return CsvTable(path=path, header=tuple(header), variant=variant, num_rows=rows,
+                    text_columns=frozenset(name for name, converter in plan.items() if converter is keep_text),
+                    columns={name: pa.chunked_array(chunks) for name, chunks in kept.items()})
+
+
+def _column_names(path: Path, header: list[str]) -> list[str]:
+    """Names for every field of a line: MindSpore's trailing comma adds a nameless phantom field."""
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:
+        phantom = len(next(csv.reader([fh.readline()]))) > len(header)
+    names = header + ([""] if phantom else [])
+    return [n if n else f"__phantom_{i}" for i, n in enumerate(names)]
+
+
+BLOCK_BYTES = 4 << 20
+
+
+def _open_csv(path: Path, names: list[str], include: list[str]) -> Iterator[pa.RecordBatch]:
+    """The file's data rows as text batches, Arrow's parse errors turned into InputError."""
     try:
-        table = pacsv.read_csv(
+        reader = pacsv.open_csv(
             path,
-            read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, use_threads=True),
+            read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, use_threads=True, block_size=BLOCK_BYTES),
             parse_options=pacsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=False),
             convert_options=pacsv.ConvertOptions(
                 column_types={n: pa.string() for n in names},
-                include_columns=wanted,
+                include_columns=include,
                 strings_can_be_null=True,
                 null_values=[""],
                 quoted_strings_can_be_null=True,
             ),
         )
+        yield from reader
     except pa.ArrowInvalid as exc:
         raise _arrow_error(path, exc, len(names)) from None
     except UnicodeDecodeError:
         raise _encoding_error(path) from None
-    if table.num_rows == 0:
-        raise InputError("header only: the file has no data rows", file=path, line=2)
-    result = CsvTable(path=path, header=tuple(header), variant=variant, table=table)
-    validate_columns(result, schema)
-    return result
+
+
+def _blocks(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+            plan: dict[str, Converter]) -> Iterator[tuple[int, dict[str, pa.Array]]]:
+    """(rows, converted columns) of each block in file order; blocks are processed in parallel."""
+    workers = max(1, min(4, os.cpu_count() or 1))
+    pending: collections.deque[tuple[int, Future[dict[str, pa.Array]]]] = collections.deque()
+    offset = 0
+    batches = _open_csv(path, names, wanted)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        try:
+            while True:
+                try:
+                    batch = next(batches, None)
+                except InputError:  # a parse error: an earlier block's validation error comes first
+                    while pending:
+                        pending.popleft()[1].result()
+                    raise
+                if batch is None:
+                    break
+                pending.append((batch.num_rows, pool.submit(_process, path, batch, offset, checks, plan)))
+                offset += batch.num_rows
+                while len(pending) > 2 * workers:  # bound the text blocks held in memory
+                    rows, future = pending.popleft()
+                    yield rows, future.result()
+            while pending:
+                rows, future = pending.popleft()
+                yield rows, future.result()
+        finally:  # an error: drop the blocks not started yet
+            for _, future in pending:
+                future.cancel()
+
+
+def _process(path: Path, batch: pa.RecordBatch, offset: int, checks: list[tuple[str, dict[str, Any]]],
+             plan: dict[str, Converter]) -> dict[str, pa.Array]:
+    """Validate one block, then convert its planned columns; errors name the cell's file line."""
+    first: tuple[int, str, str, str] | None = None  # row, column, problem, expected
+    for name, prop in checks:
+        bad_row, problem = _first_bad(batch.column(name), prop)
+        if bad_row is not None and (first is None or bad_row < first[0]):
+            first = (bad_row, name, problem, describe(prop))
+    if first is not None:
+        row, name, problem, expected = first
+        value = batch.column(name)[row].as_py()
+        raise InputError(problem, file=path, line=line_of(path, offset + row), column=name,
+                         expected=expected, found=repr(value) if value is not None else "an empty cell")
+    out = {}
+    for name, converter in plan.items():
+        try:
+            out[name] = converter(batch.column(name))
+        except convert.OutOfRange as exc:
+            raise InputError(exc.message, file=path, line=line_of(path, offset + exc.row), column=name,
+                             expected=exc.expected, found=exc.found) from None
+    return out
 
 
 def _arrow_error(path: Path, exc: Exception, fields: int) -> InputError:
@@ -274,25 +408,6 @@ def describe(prop: dict[str, Any]) -> str:
     else:
         what = "text"
     return f"{what} in {unit}" if unit else what
-
-
-def validate_columns(table: CsvTable, schema: dict[str, Any]) -> None:
-    """Raise InputError at the first cell (in file order) that ``schema`` rejects."""
-    first: tuple[int, str, str, str] | None = None  # row, column, problem, expected
-    props: dict[str, Any] = schema["properties"]
-    for name in table.table.column_names:
-        prop = props.get(name)
-        if prop is None:
-            continue
-        col = table.column(name)
-        bad_row, problem = _first_bad(col, prop)
-        if bad_row is not None and (first is None or bad_row < first[0]):
-            first = (bad_row, name, problem, describe(prop))
-    if first is not None:
-        row, name, problem, expected = first
-        value = table.column(name)[row].as_py()
-        raise InputError(problem, file=table.path, line=table.line_of(row), column=name,
-                         expected=expected, found=repr(value) if value is not None else "an empty cell")
 
 
 def _first_bad(col: pa.ChunkedArray, prop: dict[str, Any]) -> tuple[int | None, str]:

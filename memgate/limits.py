@@ -9,6 +9,9 @@ environment (the CLI's ``--max-file-size`` and the plugin's ``--memgate-max-file
 - ``MEMGATE_MAX_PICKLE_BYTES``: a snapshot pickle is unpickled whole, in memory, and a pickle
   builds objects many times its own size (one byte of ``EMPTY_LIST`` is a 56-byte list), so its
   cap is lower. The file cap applies too: the smaller of the two wins.
+- ``MEMGATE_MAX_PICKLE_OBJECTS``: the lists, dicts, tuples and sets one pickle may build, an
+  integer; by default one per 8 bytes of the file (at least 2^20), which real snapshots stay far
+  below (16 to 270 bytes per container) and a run of ``EMPTY_LIST`` bytes (one per byte) does not.
 
 Loaders check the file size before reading (:func:`check_file_size`) and the row count after
 parsing (:func:`check_rows`); :func:`read_csv` does both around :func:`memgate.csvtable.read_csv`.
@@ -18,11 +21,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memgate.csvtable import CsvTable
+from memgate.csvtable import Converter, CsvTable
 from memgate.csvtable import read_csv as _read_csv
 from memgate.errors import ConfigError, InputError
 from memgate.sizes import format_size, parse_size
@@ -33,6 +37,9 @@ PICKLE_BYTES_ENV = "MEMGATE_MAX_PICKLE_BYTES"  # the same variable memgate.safep
 DEFAULT_MAX_FILE_BYTES = 64 << 30
 DEFAULT_MAX_ROWS = 2_000_000_000
 DEFAULT_MAX_PICKLE_BYTES = 2 << 30
+PICKLE_OBJECTS_ENV = "MEMGATE_MAX_PICKLE_OBJECTS"
+PICKLE_BYTES_PER_OBJECT = 8
+MIN_PICKLE_OBJECTS = 1 << 20
 FILE_FLAGS = "--max-file-size (CLI) / --memgate-max-file-size (pytest)"
 _INTEGER = re.compile(r"\A\s*[0-9][0-9_]*\s*\Z")
 
@@ -63,12 +70,12 @@ def _size_env(name: str, default: int) -> int:
     return value
 
 
-def _int_env(name: str, default: int) -> int:
+def _int_env(name: str, default: int, what: str = "rows") -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     if not _INTEGER.match(raw) or int(raw.replace("_", "")) <= 0:
-        raise ConfigError(f"invalid ${name}", expected="a whole number of rows above 0", found=repr(raw))
+        raise ConfigError(f"invalid ${name}", expected=f"a whole number of {what} above 0", found=repr(raw))
     return int(raw.replace("_", ""))
 
 
@@ -76,6 +83,12 @@ def max_pickle_bytes() -> int:
     """The cap for a pickle read whole: the pickle cap or the file cap, whichever is smaller."""
     limits = current()
     return min(limits.max_pickle_bytes, limits.max_file_bytes)
+
+
+def max_pickle_objects(file_bytes: int) -> int:
+    """The cap on containers unpickling a ``file_bytes``-byte pickle may build: ``$MEMGATE_MAX_PICKLE_OBJECTS``
+    when set, else one per 8 bytes of the file, at least 2^20 (so a small file is never refused for it)."""
+    return _int_env(PICKLE_OBJECTS_ENV, max(file_bytes // PICKLE_BYTES_PER_OBJECT, MIN_PICKLE_OBJECTS), "objects")
 
 
 def check_file_size(path: Path, *, limit: int | None = None, why: str | None = None) -> int:
@@ -115,9 +128,9 @@ def check_rows(path: Path, rows: int, *, what: str = "rows", column: str | None 
         )
 
 
-def read_csv(path: Path, schema: dict[str, Any]) -> CsvTable:
+def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None) -> CsvTable:
     """:func:`memgate.csvtable.read_csv` between the size check and the row check."""
     check_file_size(path)
-    table = _read_csv(path, schema)
+    table = _read_csv(path, schema, columns)
     check_rows(path, table.num_rows)
     return table

@@ -51,6 +51,13 @@ class DeviceMetrics:
             "reconciliation": self.facts.as_json(),
         }
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> DeviceMetrics:
+        """The metrics :meth:`as_json` wrote (a cached result; its facts carry no curves)."""
+        return cls(device=doc["device"], component=doc["component"], source=doc["source"],
+                   values=dict(doc["metrics"]), missing=dict(doc["not_measurable"]), peak_t_ns=doc["peak_t_ns"],
+                   peak_step=doc["peak_step"], facts=DeviceFacts.from_json(doc["reconciliation"]))
+
 
 def framework_component(device: DeviceModel, override: str | None = None) -> str | None:
     if override is not None:

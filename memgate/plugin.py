@@ -29,7 +29,7 @@ from memgate.budgets import (
     judge,
     load_budget_file,
 )
-from memgate.cache import ProfileCache, load_cached
+from memgate.cache import ProfileCache, open_profile
 from memgate.ci import benchmark_export, github_annotations, step_summary_markdown
 from memgate.compare import (
     CompareRule,
@@ -111,25 +111,24 @@ class _State:
 
     def __init__(self, settings: _Settings) -> None:
         self.settings = settings
-        self.profiles: dict[str, tuple[Profile | None, MemgateError | None, MetricCache | None]] = {}
+        self.profiles: dict[str, MetricCache | MemgateError] = {}
         self.reported_profiles: set[str] = set()  # attach each profile entry to one report per process
         self._baseline: dict[str, Any] | None = None
         self._baseline_error: MemgateError | None = None
         self.cache = ProfileCache(settings.cache_dir) if settings.cache_dir is not None else None
 
-    def load(self, found: Found) -> tuple[Profile, MetricCache]:
+    def load(self, found: Found) -> MetricCache:
+        """The profile of ``found``, ready to judge (loaded once per process; its error kept too)."""
         key = str(found.path)
         if key not in self.profiles:
             try:
-                profile = load_cached(found, self.cache)
-                self.profiles[key] = (profile, None, MetricCache(profile))
+                self.profiles[key] = open_profile(found, self.cache)
             except MemgateError as exc:
-                self.profiles[key] = (None, exc, None)
-        profile, error, cache = self.profiles[key]
-        if error is not None:
-            raise error
-        assert profile is not None and cache is not None
-        return profile, cache
+                self.profiles[key] = exc
+        loaded = self.profiles[key]
+        if isinstance(loaded, MemgateError):
+            raise loaded
+        return loaded
 
     def baseline(self) -> dict[str, Any] | None:
         """The baseline, or None when its file is missing (the missing-baseline policy decides)."""
@@ -367,9 +366,9 @@ class MemgateItem(_GateItem):
 
     def setup(self) -> None:
         assert self.found is not None
-        profile, cache = self.config.stash[STATE].load(self.found)
-        if not self.budget.selects_rank(profile.rank):
-            pytest.skip(f"budget {self.budget.name!r} selects ranks {self.budget.ranks!r}; this is rank {profile.rank}")
+        cache = self.config.stash[STATE].load(self.found)
+        if not self.budget.selects_rank(cache.info.rank):
+            pytest.skip(f"budget {self.budget.name!r} selects ranks {self.budget.ranks!r}; this is rank {cache.info.rank}")
         self.stash[OUTCOME] = judge(cache, self.budget, self.metric)
 
     def runtest(self) -> None:
@@ -389,15 +388,15 @@ class MemgateCompareItem(_GateItem):
     def setup(self) -> None:
         assert self.found is not None
         state = self.config.stash[STATE]
-        profile, cache = state.load(self.found)
+        cache = state.load(self.found)
         baseline = state.baseline()
         if baseline is None:
             self._missing(f"baseline {state.settings.baseline_path} does not exist")
             return
         try:
-            self.stash[REGRESSION] = compare_entry(profile_entry(profile, cache.get(None, 1)), baseline, self.rule)
+            self.stash[REGRESSION] = compare_entry(profile_entry(cache.info, cache.get(None, 1)), baseline, self.rule)
         except KeyError:
-            self._missing(f"rank {profile.rank} is not in baseline {state.settings.baseline_path}")
+            self._missing(f"rank {cache.info.rank} is not in baseline {state.settings.baseline_path}")
 
     def _missing(self, why: str) -> None:
         policy = self.config.stash[STATE].settings.missing_policy
@@ -560,11 +559,9 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
     if state.settings.wants_profiles and found is not None and call.when == "call":
         key = str(found.path)
         loaded = state.profiles.get(key)
-        if key not in state.reported_profiles and loaded is not None and loaded[0] is not None:
+        if key not in state.reported_profiles and isinstance(loaded, MetricCache):
             state.reported_profiles.add(key)
-            profile, _, cache = loaded
-            assert cache is not None
-            payload["profile"] = profile_entry(profile, cache.get(None, 1))
+            payload["profile"] = profile_entry(loaded.info, loaded.get(None, 1))
     return payload
 
 

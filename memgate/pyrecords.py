@@ -165,6 +165,12 @@ def _none_mask(values: Sequence[Any]) -> np.ndarray:
     return np.fromiter(map(operator.is_, values, repeat(None)), dtype=bool, count=len(values))
 
 
+def is_scalar(prop: Mapping[str, Any]) -> bool:
+    """Is the property a scalar (a column arrow can type), rather than an array or an object?"""
+    kinds = types_of(prop)
+    return bool(kinds) and not ({"array", "object"} & set(kinds))
+
+
 _PY_TYPES = {"integer": (int,), "number": (int, float, Decimal), "string": (str,), "boolean": (bool,),
              "array": (list, tuple), "object": (dict,), "null": (type(None),)}
 
@@ -184,7 +190,7 @@ def check_column(
     computed only when the column has nulls it does not allow.
     """
     kinds = types_of(prop)
-    scalar = bool(kinds) and not ({"array", "object"} & set(kinds))
+    scalar = is_scalar(prop)
     problems: list[_Problem] = []
 
     def problem(i: int, message: str) -> None:
@@ -207,11 +213,12 @@ def check_column(
         # Arrays / objects: the set of Python types present, gathered in C; a scan only when one is wrong.
         allowed = (*kinds, "null")
         ok_types = {t for kind in allowed for t in _PY_TYPES.get(kind, ())}
-        if not set(map(type, values)) <= ok_types:
+        found = set(map(type, values))
+        if not found <= ok_types:
             bad = next((i for i, v in enumerate(values) if not py_matches(v, allowed)), None)
             if bad is not None:
                 problem(bad, "wrong type")
-        nulls = _none_mask(values)
+        nulls = _none_mask(values) if type(None) in found else np.zeros(len(values), dtype=bool)
     else:
         nulls = np.zeros(len(values), dtype=bool)
 
@@ -317,8 +324,15 @@ def _check_records(
     required = set(schema.get("required", ()))
     problems: list[_Problem] = []
     n = len(records)
+    keys: set[Any] | None = None  # every key of every record, gathered once, when a first record lacks one
     for name, raw in schema.get("properties", {}).items():
         prop = resolve(raw, root)
+        if name not in required and n and name not in records[0]:
+            keys = set().union(*records) if keys is None else keys
+            if name not in keys:
+                # In no record (most optional keys of most files): the all-null column a gather would give.
+                columns[prefix + name] = pa.nulls(n) if is_scalar(prop) else None
+                continue
         values = list(map(dict.get, records, repeat(name)))  # C-level gather, one pass per property
 
         def present(key: str = name) -> np.ndarray:

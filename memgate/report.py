@@ -9,28 +9,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from memgate import __version__
 from memgate.budgets import LIMITS, Outcome
 from memgate.metrics import DeviceMetrics
-from memgate.model import Profile
+from memgate.model import ProfileInfo
 from memgate.sizes import format_size
 
 
-def profile_entry(profile: Profile, metrics: list[DeviceMetrics]) -> dict[str, Any]:
-    steps = [
-        {k: (None if pd.isna(v) else int(v)) for k, v in row.items()}
-        for row in profile.steps.astype(object).to_dict("records")
-    ]
-    return {
-        "path": profile.path,
-        "format": profile.format,
-        "rank": profile.rank,
-        "metadata": profile.metadata,
-        "steps": steps,
-        "devices": [m.as_json() for m in metrics],
-    }
+def profile_entry(info: ProfileInfo, metrics: list[DeviceMetrics]) -> dict[str, Any]:
+    return {**info.as_json(), "devices": [m.as_json() for m in metrics]}
 
 
 def outcome_entry(outcome: Outcome) -> dict[str, Any]:

@@ -5,25 +5,31 @@ file names (``os.system`` via ``REDUCE``). The Unpickler here refuses every clas
 (``find_class``, which also guards the ``EXT*`` opcodes) and every persistent id, so only the
 opcodes that build dict, list, tuple, str, bytes, int, float, bool and None can succeed.
 
-A pickle cannot create more objects than it has opcodes, so capping the file size caps the memory
-the load can take; the cap has an override for legitimately huge snapshots.
+Memory is bounded twice. The file size is capped (a pickle cannot build more objects than it has
+bytes), and so is the number of containers the load builds: one byte of ``EMPTY_LIST`` is a 56-byte
+list, and a file of them would take 60-200 times its size, where real snapshots build one container
+per 16 to 270 bytes. Both caps have an override for legitimately huge or unusual snapshots
+(:mod:`memgate.limits`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
-import io
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from memgate import limits
 from memgate.errors import InputError
 
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB: a snapshot with 10^6 trace entries and full stacks is ~1 GiB
 MAX_BYTES_ENV = "MEMGATE_MAX_PICKLE_BYTES"
 HIGHEST_PROTOCOL = 5
 _FRAME = 0x95  # protocol 4+ FRAME opcode: 8-byte length follows
+_LONG_FRAME = 1 << 18  # bytes: longer than any frame Python's picklers write
 
 
 class RefusedClass(pickle.UnpicklingError):
@@ -42,18 +48,117 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise RefusedClass(f"persistent id {pid!r}"[:120])
 
 
-def _unpickle(stream: io.BytesIO) -> Any:
-    """Unpickle with the cyclic GC paused: a snapshot is millions of small dicts and lists, and
-    each GC generation pass over them while they are created costs more than the unpickling
-    (1M trace entries: 1.29 s with GC, 0.56 s without). Collection is only delayed, never skipped.
+class TooManyObjects(Exception):
+    """The load built (or was about to be handed a FRAME that could build) more containers than allowed.
+
+    Not an UnpicklingError: the C Unpickler turns one raised while it fetches an opcode into EOFError.
+    """
+
+    def __init__(self, built: int, frame: int, limit: int) -> None:
+        super().__init__(f"{built} containers built, limit {limit}")
+        self.built, self.frame, self.limit = built, frame, limit
+
+
+class _MeteredInput:
+    """The pickle's bytes as a file for the C Unpickler, counting the containers built between reads.
+
+    The C Unpickler calls back into Python only to fetch input, and without ``peek()`` it fetches
+    exactly what it needs next: a whole FRAME (Python writes 64 to 128 KiB ones), a large string or
+    bytes written outside frames, or one opcode. So the count overshoots the limit by at most one
+    frame's worth; a FRAME longer than Python writes is checked before it is handed over, as if each
+    of its bytes built a container. The count is the collector's generation-0 count (containers
+    allocated minus freed), which only grows while the collector is paused, as it is while
+    unpickling. Slices are memoryviews: the Unpickler copies what it keeps.
+    """
+
+    def __init__(self, data: bytes, limit: int) -> None:
+        self._data = data
+        self._view = memoryview(data)
+        self._pos = 0
+        self._handed = 0  # the end of the data handed out so far: where an error happened, at the latest
+        self._limit = limit
+        self._base = 0
+
+    def start_count(self) -> None:
+        self._base = gc.get_count()[0]
+
+    def tell(self) -> int:
+        return self._pos
+
+    def handed_out(self) -> int:
+        return self._handed
+
+    def read(self, size: int = -1) -> memoryview:
+        self._check(size if self._is_long_frame(size) else 0)
+        chunk = self._hand_out(len(self._data) if size < 0 else self._pos + size)
+        self._pos += len(chunk)
+        return chunk
+
+    def readinto(self, buffer: Any) -> int:
+        with memoryview(buffer) as target:
+            chunk = self.read(target.nbytes)
+            target[:len(chunk)] = chunk
+        return len(chunk)
+
+    def readline(self) -> memoryview:
+        end = self._data.find(b"\n", self._pos)
+        return self.read(-1 if end < 0 else end + 1 - self._pos)
+
+    def _hand_out(self, end: int) -> memoryview:
+        chunk = self._view[self._pos:end]
+        self._handed = max(self._handed, self._pos + len(chunk))
+        return chunk
+
+    def _is_long_frame(self, size: int) -> bool:
+        """Is this read the body of a FRAME (the 9 bytes before it: FRAME and its length) over 256 KiB?"""
+        at = self._pos
+        return (size > _LONG_FRAME and at >= 9 and self._data[at - 9] == _FRAME
+                and int.from_bytes(self._data[at - 8:at], "little") == size)
+
+    def _check(self, upcoming: int) -> None:
+        built = gc.get_count()[0] - self._base
+        if built + upcoming > self._limit:
+            raise TooManyObjects(built, upcoming, self._limit)
+
+
+class _PrefetchedInput(_MeteredInput):
+    """For an unframed pickle (protocols 2 and 3), which would otherwise be fetched one opcode per call.
+
+    With ``peek()`` the Unpickler fetches 128 KiB at a time (and reads what it used of it): at most
+    that many containers are built between two checks. Not for framed pickles: parsing frames out of
+    the peeked window is ~20% slower than fetching each FRAME whole.
+    """
+
+    def peek(self, size: int = 1) -> memoryview:
+        self._check(0)
+        return self._hand_out(self._pos + max(size, 1))
+
+
+def _metered(data: bytes, limit: int) -> _MeteredInput:
+    framed = len(data) > 2 and data[2] == _FRAME  # what protocol 4+ writes right after PROTO
+    return _MeteredInput(data, limit) if framed else _PrefetchedInput(data, limit)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic GC while millions of small dicts and lists are created (and read): each
+    generation pass over them costs more than building them (1M trace entries: 1.29 s unpickling with
+    the GC, 0.56 s without). Collection is only delayed, never skipped; nesting is harmless.
     """
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _PlainDataUnpickler(stream).load()
+        yield
     finally:
         if paused:
             gc.enable()
+
+
+def _unpickle(stream: _MeteredInput) -> Any:
+    with collector_paused():
+        stream.start_count()
+        # typeshed wants read() -> bytes; the C Unpickler takes any buffer, and memoryviews copy nothing
+        return _PlainDataUnpickler(cast(Any, stream)).load()
 
 
 def max_bytes_default() -> int:
@@ -95,16 +200,18 @@ def load(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> Any:
                              expected=f"pickle protocol 2..{HIGHEST_PROTOCOL}", found=found)
         raise InputError("not a pickle file", file=path,
                          expected=f"a binary pickle (protocol 2..{HIGHEST_PROTOCOL}, first byte 0x80)", found=found)
-    stream = io.BytesIO(data)
+    stream = _metered(data, limits.max_pickle_objects(len(data)))
     try:
         value = _unpickle(stream)
     except RefusedClass as exc:
         raise InputError(
             f"refused to load {exc.what!r}: the pickle references code, and memgate never runs code from a "
             "profile file",
-            file=path, column=f"byte {stream.tell()}",
+            file=path, column=f"byte {stream.handed_out()}",
             expected="plain data only (dict, list, tuple, str, int, float, bool, None)", found=exc.what,
         ) from None
+    except TooManyObjects as exc:
+        raise _too_many_objects(path, exc, len(data), stream.handed_out()) from None
     except EOFError:
         raise InputError("truncated pickle: the file ends in the middle of the data", file=path,
                          column=f"byte {len(data)}", expected="a complete pickle ending with STOP ('.')",
@@ -118,12 +225,23 @@ def load(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> Any:
         truncated = "ran out of input" in reason.lower() or "truncated" in reason.lower()
         raise InputError(
             ("truncated pickle: " if truncated else "malformed pickle: ") + reason,
-            file=path, column=f"byte {stream.tell()}", expected="a complete pickle of plain data",
+            file=path, column=f"byte {stream.handed_out()}", expected="a complete pickle of plain data",
         ) from None
     if stream.tell() < len(data) and data[stream.tell():].strip(b"\x00"):
         raise InputError("trailing bytes after the end of the pickle", file=path, column=f"byte {stream.tell()}",
                          found=f"{len(data) - stream.tell()} more bytes")
     return value
+
+
+def _too_many_objects(path: Path, exc: TooManyObjects, size: int, at: int) -> InputError:
+    how = (f"{exc.built} built, then a {exc.frame}-byte FRAME that could build as many more" if exc.frame
+           else f"{exc.built} built")
+    return InputError(
+        f"the pickle builds more than {exc.limit} lists, dicts, tuples and sets, too many for a {size}-byte "
+        "file: a pickle bomb, or an unusual writer",
+        file=path, column=f"byte {at}",
+        expected=f"at most {exc.limit} (raise the limit with ${limits.PICKLE_OBJECTS_ENV})", found=how,
+    )
 
 
 def read_capped(path: Path, limit: int) -> bytes:

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from memgate.budgets import Budget, MetricCache, judge
-from memgate.discover import Found, discover, load
+from memgate.cache import ProfileCache, open_profile
+from memgate.discover import Found, discover
 from memgate.errors import MemgateError
-from memgate.model import Profile
+from memgate.model import ProfileInfo
 from memgate.progress import describe, progress
 from memgate.report import outcome_entry, profile_entry
 
@@ -36,7 +37,7 @@ class ProfileResult:
         return {"profile": self.path, "error": self.error.one_line()}
 
 
-def error_outcome(profile: Profile | None, path: str, budget: Budget, metric: str, error: MemgateError) -> dict[str, Any]:
+def error_outcome(profile: ProfileInfo | None, path: str, budget: Budget, metric: str, error: MemgateError) -> dict[str, Any]:
     """The report entry of a (profile, budget, metric) that could not be judged."""
     limit = budget.limits.get(metric, budget.op_caps.get(metric[len("op_caps["):-1], 0))
     return {
@@ -48,7 +49,7 @@ def error_outcome(profile: Profile | None, path: str, budget: Budget, metric: st
 
 def judge_profile(cache: MetricCache, budgets: Sequence[Budget]) -> list[dict[str, Any]]:
     """Verdicts of every budget that selects this profile's rank."""
-    profile = cache.profile
+    profile = cache.info
     outcomes = []
     for budget in budgets:
         if not budget.selects_rank(profile.rank):
@@ -65,15 +66,14 @@ def process_profile(
     found: Found,
     budgets: Sequence[Budget] = (),
     warmup_steps: int = 1,
-    loader: Callable[[Found], Profile] = load,
+    cache: ProfileCache | None = None,
 ) -> ProfileResult:
     try:
-        profile = loader(found)
+        metrics = open_profile(found, cache)
+        entry = profile_entry(metrics.info, metrics.get(None, warmup_steps))
     except MemgateError as exc:
         return ProfileResult(str(found.path), found.format.name, None, error=exc)
-    cache = MetricCache(profile)
-    entry = profile_entry(profile, cache.get(None, warmup_steps))
-    return ProfileResult(profile.path, profile.format, entry, judge_profile(cache, budgets))
+    return ProfileResult(metrics.info.path, metrics.info.format, entry, judge_profile(metrics, budgets))
 
 
 def run_profiles(
@@ -82,7 +82,7 @@ def run_profiles(
     *,
     warmup_steps: int = 1,
     jobs: int = 1,
-    loader: Callable[[Found], Profile] = load,
+    cache: ProfileCache | None = None,
     write_progress: Callable[[str], None] | None = None,
 ) -> list[ProfileResult]:
     """Every profile under ``root``, in discovery order; a bad one carries its error."""
@@ -90,11 +90,11 @@ def run_profiles(
     if jobs > 1 and len(found) > 1:
         with (progress(f"{len(found)} profiles on {jobs} processes", write_progress),
               ProcessPoolExecutor(max_workers=min(jobs, len(found))) as pool):
-            futures = [pool.submit(process_profile, f, tuple(budgets), warmup_steps, loader) for f in found]
+            futures = [pool.submit(process_profile, f, tuple(budgets), warmup_steps, cache) for f in found]
             return [future.result() for future in futures]
     results = []
     for entry in found:
         label = functools.partial(describe, entry.path)  # computed only if the progress line shows
         with progress(label, write_progress):
-            results.append(process_profile(entry, budgets, warmup_steps, loader))
+            results.append(process_profile(entry, budgets, warmup_steps, cache))
     return results

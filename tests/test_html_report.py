@@ -25,7 +25,7 @@ from memgate.budgets import MetricCache, budget_from_mapping, judge
 from memgate.discover import discover, load
 from memgate.html_report import render_html
 from memgate.metrics import profile_metrics
-from memgate.model import DeviceModel, Profile, Series
+from memgate.model import DeviceModel, Profile, ProfileInfo, Series
 from memgate.report import outcome_entry, profile_entry
 
 GIB = 1 << 30
@@ -60,7 +60,7 @@ def raw_peaks(sample: Path) -> tuple[int, int]:
 def sample() -> tuple[Profile, dict[str, Any], list[dict[str, Any]]]:
     [found] = discover(PTA271)
     profile = load(found)
-    entry = profile_entry(profile, profile_metrics(profile))
+    entry = profile_entry(ProfileInfo.of(profile), profile_metrics(profile))
     budget = budget_from_mapping(
         {"name": "train-step", "peak_allocated": "10 GiB", "peak_reserved": "11 GiB",
          "peak_app_reserved": "80 GiB", "fragmentation": 0.1},
@@ -179,7 +179,7 @@ def big_profile(n: int = 1_000_000, steps: int = 100) -> Profile:
 
 def test_big_series_stays_small_and_exact() -> None:
     profile = big_profile()
-    entry = profile_entry(profile, profile_metrics(profile))
+    entry = profile_entry(ProfileInfo.of(profile), profile_metrics(profile))
     outcome = {"profile": profile.path, "rank": "3", "budget": "b", "metric": "peak_allocated",
                "limit": 12 * GIB, "value": 14 * GIB + 12345, "passed": False, "device": "npu:0", "message": "m"}
     started = time.perf_counter()

@@ -17,10 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import convert
-from memgate.csvtable import CsvTable, check_readable
+from memgate.csvtable import Converter, CsvTable, check_readable, keep_text
 from memgate.errors import InputError
 from memgate.limits import check_file_size, read_csv
 from memgate.loaders.trace_view import read_trace_view
+from memgate.memory import release_free_memory
 from memgate.model import (
     BLOCK_COLUMNS,
     DeviceModel,
@@ -215,24 +216,52 @@ def _file_errors(read: Callable[[Path], _R]) -> Callable[[Path], _R]:
     return wrapper
 
 
+def _in_bytes(bytes_per_unit: int) -> Converter:
+    return functools.partial(convert.unit_to_bytes, bytes_per_unit=bytes_per_unit)
+
+
+# What the loaders keep of the two big files (streamed; nothing else stays in memory).
+MEMORY_RECORD_COLUMNS: dict[str, Converter] = {
+    "Device Type": convert.label_categories,
+    "Component": convert.categories,
+    "Timestamp(us)": convert.us_to_ns,
+    "Total Allocated(MB)": _in_bytes(MIB),
+    "Total Reserved(MB)": _in_bytes(MIB),
+    "Total Active(MB)": _in_bytes(MIB),
+}
+OPERATOR_MEMORY_COLUMNS: dict[str, Converter] = {
+    "Device Type": convert.label_categories,
+    "Name": keep_text,
+    "Stream Ptr": keep_text,
+    "Size(KB)": _in_bytes(KIB),
+    "Allocation Time(us)": convert.us_to_ns,
+    "Release Time(us)": convert.us_to_ns,
+    "Active Release Time(us)": convert.us_to_ns,
+    "Allocation Total Allocated(MB)": _in_bytes(MIB),
+}
+
+
 @_file_errors
 def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
-    table = read_csv(path, load_schema("torch_npu.memory_record"))
+    table = read_csv(path, load_schema("torch_npu.memory_record"), MEMORY_RECORD_COLUMNS)
     _require_when(table, "Component", lambda c: pc.not_equal(c, "APP"), ("Total Allocated(MB)", "Total Reserved(MB)"))
     _require_when(table, "Component", lambda c: pc.equal(c, "APP"), ("Total Reserved(MB)",))
     frame = pd.DataFrame(
         {
-            "device": convert.device_labels(table.column("Device Type")),
-            "component": convert.text(table.column("Component")),
-            "t_ns": table.ns_from_us("Timestamp(us)"),
-            "allocated": table.bytes("Total Allocated(MB)", MIB),
-            "reserved": table.bytes("Total Reserved(MB)", MIB),
-            "active": table.bytes("Total Active(MB)", MIB),
-        }
+            "device": table.take("Device Type"),
+            "component": table.take("Component"),
+            "t_ns": table.take("Timestamp(us)"),
+            "allocated": table.take("Total Allocated(MB)"),
+            "reserved": table.take("Total Reserved(MB)"),
+            "active": table.take("Total Active(MB)"),
+        },
+        copy=False,
     )
     _no_negative(table, frame, {"allocated": "Total Allocated(MB)", "reserved": "Total Reserved(MB)",
                                 "active": "Total Active(MB)"})
-    return split_series(frame)
+    series = split_series(frame)
+    release_free_memory()  # the parse buffers, before the next file
+    return series
 
 
 def _no_negative(table: CsvTable, frame: pd.DataFrame, columns: dict[str, str]) -> None:
@@ -242,7 +271,7 @@ def _no_negative(table: CsvTable, frame: pd.DataFrame, columns: dict[str, str]) 
         if below.any():
             row = int(below.nonzero()[0][0])
             raise InputError("a memory total below 0", file=table.path, line=table.line_of(row), column=column,
-                             expected="a size >= 0", found=repr(table.column(column)[row].as_py()))
+                             expected="a size >= 0", found=repr(table.cell(row, column)))
 
 
 def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str, ...]) -> None:
@@ -261,14 +290,16 @@ def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str,
 
 @_file_errors
 def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
-    table = read_csv(path, load_schema("torch_npu.operator_memory"))
-    size = table.bytes("Size(KB)", KIB)
-    alloc = table.ns_from_us("Allocation Time(us)")
+    table = read_csv(path, load_schema("torch_npu.operator_memory"), OPERATOR_MEMORY_COLUMNS)
+    size = table.take("Size(KB)")
+    alloc = table.take("Allocation Time(us)")
     # The allocator's allocated total drops at Active Release Time (the block is handed back);
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
-    release = convert.us_text_to_ns(pc.coalesce(table.column("Active Release Time(us)"), table.column("Release Time(us)")))
-    name = convert.text(table.column("Name"))
-    stream = convert.text(table.column("Stream Ptr"))
+    released = table.take("Release Time(us)")
+    active_released = table.take("Active Release Time(us)")
+    release = active_released.fillna(released)
+    name = table.take("Name")
+    stream = table.take("Stream Ptr")
     release_only = size < 0
     bad = (release_only & alloc.notna()) | (~release_only & alloc.isna())
     if bad.any():
@@ -278,22 +309,21 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
             "a block needs an allocation time unless its Size is negative (allocated before the window)",
             file=path, line=table.line_of(row), column="Allocation Time(us)",
             expected="an empty cell for a negative Size" if has_alloc else "a time in us for a positive Size",
-            found=f"Size(KB) {table.column('Size(KB)')[row].as_py()} with "
-            + ("an allocation time" if has_alloc else "an empty cell"),
+            found=f"Size(KB) {table.cell(row, 'Size(KB)')} with " + ("an allocation time" if has_alloc else "an empty cell"),
         )
     if (release_only & release.isna()).any():
         row = int((release_only & release.isna()).to_numpy().nonzero()[0][0])
         raise InputError("a release-only row (negative Size) needs a Release Time", file=path,
                          line=table.line_of(row), column="Release Time(us)", expected="a time in us",
-                         found=f"an empty cell (Size(KB) {table.column('Size(KB)')[row].as_py()})")
-    for column in ("Active Release Time(us)", "Release Time(us)"):
-        early = (table.ns_from_us(column) < alloc).fillna(False).to_numpy(dtype=bool)
+                         found=f"an empty cell (Size(KB) {table.cell(row, 'Size(KB)')})")
+    for column, times in (("Active Release Time(us)", active_released), ("Release Time(us)", released)):
+        early = (times < alloc).fillna(False).to_numpy(dtype=bool)
         if early.any():
             row = int(early.nonzero()[0][0])
             raise InputError("a block is released before it is allocated", file=path, line=table.line_of(row),
                              column=column, expected=f"a time at or after Allocation Time(us) "
-                             f"{table.column('Allocation Time(us)')[row].as_py().strip()}",
-                             found=repr(table.column(column)[row].as_py()))
+                             f"{str(table.cell(row, 'Allocation Time(us)')).strip()}",
+                             found=repr(table.cell(row, column)))
     is_ge = name.fillna("").str.startswith("cann::") | (name.isna() & stream.isna())
     blocks = pd.DataFrame(
         {
@@ -302,12 +332,16 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
             "t_free": release,
             "op": name,
             "stream": stream,
-            "owner": pd.Series([pd.NA] * len(size), dtype="string"),
-            "component": pd.Series(is_ge.map({True: "GE", False: "PTA"}), dtype="string"),
-            "alloc_total": table.bytes("Allocation Total Allocated(MB)", MIB),
-        }
+            "owner": convert.text(pa.nulls(len(size), pa.string())),
+            "component": convert.text(pc.if_else(pa.array(is_ge.to_numpy(dtype=bool)), "GE", "PTA")),
+            "alloc_total": table.take("Allocation Total Allocated(MB)"),
+        },
+        copy=False,
     )[list(BLOCK_COLUMNS)]
-    devices = convert.device_labels(table.column("Device Type"))
+    devices = table.take("Device Type")
+    release_free_memory()  # the parse buffers, before the next file
+    if devices.nunique() == 1:  # one device per file, as torch_npu writes it: no split needed
+        return [(str(devices.iloc[0]), blocks)]
     return [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices, sort=True)]
 
 

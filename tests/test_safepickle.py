@@ -1,0 +1,115 @@
+"""memgate.safepickle: the object cap (pickle bombs), and the metered input it reads through.
+
+The class-refusing side (REDUCE, EXT*, persistent ids) and the size cap are tested with the
+snapshot loader in test_snapshot.py; peak RSS on the list bomb in test_corpus.py.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import pytest
+
+from memgate import limits, safepickle
+from memgate.errors import ConfigError, InputError
+
+TORCH = Path(__file__).parent / "data" / "samples" / "torch"
+LEGACY = TORCH / "snapshot_legacy_history_flexgen.pickle"  # the densest sample: 6,803 containers in 110 kB
+SNAPSHOT_HEAD = b"}X\x08\x00\x00\x00segments"  # a dict, then its first key: what the loader claims
+PEEK = 1 << 17  # the C Unpickler fetches input 128 KiB at a time: the most built between two checks
+
+
+@pytest.fixture(autouse=True)
+def _default_caps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(limits.PICKLE_OBJECTS_ENV, raising=False)
+    monkeypatch.delenv(limits.PICKLE_BYTES_ENV, raising=False)
+
+
+def _write(tmp_path: Path, data: bytes, name: str = "bomb.pickle") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+UNFRAMED = b"\x80\x02" + SNAPSHOT_HEAD  # protocol 2: fetched 128 KiB at a time
+FRAMED = b"\x80\x04\x95" + struct.pack("<Q", len(SNAPSHOT_HEAD)) + SNAPSHOT_HEAD  # then unframed: per opcode
+
+
+@pytest.mark.parametrize("head", [UNFRAMED, FRAMED], ids=["unframed", "framed-head"])
+def test_list_bomb_is_refused_within_one_fetch_of_the_cap(tmp_path: Path, head: bytes) -> None:
+    path = _write(tmp_path, head + b"]" * (8 << 20))  # 8M one-byte lists, never finished
+    cap = limits.max_pickle_objects(path.stat().st_size)  # one per 8 bytes: ~1M
+    with pytest.raises(InputError) as info:
+        safepickle.load(path)
+    err = info.value
+    assert err.file == str(path)
+    assert f"more than {cap} lists, dicts, tuples and sets" in err.message
+    assert limits.PICKLE_OBJECTS_ENV in (err.expected or "")
+    built = int((err.found or "").split()[0])
+    assert cap < built <= cap + PEEK  # bounded: ~70 MiB of lists, not 8M of them (~500 MiB)
+
+
+def test_frame_bomb_is_refused_before_the_frame_is_handed_over(tmp_path: Path) -> None:
+    body = SNAPSHOT_HEAD + b"]" * (8 << 20)
+    path = _write(tmp_path, b"\x80\x04\x95" + struct.pack("<Q", len(body)) + body)
+    with pytest.raises(InputError) as info:
+        safepickle.load(path)
+    assert f"a {len(body)}-byte FRAME that could build as many more" in (info.value.found or "")
+    assert info.value.file == str(path)
+
+
+def test_the_override_admits_a_dense_pickle_and_can_refuse_a_real_one(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    value: list[list[int]] = [[] for _ in range(limits.MIN_PICKLE_OBJECTS + 100_000)]  # valid: 2 bytes per list
+    path = _write(tmp_path, pickle.dumps(value, protocol=4), "dense.pickle")
+    with pytest.raises(InputError, match="lists, dicts, tuples and sets"):
+        safepickle.load(path)
+    monkeypatch.setenv(limits.PICKLE_OBJECTS_ENV, str(2 * len(value)))
+    assert safepickle.load(path) == value
+    monkeypatch.setenv(limits.PICKLE_OBJECTS_ENV, "1000")
+    with pytest.raises(InputError, match="more than 1000 lists"):
+        safepickle.load(LEGACY)
+    monkeypatch.setenv(limits.PICKLE_OBJECTS_ENV, "lots")
+    with pytest.raises(ConfigError, match=limits.PICKLE_OBJECTS_ENV):
+        safepickle.load(LEGACY)
+
+
+@pytest.mark.parametrize("path", sorted(TORCH.glob("*.pickle")), ids=lambda p: p.name)
+def test_real_snapshots_fit_in_half_the_default_ratio(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Room to spare: one container per 16 bytes is enough for every sample (the default: one per 8)."""
+    monkeypatch.setenv(limits.PICKLE_OBJECTS_ENV, str(path.stat().st_size // (2 * limits.PICKLE_BYTES_PER_OBJECT)))
+    assert safepickle.load(path) is not None
+
+
+PLAIN = {
+    "segments": [{"address": 1 << 40, "blocks": [{"size": 512, "state": "inactive"}] * 3, "pool": (0, 1)}],
+    "device_traces": [[{"action": "alloc", "addr": i, "size": -i, "time_us": 1.5 * i, "ok": i % 2 == 0}
+                       for i in range(50_000)]],
+    "big_bytes": bytes(range(256)) * 1000,  # 256 kB: written outside any frame, read with readinto
+    "big_text": "é" * 200_000,
+    "none": None,
+}
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_plain_data_round_trips_in_every_protocol(tmp_path: Path, protocol: int) -> None:
+    plain = PLAIN if protocol >= 3 else {k: v for k, v in PLAIN.items() if k != "big_bytes"}  # 2: bytes via a class
+    path = _write(tmp_path, pickle.dumps(plain, protocol=protocol), f"plain{protocol}.pickle")
+    assert safepickle.load(path) == plain
+
+
+def test_text_opcodes_across_fetch_boundaries(tmp_path: Path) -> None:
+    """INT and UNICODE read whole lines: lines that straddle a 128 KiB fetch, and one longer than it."""
+    data = b"\x80\x02(" + b"I12345\n" * 40_000 + b"V" + b"x" * 300_000 + b"\nl."
+    assert safepickle.load(_write(tmp_path, data)) == [12345] * 40_000 + ["x" * 300_000]
+
+
+def test_trailing_bytes_are_found_at_the_exact_end(tmp_path: Path) -> None:
+    data = pickle.dumps(PLAIN, protocol=4)
+    path = _write(tmp_path, data + b"junk", "trailing.pickle")
+    with pytest.raises(InputError, match="trailing bytes") as info:
+        safepickle.load(path)
+    assert info.value.column == f"byte {len(data)}"
+    assert safepickle.load(_write(tmp_path, data + b"\x00" * 16, "padded.pickle")) == PLAIN  # NUL padding is fine
