@@ -1,0 +1,163 @@
+"""The paths that make big inputs cheap give the same answers as the plain ones:
+
+- a warm run reads metric results back from the cache without loading the profile's frames;
+- CSV files are streamed in blocks: errors in any block name the file's line, results do not
+  depend on the block size;
+- split_series and the block reconciliation agree with the pandas / lexsort formulations.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers import PTA21_L1, PTA271, SAMPLES
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memgate import csvtable
+from memgate.cache import ProfileCache, open_profile
+from memgate.discover import discover, load
+from memgate.errors import InputError
+from memgate.metrics import profile_metrics
+from memgate.model import SERIES_COLUMNS, ProfileInfo, split_series
+from memgate.reconcile import _BlockArrays, _reconcile_blocks
+from memgate.report import profile_entry
+from memgate.session import process_profile
+
+KINETO = SAMPLES / "torch" / "cpu_train_leak_profile_memory.json"
+SNAPSHOT = SAMPLES / "torch" / "snapshot_newest_compile_context_windows_decomfl.pickle"
+
+
+# ---- metric results in the cache ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [PTA271, KINETO, SNAPSHOT], ids=lambda p: p.name)
+def test_warm_run_judges_from_stored_results_without_loading(path: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (found,) = discover(path)
+    cache = ProfileCache(tmp_path / "cache")
+    cold = process_profile(found, cache=cache)
+    assert cold.error is None
+    plain = process_profile(found)
+    assert cold.entry == plain.entry
+    # the second run must not load anything: every loader now fails
+    monkeypatch.setattr("memgate.cache.load", lambda f: pytest.fail("loaded the profile on a warm run"))
+    monkeypatch.setattr("memgate.cache._deserialize", lambda *a: pytest.fail("read the frames on a warm run"))
+    warm = process_profile(found, cache=cache)
+    assert warm.entry == plain.entry
+    assert json.dumps(warm.entry) == json.dumps(plain.entry)
+
+
+def test_missing_result_loads_the_frames_once(tmp_path: Path) -> None:
+    (found,) = discover(PTA21_L1)
+    cache = ProfileCache(tmp_path / "cache")
+    open_profile(found, cache).get(None, 1)
+    warm = open_profile(found, cache)
+    assert warm.get(None, 1) is not None and warm._profile is None  # from the store
+    other = warm.get(None, 0)  # another warmup: not stored yet, computed from the cached frames
+    assert warm._profile is not None
+    assert [m.as_json() for m in other] == [m.as_json() for m in profile_metrics(load(found), warmup_steps=0)]
+
+
+def test_corrupt_result_file_is_recomputed(tmp_path: Path) -> None:
+    (found,) = discover(PTA21_L1)
+    cache = ProfileCache(tmp_path / "cache")
+    want = [m.as_json() for m in open_profile(found, cache).get(None, 1)]
+    (result,) = list((tmp_path / "cache").glob("*/metrics-*.json"))
+    result.write_text('{"key": "x", "devices": [')
+    assert [m.as_json() for m in open_profile(found, cache).get(None, 1)] == want
+    assert json.loads(result.read_text())["devices"] == want  # written again, whole
+
+
+def test_profile_info_round_trips_through_json() -> None:
+    profile = load(next(iter(discover(PTA271))))
+    info = ProfileInfo.of(profile)
+    assert ProfileInfo.from_json(json.loads(json.dumps(info.as_json()))) == info
+    assert profile_entry(info, [])["steps"] == list(info.steps)
+
+
+# ---- streamed CSV -----------------------------------------------------------------------------------
+
+
+def _small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(csvtable, "BLOCK_BYTES", 4096)  # many blocks even for a small sample
+
+
+def test_block_size_does_not_change_the_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    (found,) = discover(PTA271)
+    want = [m.as_json() for m in profile_metrics(load(found))]
+    _small_blocks(monkeypatch)
+    assert [m.as_json() for m in profile_metrics(load(found))] == want
+
+
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.97])
+@pytest.mark.parametrize("bad", ["12x.5", "1e400"])
+def test_error_in_any_block_names_its_line(where: float, bad: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A malformed cell (pattern) or one past int64 (conversion), early, mid-file or near the end."""
+    _small_blocks(monkeypatch)
+    shutil.copytree(PTA271, tmp_path / "p")
+    path = next((tmp_path / "p").rglob("operator_memory.csv"))
+    lines = path.read_text().splitlines(keepends=True)
+    line = max(2, int(len(lines) * where))
+    cells = lines[line - 1].split(",")
+    column = lines[0].split(",").index("Allocation Total Allocated(MB)")
+    cells[column] = bad
+    lines[line - 1] = ",".join(cells)
+    path.write_text("".join(lines))
+    with pytest.raises(InputError) as info:
+        load(next(iter(discover(tmp_path / "p"))))
+    assert (info.value.file, info.value.line, info.value.column) == (str(path), line, "Allocation Total Allocated(MB)")
+    assert repr(bad) in str(info.value.found)
+
+
+# ---- split_series and reconciliation against their plain formulations -----------------------------
+
+ROWS = st.lists(st.tuples(st.sampled_from(["npu:0", "npu:1"]), st.sampled_from(["APP", "PTA", "GE"]),
+                          st.one_of(st.none(), st.integers(0, 20)), st.one_of(st.none(), st.integers(0, 9))),
+                max_size=60)
+
+
+@given(rows=ROWS)
+def test_split_series_is_groupby_then_stable_time_sort(rows: list[tuple]) -> None:
+    frame = pd.DataFrame({"device": pd.Series([r[0] for r in rows], dtype="string"),
+                          "component": pd.Series([r[1] for r in rows], dtype="string"),
+                          "t_ns": pd.array([r[2] for r in rows], dtype="Int64"),
+                          "allocated": pd.array([r[3] for r in rows], dtype="Int64"),
+                          "reserved": pd.array([r[3] for r in rows], dtype="Int64"),
+                          "active": pd.array(list(range(len(rows))), dtype="Int64")})
+    want = [(str(d), str(c), g[list(SERIES_COLUMNS)].sort_values("t_ns", kind="stable").reset_index(drop=True))
+            for (d, c), g in frame.groupby(["device", "component"], sort=True)]
+    got = split_series(frame.copy())
+    assert [(d, c) for d, c, _ in got] == [(d, c) for d, c, _ in want]
+    for (_, _, g), (_, _, w) in zip(got, want):
+        pd.testing.assert_frame_equal(g, w.astype("Int64"))
+
+
+BLOCKS = st.lists(st.tuples(st.integers(1, 50), st.one_of(st.none(), st.integers(0, 12)), st.integers(0, 12),
+                            st.booleans(), st.one_of(st.none(), st.integers(0, 200))), max_size=50)
+
+
+@given(blocks=BLOCKS)
+def test_event_order_is_time_then_frees_then_file_order(blocks: list[tuple]) -> None:
+    """The curve equals the one built with an explicit lexsort over (time, kind, row)."""
+    size = np.array([b[0] for b in blocks], dtype=np.int64)
+    pre = np.array([b[1] is None for b in blocks], dtype=bool)
+    t_alloc = np.array([b[1] or 0 for b in blocks], dtype=np.int64)
+    t_free = np.maximum(t_alloc, [b[2] for b in blocks]).astype(np.int64) if blocks else np.zeros(0, np.int64)
+    freed = np.array([b[3] or p for b, p in zip(blocks, pre)], dtype=bool)
+    total = np.array([-1 if b[4] is None else b[4] for b in blocks], dtype=np.int64)
+    _, curve = _reconcile_blocks("PTA", _BlockArrays(size, t_alloc, pre, t_free, freed, total))
+    free_idx, alloc_idx = np.flatnonzero(freed), np.flatnonzero(~pre)
+    times = np.concatenate([t_free[free_idx], t_alloc[alloc_idx]])
+    kinds = np.concatenate([np.zeros(len(free_idx)), np.ones(len(alloc_idx))])
+    rows = np.concatenate([free_idx, alloc_idx])
+    order = np.lexsort((rows, kinds, times))
+    deltas = np.concatenate([-size[free_idx], size[alloc_idx]])[order]
+    assert curve.t_ns.tolist() == times[order].tolist()
+    assert (curve.allocated - curve.start).tolist() == np.cumsum(deltas).tolist()
