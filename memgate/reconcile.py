@@ -119,7 +119,8 @@ def reconcile(device: DeviceModel) -> DeviceFacts:
 
 
 def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFacts, BlockCurve]:
-    size, pre, freed = blocks.size, blocks.pre, blocks.freed
+    size, t_alloc, pre, t_free, freed, alloc_total = blocks
+    del blocks  # the caller passes its only reference: columns are dropped below once used
     start_live = int(size[pre].sum())
 
     # Events [*frees, *allocs] in time order, frees first at the same ns, each kind in file order;
@@ -127,22 +128,24 @@ def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFa
     alloc_idx = np.flatnonzero(~pre)
     free_idx = np.flatnonzero(freed)
     free_count = len(free_idx)
-    times = np.concatenate([blocks.t_free[free_idx], blocks.t_alloc[alloc_idx]])
+    times = np.concatenate([t_free[free_idx], t_alloc[alloc_idx]])
+    del t_alloc, t_free
     # A stable sort keeps frees (first in the array) before allocs at the same ns, and file order
     # within each kind: the same as lexsort((row, kind, time)) at a fraction of the memory.
     order = np.argsort(times, kind="stable")
-    times = times[order]
-    running = np.concatenate([-size[free_idx], size[alloc_idx]])[order]
+    running = np.concatenate([-size[free_idx], size[alloc_idx]])
     del free_idx
+    running = running[order]
     np.cumsum(running, out=running)
     running += start_live
+    times = times[order]
 
     checked = 0
     consistency: float | None = None
     baseline = 0
-    if (blocks.alloc_total >= 0).any():
+    if (alloc_total >= 0).any():
         is_alloc_event = order >= free_count
-        recorded = blocks.alloc_total[alloc_idx[order[is_alloc_event] - free_count]]
+        recorded = alloc_total[alloc_idx[order[is_alloc_event] - free_count]]
         has_total = recorded >= 0
         estimates = recorded[has_total] - running[is_alloc_event][has_total]
         del recorded, has_total, is_alloc_event

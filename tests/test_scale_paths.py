@@ -161,3 +161,18 @@ def test_event_order_is_time_then_frees_then_file_order(blocks: list[tuple]) -> 
     deltas = np.concatenate([-size[free_idx], size[alloc_idx]])[order]
     assert curve.t_ns.tolist() == times[order].tolist()
     assert (curve.allocated - curve.start).tolist() == np.cumsum(deltas).tolist()
+
+
+@given(bad_at=st.integers(0, 4999), bad=st.sampled_from([None, "NPU:x", "npu:1", ""]))
+def test_few_distinct_values_are_checked_like_every_cell(bad_at: int, bad: str | None) -> None:
+    """A long column of few distinct values (checked on its distinct values) names the same first
+    bad row and problem as the cell-by-cell check."""
+    import pyarrow as pa
+
+    prop = {"type": "string", "pattern": "^NPU:[0-9]+$"}
+    cells: list[str | None] = [f"NPU:{i % 3}" for i in range(5000)]
+    assert csvtable._first_bad(pa.array(cells), prop) == (None, "")
+    cells[bad_at] = bad
+    column = pa.array(cells, type=pa.string())
+    assert csvtable._first_bad(column, prop) == csvtable._check(column, prop)
+    assert csvtable._first_bad(column, prop)[0] == bad_at

@@ -63,7 +63,9 @@ def is_profile_dir(path: Path) -> bool:
 
 def load(profile_dir: Path) -> Profile:
     try:
-        return _load(profile_dir)
+        profile = _load(profile_dir)
+        release_free_memory()  # what reading and checking the files left behind
+        return profile
     except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
         raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or profile_dir) from None
 
