@@ -154,7 +154,15 @@ def categories(col: pa.Array) -> pa.Array:
 
 
 def int64_series(values: ArrowColumn) -> pd.Series:
-    return pd.Series(values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get), dtype="Int64")
+    """An int64 Arrow column as a nullable ``Int64`` Series, copied once, chunk by chunk (pandas'
+    own conversion concatenates the chunks and then copies the result again)."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    if not chunks:
+        return pd.Series(pd.array([], dtype="Int64"))
+    data = np.concatenate([np.asarray((pc.fill_null(c, 0) if c.null_count else c).to_numpy(), dtype=np.int64)
+                           for c in chunks])
+    mask = np.concatenate([np.asarray(c.is_null().to_numpy(zero_copy_only=False), dtype=bool) for c in chunks])
+    return pd.Series(pd.arrays.IntegerArray(data, mask), copy=False)
 
 
 def na_to_null(col: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -137,11 +137,9 @@ def device_metrics(
         missing["leaked_bytes"] = why
 
     blocks = device.blocks
-    allocated_here = blocks[blocks["t_alloc"].notna() & blocks["op"].notna() & (blocks["op"] != "")]
-    if len(allocated_here):
-        values["op_max_block_bytes"] = {
-            str(op): int(size) for op, size in allocated_here.groupby("op", sort=True)["size"].max().items()
-        }
+    op_max = op_max_block_bytes(blocks)
+    if op_max:
+        values["op_max_block_bytes"] = op_max
     else:
         values["op_max_block_bytes"] = {}
         if len(blocks) == 0:
@@ -368,6 +366,22 @@ def _leaked(
     return int(open_blocks["size"].to_numpy(dtype=np.int64)[inside].sum()), None
 
 
+def op_max_block_bytes(blocks: pd.DataFrame) -> dict[str, int]:
+    """The largest block each operator allocated inside the window, by operator name.
+
+    On operator codes with numpy: blocks can be millions of rows, and a groupby would copy them.
+    """
+    named = (blocks["t_alloc"].notna() & blocks["op"].notna() & (blocks["op"] != "") & blocks["size"].notna())
+    codes, names = pd.factorize(blocks["op"])
+    keep = named.to_numpy(dtype=bool) & (codes >= 0)
+    codes = codes[keep]
+    sizes = blocks["size"].to_numpy(dtype=np.int64, na_value=0)[keep]
+    largest = np.full(len(names), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(largest, codes, sizes)
+    seen = np.bincount(codes, minlength=len(names)) > 0
+    return {str(names[i]): int(largest[i]) for i in sorted(np.flatnonzero(seen), key=lambda i: str(names[i]))}
+
+
 def top_at(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...], n: int = TOP_N) -> list[dict[str, Any]]:
     """The ``n`` largest blocks live at ``t_ns`` (allocated at or before it, not yet freed)."""
     if len(blocks) == 0:
@@ -375,7 +389,10 @@ def top_at(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...], 
     live = (blocks["t_alloc"].isna() | (blocks["t_alloc"] <= t_ns)) & (blocks["t_free"].isna() | (blocks["t_free"] > t_ns))
     if components:
         live &= blocks["component"].isin([c for c in components if c]) | blocks["component"].isna()
-    chosen = blocks[live.fillna(False)].sort_values("size", ascending=False, kind="stable").head(n)
+    rows = np.flatnonzero(live.fillna(False).to_numpy(dtype=bool))
+    # the n largest, ties in block order (a stable sort on -size); only those rows are copied
+    largest = np.argsort(-blocks["size"].to_numpy(dtype=np.int64)[rows], kind="stable")[:n]
+    chosen = blocks.iloc[rows[largest]]
     result = []
     for row in chosen.itertuples(index=False):
         result.append(
