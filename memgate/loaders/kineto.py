@@ -1,7 +1,7 @@
 """Kineto / torch.profiler Chrome traces recorded with ``profile_memory=True``. FORMATS.md §5.
 
-``*.json`` or ``*.json.gz``, streamed with ijson (never loaded whole; gzip decompressed as a
-stream). What is read:
+``*.json`` or ``*.json.gz``, streamed (never loaded whole; gzip decompressed as a stream). What is
+read:
 - ``[memory]`` instant events: one per allocation (``Bytes`` > 0) or free (``Bytes`` < 0), with the
   allocator's ``Total Allocated`` / ``Total Reserved`` after the event. ``Total Allocated`` includes
   memory allocated before profiling started; it becomes each block's ``alloc_total`` so the
@@ -12,10 +12,19 @@ stream). What is read:
 - ``cpu_op`` complete events: a memory event belongs to the innermost op on the same (pid, tid)
   whose span ``[ts, ts + dur]`` contains its ts; that op names the block.
 
+Reading: the json module (C) parses the ``traceEvents`` array a chunk of bytes at a time, and only
+what memgate needs is kept: the few ProfilerStep events whole, memory events and cpu_ops as int64
+columns. So memory stays a small multiple of one chunk, not of the file (a 1 GB trace: ~0.5 GB
+peak, where orjson.loads peaks at 6.5 GB). A file that reader cannot vouch for (a syntax error, a
+limit, a surrogate escape) is read again event by event with ijson, which names the first
+error with its element and line: both readers accept the same files and read them to the same
+events. Each batch of events is checked against the schema as it comes; of several bad events,
+the first in the file is reported.
+
 Time: ``ts`` is µs with 3 decimals, relative to ``baseTimeNanoseconds`` when the trace has it.
-ijson hands non-integers over as ``Decimal``, so ``t_ns = baseTimeNanoseconds + ts * 1000`` is
-exact (sub-ns digits, which Kineto never writes, are dropped). Events are unsorted in the file;
-they are ordered by ts, ties in file order.
+ijson hands non-integers over as ``Decimal``, the json reader as their text, so
+``t_ns = baseTimeNanoseconds + ts * 1000`` is exact (sub-ns digits, which Kineto never writes, are
+dropped). Events are unsorted in the file; they are ordered by ts, ties in file order.
 
 Also the JSON written by ``prof.export_memory_timeline("*.json")`` (``[times_us, sizes]``, sizes by
 category): claimed only by its name (``*memory_timeline*.json``) *and* its ``[[`` header. It does
@@ -27,11 +36,15 @@ from __future__ import annotations
 import gc
 import gzip
 import io
+import json
 import re
 import zlib
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import repeat
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,7 +57,7 @@ import pyarrow.compute as pc
 from memgate import convert, discover, limits
 from memgate.csvtable import check_readable
 from memgate.errors import InputError
-from memgate.loaders.jsonstream import JsonLimitError, guard, syntax_error
+from memgate.loaders.jsonstream import GuardedReader, JsonLimitError, guard, syntax_error
 from memgate.loaders.snapshot import pair_allocs
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.pyrecords import check_column, check_records, missing_int64, nullable_int64, resolve
@@ -118,26 +131,194 @@ def _open(path: Path) -> Iterator[IO[bytes]]:
 
 # ---- streaming ------------------------------------------------------------------------------------
 
-
-class _Collected:
-    """The events memgate needs, pulled out of the stream (everything else is dropped as it passes)."""
-
-    def __init__(self) -> None:
-        self.mem: list[dict[str, Any]] = []
-        self.mem_index: list[int] = []
-        self.op_index: list[int] = []
-        self.op_name: list[Any] = []
-        self.op_ts: list[Any] = []
-        self.op_dur: list[Any] = []
-        self.op_pid: list[Any] = []
-        self.op_tid: list[Any] = []
-        self.steps: list[dict[str, Any]] = []
-        self.step_index: list[int] = []
-        self.events = 0
+CHUNK_BYTES = 8 << 20  # bytes the json reader parses at once (~60 MB of Python objects, freed per chunk)
+_PENDING_MAX = 64 << 20  # bytes without a complete event (a huge event or tail): left to ijson, which streams
+_IJSON_BATCH = 8192  # events per batch from the ijson reader
+_TAIL = 64 << 10  # where the last cut is looked for first
+_WS = rb"[ \t\n\r]*"  # JSON whitespace
+_EVENTS_KEY = re.compile(rb'"traceEvents"' + _WS + rb":" + _WS + rb"\[")
+_CUT = re.compile(rb"\}" + _WS + rb"," + _WS + rb"(?=\{)")  # between two events (or inside a string)
+_ARRAY_START = re.compile(r"\[" + _WS.decode())
+_NEXT_EVENT = re.compile(_WS.decode() + r"," + _WS.decode() + r"(?=\{)")
+_ARRAY_END = re.compile(_WS.decode() + r"\]")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_PLAIN_US = r"^[0-9]+\.[0-9]{1,9}$"  # µs that convert exactly as text
+_OP_FIELDS = ("name", "ts", "dur", "pid", "tid")  # what is kept of a cpu_op, in the order they are checked
 
 
-def _collect(path: Path, fh: IO[bytes], gz: bool) -> _Collected:
-    out = _Collected()
+class _Unproven(Exception):
+    """The json reader cannot vouch for the file: the ijson reader reads it (and names its first error)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # json takes NaN and Infinity; RFC 8259 and ijson do not
+
+
+class _Number(str):
+    """A JSON number with a fraction or exponent, as the json reader keeps it: its text.
+
+    ijson reads one as a ``Decimal``. Text is cheaper to build, and Arrow turns a column of it into
+    exact ns 7x faster than a column of Decimals (see _plain_us_ns); any other use takes
+    :func:`_legacy`, the Decimal, so both readers' events check and fail alike.
+    """
+
+    __slots__ = ()
+
+
+_DECODER = json.JSONDecoder(parse_float=_Number, parse_constant=_no_constant)
+
+
+def _legacy(value: Any) -> Any:
+    return Decimal(value) if type(value) is _Number else value
+
+
+def _legacy_event(event: dict[str, Any]) -> dict[str, Any]:
+    """The event (its top level and args, what the schema checks) with ijson's types."""
+    out = {key: _legacy(value) for key, value in event.items()}
+    if type(out.get("args")) is dict:
+        out["args"] = {key: _legacy(value) for key, value in out["args"].items()}
+    return out
+
+
+def _json_batches(reader: GuardedReader) -> Iterator[list[dict[str, Any]]]:
+    """The traceEvents array as lists of events, one list per chunk of bytes parsed by the json module.
+
+    Anything this reader does not vouch for (a syntax error, a limit of the reader or of rows, a
+    surrogate escape, an event that is not an object, an event over 64 MiB) raises
+    _Unproven: the json and ijson readers accept the same files and read them to the same events.
+    """
+    max_rows = limits.current().max_rows
+    events = 0
+    try:
+        for batch in _json_chunks(reader):
+            events += len(batch)
+            if events > max_rows:
+                raise _Unproven("too many events")  # ijson's reader names the event
+            yield batch
+    except (ValueError, RecursionError, EOFError, OSError, zlib.error, JsonLimitError) as exc:
+        raise _Unproven(str(exc)) from exc
+
+
+def _json_chunks(reader: GuardedReader) -> Iterator[list[dict[str, Any]]]:
+    """Parse the array a chunk at a time: the complete events of the bytes read so far, the rest kept."""
+    buf = bytearray(b"[") + _after_events_key(reader)  # the pending bytes, always after a '['
+    in_tail = False  # the array has ended: the rest closes the document
+    while chunk := reader.read(CHUNK_BYTES):
+        buf += chunk
+        taken = None if in_tail else _leading_events(buf)
+        in_tail = in_tail or taken is None
+        if taken is not None and taken[1]:
+            buf[taken[1] - 1] = ord("[")  # in place of the separator's last byte
+            del buf[: taken[1] - 1]
+            yield taken[0]
+        if len(buf) > _PENDING_MAX:
+            raise _Unproven("no complete event in 64 MiB")
+    yield _last_events(buf)
+
+
+def _leading_events(buf: bytearray) -> tuple[list[dict[str, Any]], int] | None:
+    """The complete events at the start of ``buf`` and where the next one starts (0: none yet), or
+    None when the array ends in ``buf`` (the rest is the document's tail).
+
+    One parse up to the last ``}`` followed by ``,`` and ``{``: a cut inside a string or inside an
+    event leaves ``[chunk]`` unparseable, so a parse that succeeds proves its cut. Should it fail,
+    the events are taken one by one.
+    """
+    cut = _last_cut(buf)
+    if cut is not None:
+        try:
+            events = _events(buf, cut[0])
+        except ValueError:
+            return _events_one_by_one(buf)
+        return None if events is None else (events, cut[1])
+    return _events_one_by_one(buf)
+
+
+def _events_one_by_one(buf: bytearray) -> tuple[list[dict[str, Any]], int] | None:
+    """The slow way: each event parsed alone, up to one that is cut off (or malformed: ijson's reader
+    will name it)."""
+    text = _text(buf, buf.rfind(b"}") + 1)  # ('}' never ends inside a UTF-8 character)
+    events = []
+    taken = 0
+    separator = _ARRAY_START.match(text)
+    while separator is not None:
+        try:
+            event, end = _DECODER.raw_decode(text, separator.end())
+        except ValueError:
+            break
+        if _ARRAY_END.match(text, end):
+            return None
+        separator = _NEXT_EVENT.match(text, end)
+        if separator is not None:
+            events.append(event)
+            taken = separator.end()
+    return _objects(events), len(text[:taken].encode("utf-8"))
+
+
+def _after_events_key(reader: GuardedReader) -> bytes:
+    """Read past the ``[`` that opens the top-level ``traceEvents``; return the bytes after it."""
+    head = b""
+    while (key := _EVENTS_KEY.search(head)) is None:
+        chunk = reader.read(CHUNK_BYTES)
+        if not chunk or len(head) > _PENDING_MAX:
+            raise _Unproven("no traceEvents array")
+        head += chunk
+    opening = head[: key.end()]
+    # ``{..., "traceEvents": []}`` parses only if that ``[`` opens the value of a top-level key
+    if opening.count(b'"traceEvents"') != 1 or type(_DECODER.decode(_text(opening + b"]}"))) is not dict:
+        raise _Unproven("traceEvents is not the top-level array")
+    return head[key.end():]
+
+
+def _last_cut(buf: bytes | bytearray) -> tuple[int, int] | None:
+    """(end of this chunk, start of the next) at the last ``}`` followed by ``,`` and ``{``."""
+    for start in (max(len(buf) - _TAIL, 0), 0):
+        last = deque(_CUT.finditer(buf, start), maxlen=1)
+        if last:
+            return last[0].start() + 1, last[0].end()
+    return None
+
+
+def _text(data: bytes | bytearray, end: int | None = None) -> str:
+    """``data[:end]`` as text (without copying the bytes first)."""
+    end = len(data) if end is None else end
+    if data.find(b"\\", 0, end) >= 0 and _SURROGATE.search(data, 0, end):  # memchr first: escapes are rare
+        raise _Unproven("a surrogate escape")  # json keeps a lone one as is, ijson reads it as "?"
+    with memoryview(data)[:end] as view:
+        return str(view, "utf-8")
+
+
+def _events(buf: bytearray, end: int) -> list[dict[str, Any]] | None:
+    """The events in ``buf[:end]`` (after its '['); None when the array ends in there (the rest is the tail)."""
+    separator = buf[end]
+    buf[end] = ord("]")  # for the parse, the list closes in place of the separator's first byte
+    try:
+        text = _text(buf, end + 1)
+    finally:
+        buf[end] = separator
+    events, stop = _DECODER.raw_decode(text)
+    return _objects(events) if stop == len(text) else None
+
+
+def _last_events(buf: bytearray) -> list[dict[str, Any]]:
+    """The events up to the array's ``]`` (``buf`` starts with '['); the rest must close the top-level object."""
+    text = _text(buf)
+    events, end = _DECODER.raw_decode(text)
+    others = _DECODER.decode('{"": 0' + text[end:])
+    if "traceEvents" in others:
+        raise _Unproven("a second traceEvents key")  # ijson reads the events of both
+    return _objects(events)
+
+
+def _objects(events: list[Any]) -> list[dict[str, Any]]:
+    if not set(map(type, events)) <= {dict}:
+        raise _Unproven("an event is not an object")  # ijson's reader names it
+    return events
+
+
+def _ijson_batches(path: Path, fh: IO[bytes], gz: bool) -> Iterator[list[dict[str, Any]]]:
+    """The traceEvents array as lists of events streamed by ijson, the reader that names a file's first error."""
+    batch: list[dict[str, Any]] = []
     index = -1
     try:
         max_rows = limits.current().max_rows
@@ -147,26 +328,10 @@ def _collect(path: Path, fh: IO[bytes], gz: bool) -> _Collected:
             if type(event) is not dict:
                 raise InputError("trace event is not an object", file=path, column=f"traceEvents[{index}]",
                                  expected="an object", found=type(event).__name__)
-            ph = event.get("ph")
-            if ph == "i":
-                if event.get("name") == "[memory]":
-                    out.mem.append(event)
-                    out.mem_index.append(index)
-            elif ph == "X":
-                name = event.get("name")
-                cat = event.get("cat")
-                if type(name) is str and name.startswith("ProfilerStep#"):
-                    if cat != "gpu_user_annotation":  # the GPU-side copy runs on device time
-                        out.steps.append(event)
-                        out.step_index.append(index)
-                elif cat == "cpu_op":
-                    out.op_index.append(index)
-                    out.op_name.append(name)
-                    out.op_ts.append(event.get("ts"))
-                    out.op_dur.append(event.get("dur"))
-                    out.op_pid.append(event.get("pid"))
-                    out.op_tid.append(event.get("tid"))
-        out.events = index + 1
+            batch.append(event)
+            if len(batch) == _IJSON_BATCH:
+                yield batch
+                batch = []
     except JsonLimitError as exc:
         raise InputError(exc.message, file=path, column=f"traceEvents[{index + 1}] ({exc.column})",
                          expected=exc.expected, found=exc.found) from None
@@ -182,7 +347,7 @@ def _collect(path: Path, fh: IO[bytes], gz: bool) -> _Collected:
                          column=f"traceEvents[{index + 1}]", expected="a complete .json.gz") from None
     except RecursionError:
         raise InputError("JSON nested too deeply", file=path) from None
-    return out
+    yield batch
 
 
 def _head_fields(head: bytes) -> dict[str, Any]:
@@ -193,7 +358,7 @@ def _head_fields(head: bytes) -> dict[str, Any]:
             if prefix == "traceEvents":
                 fields["traceEvents"] = event  # start_array, or what it is instead
                 break
-            if event in ("number", "string", "boolean") and (prefix.count(".") == 0 or prefix == "distributedInfo.rank"):
+            if event in ("number", "string", "boolean") and ("." not in prefix or prefix == "distributedInfo.rank"):
                 fields[prefix] = value
     except (ijson.JSONError, JsonLimitError):
         pass  # the head ends mid-document (or nests absurdly: the full read reports that)
@@ -202,8 +367,8 @@ def _head_fields(head: bytes) -> dict[str, Any]:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while the stream builds millions of event dicts: its generation passes
-    over them cost a quarter of the load (1 GB trace: 32.3 s with GC, 24.7 s without). Collection
+    """Pause the cyclic GC while the readers build millions of event dicts: its generation passes
+    over them would cost more than the parse (1 GB trace: 49 s with GC, 19 s without). Collection
     is only delayed, never skipped.
     """
     paused = gc.isenabled()
@@ -215,6 +380,243 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _collect(path: Path, gz: bool, schema: dict[str, Any], base: int) -> _Collected:
+    """Read the events with the json reader, or with ijson's when the json reader cannot vouch for the file."""
+    with _gc_paused():
+        try:
+            with _open(path) as fh:
+                return _Collected.of(_json_batches(guard(fh, path)), path, schema, base)
+        except _Unproven:
+            pass
+        with _open(path) as fh:
+            return _Collected.of(_ijson_batches(path, fh, gz), path, schema, base)
+
+
+# ---- what is kept of the events -------------------------------------------------------------------
+
+
+class _Codes:
+    """Integer codes for values met batch by batch (op names, pids, tids); 1 and "1" differ."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self._index: dict[tuple[type, Any], int] = {}
+
+    def encode(self, values: list[Any], ints: bool = False) -> np.ndarray:
+        """Codes of ``values``; ``ints``: all are ints within int64 (hashed in C, not as objects)."""
+        local, uniques = pd.factorize(np.array(values, dtype=np.int64 if ints else object))
+        codes = np.array([self._code(v) for v in uniques.tolist()] + [self._code(None)], dtype=np.int64)
+        return np.asarray(codes[local], dtype=np.int64)  # a None (code -1 from factorize) takes the last one
+
+    def _code(self, value: Any) -> int:
+        key = (type(value), value)
+        code = self._index.get(key)
+        if code is None:
+            code = self._index[key] = len(self.values)
+            self.values.append(value)
+        return code
+
+
+@dataclass
+class _Kept:
+    """One kind of event (memory events, cpu_ops) as int64 columns, appended batch by batch."""
+
+    parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    count: int = 0
+    problem: InputError | None = None  # of the first bad event: collecting stops there
+    latest: tuple[int, str] = (-1, "")  # the largest ts in ns (before the base) and its text
+    past_end: str | None = None  # the dur of the first event whose ts + dur is past int64 ns
+
+    def append(self, **columns: np.ndarray) -> None:
+        for name, values in columns.items():
+            self.parts.setdefault(name, []).append(values)
+
+    def column(self, name: str) -> np.ndarray:
+        return np.concatenate(self.parts[name])
+
+    def note_times(self, ns: np.ndarray, values: list[Any]) -> None:
+        k = int(np.argmax(ns))
+        if ns[k] > self.latest[0]:
+            self.latest = (int(ns[k]), str(_legacy(values[k])))
+
+
+class _Collected:
+    """The events memgate needs, pulled out batch by batch: the few steps whole, memory events and
+    cpu_ops as columns (everything else is dropped with its batch)."""
+
+    def __init__(self, path: Path, schema: dict[str, Any], base: int) -> None:
+        self.path = path
+        self.schema = schema
+        self.base = base
+        self.events = 0
+        self.steps: list[dict[str, Any]] = []
+        self.step_index: list[int] = []
+        self.mem = _Kept()
+        self.ops = _Kept()
+        self.op_names = _Codes()
+        self.pids = _Codes()
+        self.tids = _Codes()
+        x_event = resolve(schema["$defs"]["x_event"], schema)
+        self.op_props = {key: resolve(prop, schema) for key, prop in x_event["properties"].items()}
+        self.op_required = set(x_event["required"])
+        self.mem_schema = resolve(schema["$defs"]["memory_event"], schema)
+        self.mem_ts_prop = resolve(self.mem_schema["properties"]["ts"], schema)
+        # The same without ts, for batches whose ts plainly meet the schema (see _plain_us_ns)
+        self.mem_schema_no_ts = {**self.mem_schema,
+                                 "properties": {k: v for k, v in self.mem_schema["properties"].items() if k != "ts"},
+                                 "required": [k for k in self.mem_schema["required"] if k != "ts"]}
+
+    @classmethod
+    def of(cls, batches: Iterator[list[dict[str, Any]]], path: Path, schema: dict[str, Any], base: int) -> _Collected:
+        got = cls(path, schema, base)
+        for batch in batches:
+            got.add(batch)
+        return got
+
+    def add(self, events: list[dict[str, Any]]) -> None:
+        """Sort a batch into steps, memory events and cpu_ops in one pass (each event is read while in cache)."""
+        first = self.events
+        self.events += len(events)
+        mem: list[dict[str, Any]] = []
+        mem_index: list[int] = []
+        op_index: list[int] = []
+        op_columns: dict[str, list[Any]] = {name: [] for name in _OP_FIELDS}
+        add_name, add_ts, add_dur, add_pid, add_tid = (op_columns[name].append for name in _OP_FIELDS)
+        for i, event in enumerate(events):
+            get = event.get
+            ph = get("ph")
+            if ph == "X":
+                name = get("name")
+                cat = get("cat")
+                if type(name) is str and name.startswith("ProfilerStep#"):
+                    if cat != "gpu_user_annotation":  # the GPU-side copy runs on device time
+                        self.steps.append(_legacy_event(event))
+                        self.step_index.append(first + i)
+                elif cat == "cpu_op":
+                    op_index.append(first + i)
+                    add_name(name)
+                    add_ts(get("ts"))
+                    add_dur(get("dur"))
+                    add_pid(get("pid"))
+                    add_tid(get("tid"))
+            elif ph == "i" and get("name") == "[memory]":
+                mem.append(event)
+                mem_index.append(first + i)
+        self.mem.count += len(mem)
+        self.ops.count += len(op_index)
+        if mem and self.mem.problem is None:
+            self._add_memory(mem, mem_index)
+        if op_index and self.ops.problem is None:
+            self._add_ops(op_columns, op_index)
+
+    def _threads(self, pids: list[Any], tids: list[Any], arrays: Mapping[str, pa.Array | None]) -> np.ndarray:
+        """One int64 per distinct (pid, tid); ``arrays``: the checked pid and tid columns."""
+        pid = self.pids.encode(pids, _all_ints(arrays["pid"]))
+        return np.asarray((pid << 32) | self.tids.encode(tids, _all_ints(arrays["tid"])), dtype=np.int64)
+
+    def _add_memory(self, records: list[dict[str, Any]], index: list[int]) -> None:
+        n = len(records)
+
+        def check(k: int, schema: Mapping[str, Any] = self.mem_schema) -> dict[str, pa.Array | None]:
+            return check_records(records[:k], schema, file=self.path, where=lambda j: f"traceEvents[{index[j]}]",
+                                 root=self.schema)
+
+        ts, pids, tids = (list(map(dict.get, records, repeat(key))) for key in ("ts", "pid", "tid"))
+        t = _plain_us_ns(ts, self.mem_ts_prop)
+        cols = None
+        if t is not None:
+            try:  # those ts are valid: check the rest
+                cols = check(n, self.mem_schema_no_ts)
+            except InputError:
+                pass
+        if cols is None or t is None or _text_numbers({"pid": pids, "tid": tids}, cols):
+            records = [_legacy_event(r) for r in records]  # check as ijson reads them, to name the first bad event
+            ts, pids, tids = (list(map(dict.get, records, repeat(key))) for key in ("ts", "pid", "tid"))
+            try:
+                cols = check(n)
+            except InputError as exc:
+                self.mem.problem = _first_error(check, n, exc)
+                return
+            t = us_to_ns(ts, 0)
+        self.mem.note_times(t, ts)
+        total_alloc, no_alloc = _nullable(cols.get("args.Total Allocated"), n)
+        total_res, no_res = _nullable(cols.get("args.Total Reserved"), n)
+        self.mem.append(t=t, nbytes=_ints(cols["args.Bytes"], n), addr=_ints(cols["args.Addr"], n),
+                        dtype=_ints(cols["args.Device Type"], n), did=_ints(cols["args.Device Id"], n),
+                        total_alloc=total_alloc, no_alloc=no_alloc, total_res=total_res, no_res=no_res,
+                        thread=self._threads(pids, tids, cols))
+
+    def _add_ops(self, columns: dict[str, list[Any]], index: list[int]) -> None:
+        n = len(index)
+        t, dur = (_plain_us_ns(columns[name], self.op_props[name]) for name in ("ts", "dur"))
+        arrays = None
+        if t is not None and dur is not None:
+            try:  # those ts and durs are valid: check the rest
+                arrays = self._check_ops(columns, index, n, skip=("ts", "dur"))
+            except InputError:
+                pass
+        if arrays is None or t is None or dur is None or _text_numbers({k: columns[k] for k in ("name", "pid", "tid")},
+                                                                       arrays):
+            columns = {name: list(map(_legacy, values)) for name, values in columns.items()}  # as ijson reads them
+            try:
+                arrays = self._check_ops(columns, index, n)
+            except InputError as exc:
+                self.ops.problem = _first_error(lambda k: self._check_ops(columns, index, k), n, exc)
+                return
+            t, dur = us_to_ns(columns["ts"], 0), us_to_ns(columns["dur"], 0)
+        self.ops.note_times(t, columns["ts"])
+        past = dur > (_I64_MAX - self.base) - t
+        if self.ops.past_end is None and past.any():
+            self.ops.past_end = str(_legacy(columns["dur"][int(np.argmax(past))]))
+        self.ops.append(t=t, dur=dur, name=self.op_names.encode(columns["name"]),
+                        thread=self._threads(columns["pid"], columns["tid"], arrays))
+
+    def _check_ops(self, columns: dict[str, list[Any]], index: list[int], k: int,
+                   skip: tuple[str, ...] = ()) -> dict[str, pa.Array | None]:
+        """Check the first k cpu_ops field by field (raises the first field's first problem); their columns."""
+        arrays = {}
+        for name, values in columns.items():
+            if name in skip:
+                continue
+            arrays[name], problem = check_column(values[:k], self.op_props[name], name=name,
+                                                 where=lambda j: f"traceEvents[{index[j]}]",
+                                                 required=name in self.op_required)
+            if problem is not None:
+                raise problem.error(self.path)
+        return arrays
+
+
+def _integers(arr: pa.Array | None) -> bool:
+    return arr is not None and pa.types.is_integer(arr.type)
+
+
+def _all_ints(arr: pa.Array | None) -> bool:
+    return arr is not None and pa.types.is_integer(arr.type) and arr.null_count == 0
+
+
+def _text_numbers(columns: Mapping[str, list[Any]], checked: Mapping[str, pa.Array | None]) -> bool:
+    """Do these checked columns hold a json reader's number? It passes as a string; only a column that
+    Arrow did not type as integers can hold one."""
+    return any(not _integers(checked[name]) and _Number in set(map(type, values)) for name, values in columns.items())
+
+
+def _first_error(check: Callable[[int], object], n: int, error: InputError) -> InputError:
+    """The error of the first bad record of ``n`` (``check(k)`` validates the first k; all n fail with ``error``).
+
+    A column check reports a wrong type before an out-of-range value earlier in the column, so the
+    error of a whole batch would depend on where batches end; the shortest failing prefix does not.
+    """
+    good, bad = 0, n
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        try:
+            check(mid)
+            good = mid
+        except InputError as exc:
+            bad, error = mid, exc
+    return error
+
+
 # ---- loading --------------------------------------------------------------------------------------
 
 
@@ -222,34 +624,33 @@ def load(path: Path) -> Profile:
     check_readable(path)
     limits.check_file_size(path)
     gz = path.name.lower().endswith(".gz")
+    schema = load_schema(SCHEMA)
     try:
         head = read_head(path)
         if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] != b"{":
             raise InputError("not a Chrome trace: the file is not a JSON object", file=path, line=1,
                              expected="'{' with traceEvents (a Kineto trace)", found=repr(head[:20]))
-        with _open(path) as fh, _gc_paused():
-            got = _collect(path, fh, gz)
+        fields = _head_fields(head)
+        base = fields.get("baseTimeNanoseconds", 0)
+        got = _collect(path, gz, schema, base if _valid_base(base) else 0)
     except PermissionError:
         raise InputError("file is not readable (permission denied)", file=path) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"corrupt or truncated gzip stream: {exc}", file=path) from None
     if got.events == 0 and b'"traceEvents"' not in head:
         raise InputError("no traceEvents array in this JSON object", file=path, expected="a Kineto trace")
-    fields = _head_fields(head)
     if fields.get("traceEvents", "start_array") != "start_array":
         raise InputError("traceEvents is not an array", file=path, column="traceEvents", expected="an array of events",
                          found=str(fields["traceEvents"]).replace("start_map", "an object"))
-    schema = load_schema(SCHEMA)
-    base = fields.get("baseTimeNanoseconds", 0)
-    if not isinstance(base, int) or isinstance(base, bool) or not 0 <= base <= _BASE_MAX:
+    if not _valid_base(base):
         raise InputError("baseTimeNanoseconds must be a non-negative integer", file=path,
                          column="baseTimeNanoseconds", expected=f"ns since the epoch, at most {_BASE_MAX}",
                          found=repr(base))
     steps = _steps(path, got, schema, base)
-    devices = _devices(path, got, schema, base)
-    metadata: dict[str, Any] = {"base_time_ns": base, "trace_events": got.events, "memory_events": len(got.mem),
-                                "cpu_ops": len(got.op_index)}
-    if not got.mem:
+    devices = _devices(path, got, base)
+    metadata: dict[str, Any] = {"base_time_ns": base, "trace_events": got.events, "memory_events": got.mem.count,
+                                "cpu_ops": got.ops.count}
+    if not got.mem.count:
         raise InputError("no [memory] events: the trace was recorded without profile_memory=True", file=path,
                          expected="re-run torch.profiler.profile(..., profile_memory=True) and export the trace",
                          found=f"{got.events} events, none of them [memory]")
@@ -265,6 +666,10 @@ def load(path: Path) -> Profile:
     )
 
 
+def _valid_base(base: Any) -> bool:
+    return isinstance(base, int) and not isinstance(base, bool) and 0 <= base <= _BASE_MAX
+
+
 def us_to_ns(values: list[Any], base: int, path: Path | None = None) -> np.ndarray:
     """Validated µs values (int or Decimal, <= 9e15 by the schema) → exact int64 ns + ``base``.
 
@@ -273,14 +678,57 @@ def us_to_ns(values: list[Any], base: int, path: Path | None = None) -> np.ndarr
     if not values:
         return np.zeros(0, dtype=np.int64)
     try:
-        text = pc.cast(pa.array(values, type=pa.decimal128(38, 9)), pa.string())
-        ns = np.asarray(convert.us_text_to_ns(text).to_numpy(dtype=np.int64), dtype=np.int64)
+        ns = _decimal_ns(pa.array(values, type=pa.decimal128(38, 9)))
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # > 9 decimals or floats: exact per value
         ns = np.array([int((Decimal(v) * 1000).to_integral_value()) for v in values], dtype=np.int64)
     if base and (ns > _I64_MAX - base).any():
         raise InputError("ts + baseTimeNanoseconds is past the year 2262 (int64 ns)", file=path,
                          expected="ts relative to baseTimeNanoseconds", found=str(values[int(np.argmax(ns))]))
     return ns + base
+
+
+def _decimal_ns(us: pa.Array) -> np.ndarray:
+    text = pc.cast(us, pa.string())
+    return np.asarray(convert.us_text_to_ns(text).to_numpy(dtype=np.int64), dtype=np.int64)
+
+
+def _plain_us_ns(values: list[Any], prop: Mapping[str, Any]) -> np.ndarray | None:
+    """Exact ns of µs values that plainly meet ``prop`` (a number within bounds), else None.
+
+    What check_column would accept, without its cost (Arrow infers a type for a Decimal at ~2 µs
+    each). Another type, more than 9 decimals or a value near a bound gives None: check_column
+    decides, and names the event.
+    """
+    if prop.keys() - {"type", "minimum", "maximum", "x-unit"} or prop.get("type") != "number":
+        return None
+    kinds = set(map(type, values))
+    if kinds == {_Number}:
+        return _plain_text_us_ns(values, prop)
+    if not kinds <= {Decimal, int}:
+        return None
+    try:
+        us = pa.array(values, type=pa.decimal128(38, 9))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return None
+    bounds = pc.min_max(us)
+    if bounds["min"].as_py() < prop["minimum"] or bounds["max"].as_py() > prop["maximum"]:
+        return None
+    return _decimal_ns(us)
+
+
+def _plain_text_us_ns(values: list[_Number], prop: Mapping[str, Any]) -> np.ndarray | None:
+    """The same for the json reader's text. Digits with up to 9 decimals (Kineto writes 3) convert as
+    their Decimal would, dropping sub-ns digits; the bounds are checked on the ns, a ns short of them."""
+    text = pa.array(values, type=pa.string())
+    if not pc.all(pc.match_substring_regex(text, _PLAIN_US)).as_py():
+        return None
+    try:
+        ns = np.asarray(convert.us_text_to_ns(text).to_numpy(dtype=np.int64), dtype=np.int64)
+    except InputError:  # an integer part past int64 ns
+        return None
+    if ns.min() < prop["minimum"] * 1000 or ns.max() >= prop["maximum"] * 1000:
+        return None
+    return ns
 
 
 def _span_end(start: np.ndarray, durations: list[Any], path: Path) -> np.ndarray:
@@ -308,29 +756,38 @@ def _steps(path: Path, got: _Collected, schema: dict[str, Any], base: int) -> pd
     return frame.astype("Int64")
 
 
-def _devices(path: Path, got: _Collected, schema: dict[str, Any], base: int) -> list[DeviceModel]:
-    if not got.mem:
+def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
+    mem = got.mem
+    if not mem.count:
         return []
-    cols = check_records(got.mem, schema["$defs"]["memory_event"], file=path,
-                         where=lambda k: f"traceEvents[{got.mem_index[k]}]", root=schema)
-    n = len(got.mem)
-    t = us_to_ns([e["ts"] for e in got.mem], base, path)
-    nbytes = _ints(cols["args.Bytes"], n)
-    addr = _ints(cols["args.Addr"], n)
-    dtype = _ints(cols["args.Device Type"], n)
-    did = _ints(cols["args.Device Id"], n)
-    total_alloc = _nullable(cols.get("args.Total Allocated"), n)
-    total_res = _nullable(cols.get("args.Total Reserved"), n)
-    op = _attribute(path, got, schema, t, base)
+    if mem.problem is not None:
+        raise mem.problem
+    t = _add_base(mem, base, path)
+    op = _attribute(path, got, t, mem.column("thread"), base)
+    nbytes, addr, dtype = mem.column("nbytes"), mem.column("addr"), mem.column("dtype")
+    total_alloc = (mem.column("total_alloc"), mem.column("no_alloc"))
+    total_res = (mem.column("total_res"), mem.column("no_res"))
 
-    order = np.lexsort((np.arange(n), t))  # time order, ties in file order
-    labels = np.array([_label(int(ty), int(i)) for ty, i in zip(dtype.tolist(), did.tolist())], dtype=object)
+    order = np.lexsort((np.arange(len(t)), t))  # time order, ties in file order
+    ids, id_of = np.unique(mem.column("did"), return_inverse=True)
+    pairs, pair_of = np.unique(dtype * len(ids) + id_of, return_inverse=True)  # one code per (type, id)
+    pair_labels = [_label(int(p) // len(ids), int(ids[int(p) % len(ids)])) for p in pairs]
+    labels = sorted(set(pair_labels))
+    label_of = np.array([labels.index(label) for label in pair_labels], dtype=np.int64)[pair_of]
     models = []
-    for label in sorted(set(labels.tolist())):
-        rows = order[labels[order] == label]
+    for k, label in enumerate(labels):
+        rows = order[label_of[order] == k]
         models.append(_device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op,
                               cpu=bool(dtype[rows[0]] == CPU)))
     return models
+
+
+def _add_base(kept: _Kept, base: int, path: Path) -> np.ndarray:
+    """The events' ts in ns since the epoch; past int64 (a huge ts on top of a base) is an InputError."""
+    if base and kept.latest[0] > _I64_MAX - base:
+        raise InputError("ts + baseTimeNanoseconds is past the year 2262 (int64 ns)", file=path,
+                         expected="ts relative to baseTimeNanoseconds", found=kept.latest[1])
+    return kept.column("t") + base
 
 
 def _label(device_type: int, device_id: int) -> str:
@@ -397,52 +854,30 @@ def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.
     return DeviceModel(device=label, series=series, blocks=blocks, blocks_source=str(path))
 
 
-def _attribute(path: Path, got: _Collected, schema: dict[str, Any], t_mem: np.ndarray, base: int) -> np.ndarray:
+def _attribute(path: Path, got: _Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:
     """The innermost cpu_op on the same (pid, tid) whose [ts, ts+dur] contains each memory event."""
-    n = len(got.mem)
-    result = np.full(n, None, dtype=object)
-    if not got.op_index or not n:
+    ops = got.ops
+    result = np.full(len(t_mem), None, dtype=object)
+    if not ops.count or not len(t_mem):
         return result
-    props = resolve(schema["$defs"]["x_event"], schema)["properties"]
-
-    def where(k: int) -> str:
-        return f"traceEvents[{got.op_index[k]}]"
-
-    for name, values in (("name", got.op_name), ("ts", got.op_ts), ("dur", got.op_dur), ("pid", got.op_pid),
-                         ("tid", got.op_tid)):
-        _, problem = check_column(values, resolve(props[name], schema), name=name, where=where,
-                                  required=name in ("name", "ts", "dur"))
-        if problem is not None:
-            raise problem.error(path)
-    start = us_to_ns(got.op_ts, base, path)
-    end = _span_end(start, got.op_dur, path)
-    names = np.array(got.op_name, dtype=object)
-    mem_pid = [e.get("pid") for e in got.mem]
-    mem_tid = [e.get("tid") for e in got.mem]
-    codes = _thread_codes(got.op_pid + mem_pid, got.op_tid + mem_tid)
-    op_group, mem_group = codes[: len(start)], codes[len(start):]
-    for g in np.unique(mem_group):
-        ops = np.flatnonzero(op_group == g)
-        queries = np.flatnonzero(mem_group == g)
-        if not len(ops):
+    if ops.problem is not None:
+        raise ops.problem
+    start = _add_base(ops, base, path)
+    if ops.past_end is not None:
+        raise InputError("ts + dur is past the year 2262 (int64 ns)", file=path, expected="a shorter dur",
+                         found=ops.past_end)
+    end = start + ops.column("dur")
+    op_thread, op_name = ops.column("thread"), ops.column("name")
+    names = np.array(got.op_names.values, dtype=object)
+    for g in np.unique(mem_thread):
+        on_thread = np.flatnonzero(op_thread == g)
+        queries = np.flatnonzero(mem_thread == g)
+        if not len(on_thread):
             continue
-        inner = innermost(start[ops], end[ops], t_mem[queries])
+        inner = innermost(start[on_thread], end[on_thread], t_mem[queries])
         hit = inner >= 0
-        result[queries[hit]] = names[ops[inner[hit]]]
+        result[queries[hit]] = names[op_name[on_thread[inner[hit]]]]
     return result
-
-
-def _thread_codes(pids: list[Any], tids: list[Any]) -> np.ndarray:
-    """One integer per distinct (pid, tid); ids may be ints or strings (Kineto writes both)."""
-    def codes(values: list[Any]) -> tuple[np.ndarray, int]:
-        keyed = np.empty(len(values), dtype=object)
-        keyed[:] = [(type(v).__name__, v) for v in values]  # 1 and "1" are different threads
-        found, uniques = pd.factorize(keyed)
-        return found.astype(np.int64), len(uniques)
-
-    p, _ = codes(pids)
-    t, n_t = codes(tids)
-    return np.asarray(p * (n_t + 1) + t, dtype=np.int64)
 
 
 def innermost(start: np.ndarray, end: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -1,0 +1,303 @@
+"""The two readers of a Kineto trace's events: chunked json and ijson.
+
+The json reader (``kineto._json_batches``) parses the traceEvents array a chunk at a time and
+gives up (``_Unproven``) on anything it cannot vouch for; the ijson reader then reads the file and
+names its first error. These tests hold it to that contract on generated and mutated JSON: when
+the json reader answers, ijson accepts the file too and reads the very same events (same keys in
+the same order, same Python types, same ``Decimal`` text), whatever the chunk size. They also pin
+that the json reader does answer for ordinary traces (else the loader would be slow, not wrong),
+and that an error does not depend on where batches end.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memgate.errors import InputError
+from memgate.loaders import jsonstream, kineto
+from memgate.loaders.jsonstream import guard
+from memgate.metrics import profile_metrics
+from memgate.pyrecords import check_column, resolve
+from memgate.schemas import load_schema
+
+TORCH = Path(__file__).parent / "data" / "samples" / "torch"
+LEAK = TORCH / "cpu_train_leak_profile_memory.json"
+RELAXED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                         HealthCheck.function_scoped_fixture])
+
+
+def canon(value: Any) -> Any:
+    """A value with its Python types spelled out (1 vs Decimal('1.0') vs '1', key order kept); the json
+    reader's number text stands for the Decimal that ijson reads."""
+    if type(value) is kineto._Number:
+        return "Decimal", str(Decimal(value))
+    if isinstance(value, dict):
+        return [(k, canon(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [canon(v) for v in value]
+    return type(value).__name__, str(value)
+
+
+def json_reader(data: bytes, chunk: int) -> list[Any] | None:
+    """The json reader's events with ``chunk``-byte reads; None when it gives up."""
+    with mock.patch.object(kineto, "CHUNK_BYTES", chunk), mock.patch.object(kineto, "_TAIL", max(chunk // 2, 1)):
+        try:
+            return [e for batch in kineto._json_batches(guard(io.BytesIO(data))) for e in batch]
+        except kineto._Unproven:
+            return None
+
+
+def ijson_reader(data: bytes, tmp: Path) -> list[Any] | InputError:
+    path = tmp / "t.pt.trace.json"
+    path.write_bytes(data)
+    try:
+        with open(path, "rb") as fh:
+            return [e for batch in kineto._ijson_batches(path, fh, gz=False) for e in batch]
+    except InputError as exc:
+        return exc
+
+
+def assert_readers_agree(data: bytes, chunk: int, tmp: Path) -> list[Any] | None:
+    fast = json_reader(data, chunk)
+    if fast is not None:
+        slow = ijson_reader(data, tmp)
+        assert not isinstance(slow, InputError), f"the json reader took what ijson rejects: {slow}"
+        assert canon(fast) == canon(slow)
+    return fast
+
+
+# ---- generated traces -----------------------------------------------------------------------------
+
+WS = st.sampled_from(["", " ", "\n", "\n  ", "\t", "\r\n"])
+NUMBERS = st.from_regex(r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?", fullmatch=True)
+CLEAN_TEXT = st.text(st.sampled_from(list("ab c:#[]\\\"/é\u2028\t") + ["\U0001f600"]), max_size=12)
+BRACE_TEXT = st.text(st.sampled_from(list('{}[], "\\:x')), max_size=12)  # "}, {" inside strings
+
+
+@st.composite
+def json_texts(draw: st.DrawFn, strings: st.SearchStrategy[str], depth: int = 0) -> str:
+    kind = draw(st.sampled_from(["number", "string", "literal"] + (["array", "object"] if depth < 3 else [])))
+    if kind == "number":
+        return draw(NUMBERS)
+    if kind == "string":
+        text = draw(strings)  # (an escaped astral character is a surrogate pair: left to ijson, see below)
+        return json.dumps(text, ensure_ascii=draw(st.booleans()) and max(text, default="a") < "\U00010000")
+    if kind == "literal":
+        return draw(st.sampled_from(["true", "false", "null"]))
+    items = draw(st.lists(json_texts(strings, depth + 1), max_size=3))
+    ws = draw(WS)
+    if kind == "array":
+        return "[" + ws + ("," + ws).join(items) + ws + "]"
+    keys = draw(st.lists(st.sampled_from(["ts", "dur", "name", "pid", "args", "Bytes", "k", ""]),
+                         min_size=len(items), max_size=len(items)))
+    return "{" + ws + ("," + ws).join(f"{json.dumps(k)}:{ws}{v}" for k, v in zip(keys, items, strict=True)) + ws + "}"
+
+
+@st.composite
+def events(draw: st.DrawFn, strings: st.SearchStrategy[str]) -> str:
+    """A trace event: a realistic memory event or cpu_op, or an object of random members."""
+    ts = draw(st.from_regex(r"(0|[1-9][0-9]{0,15})\.[0-9]{3}", fullmatch=True))
+    kind = draw(st.sampled_from(["memory", "op", "random"]))
+    if kind == "memory":
+        return ('{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 2, "ts": ' + ts
+                + ', "args": {"Addr": 94, "Bytes": 512, "Total Allocated": 1024, "Total Reserved": 0, '
+                + '"Device Type": 0, "Device Id": -1}}')
+    if kind == "op":
+        name = json.dumps(draw(strings), ensure_ascii=False)
+        return (f'{{"ph": "X", "cat": "cpu_op", "name": {name}, "pid": 1, "tid": 2, "ts": {ts}, '
+                f'"dur": {draw(NUMBERS)}, "args": {draw(json_texts(strings, 1))}}}')
+    members = draw(st.lists(st.tuples(st.sampled_from(["ph", "name", "cat", "ts", "dur", "args", "x"]),
+                                      json_texts(strings, 1)), max_size=5))
+    ws = draw(WS)
+    return "{" + ws + ("," + ws).join(f'"{k}":{ws}{v}' for k, v in members) + ws + "}"
+
+
+@st.composite
+def traces(draw: st.DrawFn, strings: st.SearchStrategy[str]) -> bytes:
+    ws = draw(WS)
+    head = [f'"schemaVersion":{ws}1', f'"deviceProperties":{ws}[{{"id": 0}},{ws}{{"id": 1}}]']
+    tail = [f'"traceName":{ws}"x"', f'"devices":{ws}[{{"a": {{}}}},{ws}{{"b": [{{}},{ws}{{}}]}}]']
+    body = ("," + ws).join(draw(st.lists(events(strings), max_size=12)))
+    members = draw(st.permutations(head))[: draw(st.integers(0, 2))]
+    members.append(f'"traceEvents":{ws}[{ws}{body}{ws}]')
+    members += draw(st.permutations(tail))[: draw(st.integers(0, 2))]
+    return ("{" + ws + ("," + ws).join(members) + ws + "}" + ws).encode("utf-8")
+
+
+@RELAXED
+@given(data=st.one_of(traces(CLEAN_TEXT), traces(BRACE_TEXT)), chunk=st.integers(1, 600))
+def test_the_json_reader_reads_valid_traces_like_ijson(data: bytes, chunk: int, tmp_path: Path) -> None:
+    """A valid trace (without surrogate escapes) is the json reader's to read, at any chunk size,
+    '}, {' inside strings or arrays included."""
+    assert assert_readers_agree(data, chunk, tmp_path) is not None
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    data = bytearray(draw(traces(BRACE_TEXT)))
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(data)))
+        edit = draw(st.sampled_from(["insert", "delete", "flip"]))
+        if edit == "insert":
+            data[at:at] = draw(st.sampled_from([b",", b"]", b"}", b"{", b"[", b'"', b"\\", b"NaN", b"-Infinity",
+                                                b'"\\ud800"', b"\xff", b"\xed\xa0\x80", b"\x00", b"1e400", b"01"]))
+        elif edit == "delete":
+            del data[at:at + draw(st.integers(1, 4))]
+        elif at < len(data):
+            data[at] ^= 1 << draw(st.integers(0, 7))
+    return bytes(data)
+
+
+@RELAXED
+@given(data=mutated(), chunk=st.integers(1, 600))
+def test_the_json_reader_never_takes_what_ijson_rejects(data: bytes, chunk: int, tmp_path: Path) -> None:
+    assert_readers_agree(data, chunk, tmp_path)
+
+
+@pytest.mark.parametrize("case", [
+    b'{"traceEvents": [{"name": "\\ud800"}]}',  # ijson reads a lone surrogate escape as "?"
+    b'{"traceEvents": [{"name": "\\ud83d\\ude00"}]}',  # (a pair reads alike, but it is rare)
+    b'{"traceEvents": [{"ts": NaN}]}',
+    b'{"traceEvents": [{"a": 1}, 7]}',
+    b'{"traceEvents": [{"a": 1}], "traceEvents": [{"b": 2}]}',  # ijson yields both arrays
+    b'{"traceEvents": [{"a": 1}]} {}',
+    b'{"x": {"traceEvents": [{"a": 1}]}}',
+    b'{"traceEvents": [{"a": 1},]}',
+    b'{"traceEvents": [{"a": 1}, {"b": 2}]',
+])
+def test_the_json_reader_leaves_odd_files_to_ijson(case: bytes, tmp_path: Path) -> None:
+    for chunk in (1, 9, 1 << 20):
+        assert json_reader(case, chunk) is None, chunk
+    assert_readers_agree(case, 1 << 20, tmp_path)
+
+
+def test_a_cut_inside_an_event_falls_back_to_one_event_at_a_time(tmp_path: Path) -> None:
+    """'}, {' inside an event (its arrays, its strings) is no place to cut: at any chunk size the json
+    reader still reads every event."""
+    data = b'{"traceEvents": [{"a": [{}, {"b": "}, {"}]}, {"c": [{"d": 1}, {"e": [{}, {}]}]}, {"f": 2}]}'
+    for chunk in range(1, len(data) + 1):
+        assert assert_readers_agree(data, chunk, tmp_path) is not None, chunk
+
+
+# ---- the loader -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_ijson(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail if the loader falls back to the ijson reader."""
+    def refuse(*args: Any) -> Iterator[list[dict[str, Any]]]:
+        raise AssertionError("the json reader gave up")
+    monkeypatch.setattr(kineto, "_ijson_batches", refuse)
+
+
+@pytest.mark.parametrize("chunk", [64, 1000, 1 << 20])
+def test_chunk_size_does_not_change_the_profile(chunk: int, no_ijson: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    [expected] = profile_metrics(kineto.load(LEAK))
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    profile = kineto.load(LEAK)
+    [got] = profile_metrics(profile)
+    assert got.values == expected.values and got.peak_t_ns == expected.peak_t_ns
+    assert profile.metadata["trace_events"] == len(json.loads(LEAK.read_bytes())["traceEvents"])
+
+
+def test_an_array_of_objects_after_the_events_keeps_the_json_reader(tmp_path: Path, no_ijson: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    text = LEAK.read_bytes().rstrip().removesuffix(b"}") + b', "devices": [{"id": 0}, {"id": 1}]}'
+    path = tmp_path / "tail.pt.trace.json"
+    path.write_bytes(text)
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", len(text) - 20)  # the last cut falls in the tail
+    [got] = profile_metrics(kineto.load(path))
+    [expected] = profile_metrics(kineto.load(LEAK))
+    assert got.values == expected.values
+
+
+def test_of_several_bad_events_the_first_is_reported_at_any_batch_size(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong type after an out-of-range value in the same column: the earlier event is named."""
+    trace = json.loads(LEAK.read_bytes())  # floats: repr round-trips the 3-decimal µs text
+    mem = [i for i, e in enumerate(trace["traceEvents"]) if e.get("name") == "[memory]"]
+    trace["traceEvents"][mem[2]]["args"]["Device Type"] = 99
+    trace["traceEvents"][mem[5]]["args"]["Device Type"] = "cpu"
+    path = tmp_path / "bad.pt.trace.json"
+    path.write_text(json.dumps(trace, indent=1))
+    for chunk in (300, 1 << 20):
+        monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+        with pytest.raises(InputError) as info:
+            kineto.load(path)
+        assert info.value.column == f"traceEvents[{mem[2]}].args.Device Type", chunk
+        assert "value too large" in info.value.message
+
+
+# ---- the digit-run check of the guard -------------------------------------------------------------
+
+
+@given(runs=st.lists(st.tuples(st.integers(0, 20_000), st.integers(1, jsonstream.MAX_NUMBER + 5)), max_size=4),
+       size=st.integers(0, 30_000), seed=st.integers(0, 2**16))
+def test_the_sampled_digit_run_check_is_exact(runs: list[tuple[int, int]], size: int, seed: int) -> None:
+    rng = random.Random(seed)
+    chunk = bytearray(rng.choice(b'0123456789 ."{}[],:e') for _ in range(size))
+    for at, length in runs:
+        chunk[at:at + length] = b"7" * length
+    data = bytes(chunk)
+    assert jsonstream._has_digit_run(data) == (b"0" * jsonstream.MAX_NUMBER in data.translate(jsonstream._DIGIT_MAP))
+
+
+# ---- µs to ns without check_column ----------------------------------------------------------------
+
+US_TEXT = st.one_of(st.from_regex(r"(0|[1-9][0-9]{0,16})\.[0-9]{1,11}", fullmatch=True), NUMBERS,
+                    st.sampled_from(["9000000000000000.000", "8999999999999999.9999", "9000000000000000.0001",
+                                     "0.0", "-0.0", "1e3", "1E-3", "0.0005", "0.0004999999999"]))
+KINETO_US = st.from_regex(r"(0|[1-9][0-9]{0,14})\.[0-9]{3}", fullmatch=True)  # below the 9e15 cap
+SCHEMA = load_schema("kineto")
+TS_PROP = resolve(SCHEMA["$defs"]["x_event"]["properties"]["ts"], SCHEMA)
+
+
+@given(texts=st.lists(US_TEXT, min_size=1, max_size=6), ints=st.lists(st.integers(-5, 10**16), max_size=2),
+       as_text=st.booleans())
+def test_plain_us_ns_is_what_check_column_and_us_to_ns_give(texts: list[str], ints: list[int], as_text: bool) -> None:
+    """Where the shortcut answers, check_column accepts the values (as ijson reads them) and us_to_ns
+    converts them to the same ns (values near a bound, or odd ones, may take the long way)."""
+    values: list[Any] = [kineto._Number(t) if as_text else Decimal(t) for t in texts] + ints
+    got = kineto._plain_us_ns(values, TS_PROP)
+    if got is not None:
+        legacy = [kineto._legacy(v) for v in values]
+        _, problem = check_column(legacy, TS_PROP, name="ts", where=str, required=True)
+        assert problem is None
+        assert got.tolist() == kineto.us_to_ns(legacy, 0).tolist()
+
+
+@given(texts=st.lists(KINETO_US, min_size=1, max_size=6), as_text=st.booleans())
+def test_plain_us_ns_answers_for_kineto_times(texts: list[str], as_text: bool) -> None:
+    values = [kineto._Number(t) if as_text else Decimal(t) for t in texts]
+    got = kineto._plain_us_ns(values, TS_PROP)
+    assert got is not None and got.tolist() == [int(Decimal(t) * 1000) for t in texts]
+
+
+def test_memory_events_split_by_device(tmp_path: Path) -> None:
+    """Device Type and Device Id name the device; a CPU id and a negative id do not appear."""
+    trace = json.loads(LEAK.read_bytes())  # floats: repr round-trips the 3-decimal µs text
+    devices = {(1, 3): "cuda:3", (1, 12): "cuda:12", (20, 3): "npu:3", (1, -1): "cuda", (0, 5): "cpu"}
+    addrs = sorted({e["args"]["Addr"] for e in trace["traceEvents"] if e.get("name") == "[memory]"})
+    for e in trace["traceEvents"]:
+        if e.get("name") == "[memory]":  # an address keeps its device, so allocs and frees still pair
+            e["args"]["Device Type"], e["args"]["Device Id"] = list(devices)[addrs.index(e["args"]["Addr"]) % 5]
+    path = tmp_path / "devices.pt.trace.json"
+    path.write_text(json.dumps(trace))
+    profile = kineto.load(path)
+    assert [d.device for d in profile.devices] == sorted(devices.values())
+    allocs = {label: 0 for label in devices.values()}
+    for e in trace["traceEvents"]:
+        if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0:
+            allocs[devices[(e["args"]["Device Type"], e["args"]["Device Id"])]] += 1
+    assert {d.device: int(d.blocks["t_alloc"].notna().sum()) for d in profile.devices} == allocs
