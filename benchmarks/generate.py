@@ -55,6 +55,7 @@ SNAPSHOT_SAMPLES = (SAMPLES / "torch" / "snapshot_newest_compile_context_windows
                     SAMPLES / "torch" / "snapshot_mid_timeus_noallocsettings_eornn.pickle")
 DEFAULT_OUT = Path("/tmp/memgate-bench")
 GENERATOR_VERSION = 1
+ITEM_VERSIONS = {"snapshot": 2}  # 2: one frames list per trace entry, like torch's own pickles
 ITEMS = ("csv", "trace_view", "kineto", "snapshot", "ranks64")
 
 # Full-scale sizes (× --scale).
@@ -441,8 +442,9 @@ def make_snapshot(target: Path, scale: float) -> dict[str, Any]:
         {"action": "segment_alloc", "addr": int(seg_addr[s]), "size": slot_size * per_segment, "stream": 0,
          "time_us": t_first + s, "frames": pool[0]} for s in range(n_segments)
     ]
+    # torch gives every entry its own frames list, sharing the frame dicts (as the real pickles do)
     trace += [{"action": actions[k], "addr": addr_l[w], "size": size_l[w], "stream": 0, "time_us": t,
-               "frames": pool[frames_l[w]]} for k, w, t in zip(a_list, w_list, t_list)]
+               "frames": list(pool[frames_l[w]])} for k, w, t in zip(a_list, w_list, t_list)]
     # final state: a slot is live when its last event is an alloc
     last_state = np.full(slots, -1, dtype=np.int64)  # index of the alloc that holds the slot, -1 free
     alive = np.zeros(n_alloc, dtype=bool)
@@ -508,7 +510,7 @@ def generate(out: Path = DEFAULT_OUT, scale: float = 1.0, only: tuple[str, ...] 
     for item in only:
         target = root / item
         stamp = root / f".{item}.done.json"
-        params = {"generator": GENERATOR_VERSION, "scale": scale, "item": item}
+        params = {"generator": ITEM_VERSIONS.get(item, GENERATOR_VERSION), "scale": scale, "item": item}
         if not force and stamp.exists():
             done = json.loads(stamp.read_text())
             if done.get("params") == params and Path(done["info"]["path"]).exists():
