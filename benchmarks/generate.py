@@ -18,8 +18,8 @@ file records the parameters it was made with):
   in Kineto's indented layout.
 - ``snapshot/snapshot_rank0.pickle``: a caching-allocator snapshot with 1M trace entries
   (alloc / free_requested / free_completed cycles on recycled addresses, segment_alloc first,
-  ProfilerStep annotations, stack frames shared as in torch's own pickles) whose final ``segments``
-  agree with the trace.
+  ProfilerStep annotations, one frames list per entry over shared frame dicts, as in torch's own
+  pickles) whose final ``segments`` agree with the trace.
 - ``ranks64/``: 64 torch_npu rank directories with 50k memory_record and 25k operator_memory rows
   each.
 
