@@ -1,4 +1,4 @@
-"""Give freed memory back to the operating system between the big steps of a load.
+"""Memory habits of the big loads: freed memory given back, the cyclic collector paused.
 
 A 10M-row file is parsed in blocks; the freed block buffers stay with the allocators (Arrow's
 mimalloc pool, glibc's heap) and would count in the process's peak RSS through the steps that
@@ -7,10 +7,12 @@ follow. Both are asked to return what they hold unused.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -30,3 +32,19 @@ def release_free_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic GC while millions of small dicts and lists are created (and read): each
+    generation pass over them costs more than building them (1M snapshot entries: 1.29 s unpickling
+    with the GC, 0.56 s without; a 1 GB Kineto trace: 49 s, 19 s). Collection is only delayed,
+    never skipped; nesting is harmless.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()

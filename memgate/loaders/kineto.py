@@ -33,7 +33,6 @@ not record the device it was exported for, so its device is ``unknown``.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import io
 import json
@@ -59,6 +58,7 @@ from memgate.csvtable import check_readable
 from memgate.errors import InputError
 from memgate.loaders.jsonstream import GuardedReader, JsonLimitError, guard, syntax_error
 from memgate.loaders.snapshot import pair_allocs
+from memgate.memory import collector_paused
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.pyrecords import check_column, check_records, missing_int64, nullable_int64, resolve
 from memgate.schemas import load_schema
@@ -365,24 +365,9 @@ def _head_fields(head: bytes) -> dict[str, Any]:
     return fields
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while the readers build millions of event dicts: its generation passes
-    over them would cost more than the parse (1 GB trace: 49 s with GC, 19 s without). Collection
-    is only delayed, never skipped.
-    """
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
-
-
 def _collect(path: Path, gz: bool, schema: dict[str, Any], base: int) -> _Collected:
     """Read the events with the json reader, or with ijson's when the json reader cannot vouch for the file."""
-    with _gc_paused():
+    with collector_paused():
         try:
             with _open(path) as fh:
                 return _Collected.of(_json_batches(guard(fh, path)), path, schema, base)

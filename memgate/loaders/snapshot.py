@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from memgate import discover, limits, safepickle
 from memgate.errors import InputError
+from memgate.memory import collector_paused
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.pyrecords import check_records, missing_int64, nullable_int64
 from memgate.schemas import load_schema
@@ -101,7 +102,7 @@ def load(path: Path, *, max_bytes: int | None = None) -> Profile:
     limits.check_file_size(path)  # the general cap first: its message names its own override
     # The collector stays paused while the millions of unpickled objects are read too (a pass over
     # them costs ~0.4 s per 1M trace entries); they are freed before it resumes.
-    with safepickle.collector_paused():
+    with collector_paused():
         profile, entries = _load_paused(path, limits.current().max_pickle_bytes if max_bytes is None else max_bytes)
     limits.check_rows(path, entries, what="trace entries", column="device_traces")
     return profile
