@@ -125,14 +125,15 @@ def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFa
 
     # Events [*frees, *allocs] in time order, frees first at the same ns, each kind in file order;
     # built in place where it can: a 5M-block file makes 10M events.
-    alloc_idx = np.flatnonzero(~pre)
-    free_idx = np.flatnonzero(freed)
+    index = np.int32 if 2 * len(size) < 2**31 else np.int64  # half the memory of the index arrays
+    alloc_idx = np.flatnonzero(~pre).astype(index)
+    free_idx = np.flatnonzero(freed).astype(index)
     free_count = len(free_idx)
     times = np.concatenate([t_free[free_idx], t_alloc[alloc_idx]])
     del t_alloc, t_free
     # A stable sort keeps frees (first in the array) before allocs at the same ns, and file order
     # within each kind: the same as lexsort((row, kind, time)) at a fraction of the memory.
-    order = np.argsort(times, kind="stable")
+    order = np.argsort(times, kind="stable").astype(index)
     running = np.concatenate([-size[free_idx], size[alloc_idx]])
     del free_idx
     running = running[order]
