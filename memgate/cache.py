@@ -56,7 +56,6 @@ except ModuleNotFoundError:  # pragma: no cover - xxhash is a dependency
 
 CACHE_LAYOUT = 2  # bump when the entry layout changes
 MANIFEST = "manifest.json"
-CACHE_DIR_ENV = "MEMGATE_CACHE_DIR"
 _CHUNK = 8 << 20
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
@@ -65,14 +64,6 @@ _STALE_TMP_S = 3600.0  # a temp dir this old belongs to a writer that died
 _PROFILE_FIELDS = ("path", "format", "rank", "devices", "steps", "steps_source", "metadata")
 _DEVICE_FIELDS = ("device", "series", "blocks", "blocks_source", "sum_components")
 _SERIES_FIELDS = ("component", "frame", "source")
-
-
-def default_cache_dir() -> Path:
-    """``$MEMGATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/memgate``, else ``~/.cache/memgate``."""
-    if env := os.environ.get(CACHE_DIR_ENV):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "memgate"
 
 
 # ---- keys -----------------------------------------------------------------------------------------
