@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from memgate.errors import InputError, MemgateError
+from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders import torch_npu
 from memgate.model import Profile
 
@@ -71,8 +71,8 @@ def discover(root: str | os.PathLike[str]) -> list[Found]:
     try:
         return _discover(root)
     except OSError as exc:  # an unreadable folder below the root: say so, never skip a rank silently
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or root,
-                         expected="read and search permission on every folder under the profile root") from None
+        raise cannot_read(exc, root,
+                          expected="read and search permission on every folder under the profile root") from None
 
 
 def _raise(exc: OSError) -> None:

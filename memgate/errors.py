@@ -71,9 +71,15 @@ class NotMeasurable(MemgateError):
 
 
 def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, object]) -> MemgateError:
-    return cls(message, **fields)  # type: ignore[arg-type]
+    return cls(message, **fields)
 
 
 def _clip(text: str, limit: int = 80) -> str:
     text = repr(text) if not text.startswith("'") else text
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cannot_read(exc: OSError, path: str | Path, **fields: str) -> InputError:
+    """A read that failed although the file looked readable (ACLs, EIO, a file that vanished):
+    the file the OS names, else ``path``."""
+    return InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path, **fields)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from memgate import limits
-from memgate.errors import InputError
+from memgate.errors import InputError, cannot_read
 from memgate.memory import collector_paused
 
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB: a snapshot with 10^6 trace entries and full stacks is ~1 GiB
@@ -235,7 +235,7 @@ def read_capped(path: Path, limit: int) -> bytes:
     except FileNotFoundError:
         raise InputError("no such file", file=path) from None
     except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=path) from None
+        raise cannot_read(exc, path) from None
     if not path.is_file():
         raise InputError("not a regular file", file=path)
     if st.st_size == 0:
@@ -257,7 +257,7 @@ def read_capped(path: Path, limit: int) -> bytes:
             file=path, expected="read permission",
         ) from None
     except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=path) from None
+        raise cannot_read(exc, path) from None
     if len(data) > limit:  # grew while we looked
         raise InputError(f"file is over the {limit}-byte limit for pickles", file=path)
     return data

@@ -28,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from memgate.csvtable import check_readable
-from memgate.errors import InputError
+from memgate.errors import InputError, cannot_read
 from memgate.limits import check_file_size, check_rows
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -154,7 +154,7 @@ def _read_header(path: Path) -> bytes:
         with open(path, "rb") as fh:
             header = fh.read(HEADER_SIZE)
     except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO)
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=path) from None
+        raise cannot_read(exc, path) from None
     if not header.startswith(SQLITE_MAGIC[: len(header)]) or len(header) < len(SQLITE_MAGIC):
         raise InputError("not a sqlite database", file=path, expected="a file starting with 'SQLite format 3\\0'",
                          found=repr(header[:16]))

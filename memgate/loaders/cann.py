@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from memgate import convert, discover
 from memgate.csvtable import CsvTable
-from memgate.errors import InputError
+from memgate.errors import InputError, cannot_read
 from memgate.limits import read_csv
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks
 from memgate.schemas import load_schema
@@ -248,7 +248,7 @@ def load(path: Path) -> Profile:
     try:
         return _load(path)
     except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path) from None
+        raise cannot_read(exc, path) from None
 
 
 def _check_entries(folder: Path) -> None:

@@ -44,7 +44,7 @@ import pandas as pd
 
 from memgate import convert, discover
 from memgate.csvtable import CsvTable, read_header
-from memgate.errors import InputError, MemgateError
+from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.limits import read_csv
 from memgate.loaders.torch_npu import read_profiler_info
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
@@ -117,7 +117,7 @@ def load(path: Path) -> Profile:
     try:
         return _load(path)
     except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path) from None
+        raise cannot_read(exc, path) from None
 
 
 def _load(path: Path) -> Profile:

@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 
 from memgate import convert, discover
 from memgate.csvtable import describe, re2_pattern
-from memgate.errors import InputError
+from memgate.errors import InputError, cannot_read
 from memgate.limits import check_rows, read_csv
 from memgate.model import DeviceModel, Profile, Series, empty_steps, typed_blocks
 from memgate.schemas import load_schema
@@ -228,7 +228,7 @@ def load(path: Path) -> Profile:
     try:
         rows = read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
     except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path) from None
+        raise cannot_read(exc, path) from None
     return build_profile(rows)
 
 

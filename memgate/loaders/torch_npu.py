@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from memgate import convert
 from memgate.csvtable import Converter, CsvTable, check_readable, keep_text
-from memgate.errors import InputError
+from memgate.errors import InputError, cannot_read
 from memgate.limits import check_file_size, read_csv
 from memgate.loaders.trace_view import read_trace_view
 from memgate.memory import release_free_memory
@@ -67,7 +67,7 @@ def load(profile_dir: Path) -> Profile:
         release_free_memory()  # what reading and checking the files left behind
         return profile
     except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or profile_dir) from None
+        raise cannot_read(exc, profile_dir) from None
 
 
 def _load(profile_dir: Path) -> Profile:
