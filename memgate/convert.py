@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError
+from memgate.fixedwidth import fixed_column
 
 ArrowColumn = pa.Array | pa.ChunkedArray
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
@@ -64,10 +65,26 @@ def ns_to_ns(col: ArrowColumn) -> ArrowColumn:
 
 
 def _decimal_text_to_int(col: ArrowColumn, decimals: int) -> ArrowColumn:
+    fast = _fixed_decimal(col, decimals)
+    if fast is not None:
+        return fast
     fast = _decimal_cast(col, decimals)
     if fast is not None:
         return fast
     return _decimal_text_to_int_regex(col, decimals)
+
+
+def _fixed_decimal(col: ArrowColumn, decimals: int) -> ArrowColumn | None:
+    """The usual case: every cell printed with one layout (:mod:`memgate.fixedwidth`)."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    done = []
+    for chunk in chunks:
+        fixed = fixed_column(chunk)
+        values = fixed.scaled_ints(decimals) if fixed is not None else None
+        if values is None:
+            return None
+        done.append(values)
+    return pa.chunked_array(done, type=pa.int64()) if isinstance(col, pa.ChunkedArray) else done[0]
 
 
 def _decimal_cast(col: ArrowColumn, decimals: int) -> ArrowColumn | None:
@@ -145,8 +162,11 @@ def labels(col: ArrowColumn) -> ArrowColumn:
 
 
 def label_categories(col: pa.Array) -> pa.Array:
-    """Device labels of one block as a dictionary array (a few distinct values, millions of rows)."""
-    return pc.dictionary_encode(labels(col))
+    """Device labels of one block as a dictionary array (a few distinct values, millions of rows):
+    encoded first, so only the distinct values are trimmed and lower-cased."""
+    encoded = pc.dictionary_encode(col)
+    relabeled = pc.dictionary_encode(labels(encoded.dictionary))  # "NPU:0" and "npu:0 " become one
+    return pa.DictionaryArray.from_arrays(pc.take(relabeled.indices, encoded.indices), relabeled.dictionary)
 
 
 def categories(col: pa.Array) -> pa.Array:

@@ -25,6 +25,7 @@ import pyarrow.csv as pacsv
 
 from memgate import convert
 from memgate.errors import InputError
+from memgate.fixedwidth import fixed_column
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
 _ARROW_ROW = re.compile(r"Row #(\d+)")
@@ -417,6 +418,10 @@ def _first_bad(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[i
     checked on its distinct values, null included; only when one of them fails is every cell
     checked, to name the first bad row.
     """
+    if "pattern" in prop and isinstance(col, pa.Array):
+        fixed = fixed_column(col)
+        if fixed is not None and fixed.accepted_by(prop["pattern"]):  # left to check: empty cells, enum
+            prop = {key: value for key, value in prop.items() if key != "pattern"}
     if ("pattern" in prop or "enum" in prop) and _few_distinct(col) and _check(pc.unique(col), prop)[0] is None:
         return None, ""
     return _check(col, prop)

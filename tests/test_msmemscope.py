@@ -303,6 +303,12 @@ CSV_BAD = {
                                  "MALLOC/FREE row without a process id", "Process Id"),
     "16-digit time among 19-digit ones": (b"10,MALLOC,PTA,", b"1764753084425691000", b"1764753084425691",
                                           "Timestamp(ns) mixes 16-digit", "Timestamp(ns)"),
+    "ID past int64": (b"10,MALLOC,PTA,", b"10,MALLOC", b"9" * 40 + b",MALLOC", "value out of range", "ID"),
+    "thread id past int64": (b",MALLOC,PTA,", b",3101864,3101864,0,", b",3101864,9223372036854775808,0,",
+                             "value out of range", "Thread Id"),
+    "size past int64": (b",MALLOC,PTA,", b"size:16778240", b"size:" + b"9" * 30, "size in Attr out of range", "Attr"),
+    "timestamp past int64": (b"10,MALLOC,PTA,", b"1764753084425691000", b"09223372036854775808",
+                             "value out of range", "Timestamp(ns)"),
 }
 
 
@@ -318,14 +324,15 @@ def test_bad_csv_is_an_input_error(tmp_path: Path, case: str) -> None:
     assert err.expected
 
 
-def test_step_without_a_number(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["first", "9" * 40])
+def test_step_without_a_number(tmp_path: Path, name: str) -> None:
     lines = read_lines(BASELINE)
-    lines.insert(3, b"200,SYSTEM,STEP,first,1764753083997498271,3101864,3101864,0,N/A,,,\n")
+    lines.insert(3, f"200,SYSTEM,STEP,{name},1764753083997498271,3101864,3101864,0,N/A,,,\n".encode())
     path = tmp_path / "memscope_dump_1.csv"
     write_lines(path, lines)
     with pytest.raises(InputError, match="STEP row without a step number") as info:
         msmemscope.load(path)
-    assert (info.value.line, info.value.column, info.value.found) == (4, "Name", "'first'")
+    assert (info.value.line, info.value.column, info.value.found) == (4, "Name", repr(name))
 
 
 def test_steps_end_at_the_next_step_or_stop_trace(tmp_path: Path) -> None:

@@ -238,10 +238,24 @@ def _np_bool(mask: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _int_or(col: pa.ChunkedArray, missing: int) -> np.ndarray:
-    """Decimal text (already pattern-checked) → int64, ``missing`` where null / N/A."""
-    values = pc.cast(convert.na_to_null(col), pa.int64())
-    return np.asarray(pc.fill_null(values, missing).to_numpy(zero_copy_only=False), dtype=np.int64)
+def _int64(rows: Rows, name: str, header: str) -> pa.ChunkedArray:
+    """Decimal text (already pattern-checked) → int64; a value past int64 is an error naming its cell."""
+    col = convert.na_to_null(rows.col(name))
+    try:
+        return pc.cast(col, pa.int64())
+    except pa.ArrowInvalid:  # the pattern allows any number of digits
+        digits = pc.utf8_ltrim(col, "0")
+        length = pc.utf8_length(digits)
+        fits = pc.or_(pc.less(length, 19), pc.and_(pc.equal(length, 19), pc.less_equal(digits, str(I64_MAX))))
+        row = int(pc.index(pc.fill_null(fits, True), False).as_py())
+        raise rows.error(row, "value out of range", header, expected=f"at most {I64_MAX} (int64)",
+                         found=repr(col[row].as_py())) from None
+
+
+def _int_or(rows: Rows, name: str, missing: int) -> np.ndarray:
+    """An integer column as int64, ``missing`` where null / N/A."""
+    values = pc.fill_null(_int64(rows, name, name), missing)
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _strings(values: pa.ChunkedArray | pa.Array) -> pd.Series:
@@ -251,15 +265,8 @@ def _strings(values: pa.ChunkedArray | pa.Array) -> pd.Series:
 def timestamps_ns(rows: Rows) -> tuple[np.ndarray, str | None]:
     """Timestamps as int64 ns and a note when the unit was decided by magnitude."""
     col = rows.col("Timestamp")
-    try:
-        raw = np.asarray(pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
-    except pa.ArrowInvalid:
-        digits = pc.utf8_length(pc.utf8_ltrim(col, "0"))
-        fits = pc.or_(pc.less(digits, 19), pc.and_(pc.equal(digits, 19), pc.less_equal(pc.utf8_ltrim(col, "0"),
-                                                                                        str(I64_MAX))))
-        row = int(pc.index(fits, False).as_py())
-        raise rows.error(row, "timestamp out of range", "Timestamp(ns)", expected=f"at most {I64_MAX} (int64)",
-                         found=repr(col[row].as_py())) from None
+    raw = np.asarray(_int64(rows, "Timestamp", f"Timestamp({rows.time_unit})").to_numpy(zero_copy_only=False),
+                     dtype=np.int64)
     us_column = rows.time_unit == "us"
     past = raw > I64_MAX // 1000
     if (us_column or (raw < US_HIGH).all()) and past.any():  # µs that do not fit int64 ns
@@ -377,8 +384,11 @@ def parse_attr(rows: Rows, mem_idx: np.ndarray, is_malloc: np.ndarray) -> Attr:
         well = pc.fill_null(pc.match_substring_regex(arrow, r"^-?[0-9]+$"), True)
         if not pc.all(well).as_py():
             raise fail(int(pc.index(well, False).as_py()), f"malformed {name} in Attr", f"{name}:<integer>")
-        return pd.Series(pc.cast(arrow, pa.int64()).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get),
-                         dtype="Int64")
+        try:
+            values = convert.to_int(arrow)
+        except convert.OutOfRange as exc:
+            raise fail(exc.row, f"{name} in Attr out of range", exc.expected) from None
+        return pd.Series(values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get), dtype="Int64")
 
     none = np.zeros(m, dtype=bool)
     return Attr(
@@ -439,8 +449,8 @@ def build_profile(rows: Rows) -> Profile:
     event = pc.utf8_upper(rows.col("Event"))
     sub = pc.utf8_upper(rows.col("Event Type"))
     t_ns, time_note = timestamps_ns(rows)
-    seq = _int_or(rows.col("ID"), -1)
-    pid = _int_or(rows.col("Process Id"), -1)
+    seq = _int_or(rows, "ID", -1)
+    pid = _int_or(rows, "Process Id", -1)
     is_malloc = _np_bool(pc.equal(event, "MALLOC"))
     memory = is_malloc | _np_bool(pc.equal(event, "FREE"))
     if (memory & (pid < 0)).any():
@@ -584,7 +594,7 @@ def _span_inputs(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: 
     starts = is_launch & _np_bool(pc.is_in(sub, pa.array(SPAN_START)))
     ends = is_launch & _np_bool(pc.is_in(sub, pa.array(SPAN_END)))
     delta = starts.astype(np.int64) - ends.astype(np.int64)
-    tid = _int_or(rows.col("Thread Id"), -1)
+    tid = _int_or(rows, "Thread Id", -1)
     group = np.unique(np.stack([pid, tid], axis=1), axis=0, return_inverse=True)[1].reshape(-1)
     names = _strings(convert.na_to_null(rows.col("Name")))
     return group, t_ns, seq, delta, names, target
@@ -599,10 +609,10 @@ def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np
     step_idx = np.flatnonzero(is_step)
     names = _strings(rows.col("Name").take(pa.array(step_idx)))
     number = names.str.strip().str.strip('"')
-    bad = ~number.str.fullmatch(r"[0-9]+").fillna(False).to_numpy(dtype=bool)
+    bad = ~number.str.fullmatch(r"0*[0-9]{1,18}").fillna(False).to_numpy(dtype=bool)
     if bad.any():
         row = int(step_idx[np.flatnonzero(bad)[0]])
-        raise rows.error(row, "STEP row without a step number", "Name", expected="the step number",
+        raise rows.error(row, "STEP row without a step number", "Name", expected="the step number (at most 18 digits)",
                          found=repr(rows.col("Name")[row].as_py()))
     device = _strings(convert.na_to_null(rows.col("Device Id"))).fillna("N/A")
     # Int64 throughout: a float64 detour (NaN from shift) would round ns timestamps.

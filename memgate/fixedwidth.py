@@ -1,0 +1,119 @@
+"""Number cells of one fixed layout, checked and converted as a byte matrix in numpy.
+
+Profilers print times with a fixed number of decimals (torch_npu: ``1764246877082702.440<TAB>``),
+so in a block of a file every cell of such a column has the same width and its dot in the same
+place. Viewed as a (rows × width) byte matrix, one vectorized pass checks that every cell is
+``digits[.digits][TAB]`` and another builds its integer value: about a tenth of what a regular
+expression plus a decimal cast cost per cell. A block of any other shape (varying widths, a sign,
+an exponent) gets ``None`` and takes the general path, so no result depends on which path ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+_DOT = (ord(".") - ord("0")) % 256  # a dot after the uint8 subtraction of '0'
+_TAB = ord("\t")
+_INT64_MAX = 2**63 - 1
+MAX_WIDTH = 40  # wider cells are not numbers profilers print; the general path names them
+
+# Schema patterns (as the row schemas spell them) and whether they accept a fixed layout with a
+# fraction / a trailing TAB. Every layout is digits[.digits][TAB] with digits on both sides of the dot.
+_PATTERNS: dict[str, tuple[bool, bool]] = {  # pattern: (fraction allowed, TAB allowed)
+    r"^[0-9]+(\.[0-9]+)?\t?$": (True, True),
+    r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$": (True, False),
+    r"^-?[0-9]+(\.[0-9]+)?$": (True, False),
+    r"^[0-9]+(\.[0-9]+)?$": (True, False),
+    r"^[0-9]+$": (False, False),
+    r"^-?[0-9]+$": (False, False),
+}
+
+
+_OR_NA = "|^N/A$"  # MindSpore's columns also allow N/A
+
+
+@dataclass(frozen=True)
+class FixedColumn:
+    """A text column whose every non-null cell is ``int_digits`` digits, an optional dot and
+    ``frac_digits`` digits, and an optional TAB."""
+
+    digits: np.ndarray  # (width, non-null rows) uint8 digit values, one row per character position
+    int_digits: int
+    frac_digits: int
+    tab: bool
+    valid: np.ndarray | None  # which rows are not null; None when none is
+
+    def accepted_by(self, pattern: str) -> bool:
+        """Whether the schema ``pattern`` accepts every non-null cell (False: ask the pattern)."""
+        allowed = _PATTERNS.get(pattern.removesuffix(_OR_NA))  # a union accepts what its first part does
+        if allowed is None:
+            return False
+        fraction, tab = allowed
+        return (fraction or not self.frac_digits) and (tab or not self.tab)
+
+    def scaled_ints(self, decimals: int) -> pa.Array | None:
+        """The values × 10**decimals as int64 (fraction digits past ``decimals`` dropped), or None when
+        one could pass int64 (the general path then names the cell)."""
+        used = min(self.frac_digits, decimals)
+        rows = list(range(self.int_digits)) + [self.int_digits + 1 + i for i in range(used)]
+        if len(rows) + decimals - used > 19:
+            return None
+        acc = np.zeros(self.digits.shape[1], dtype=np.uint64)
+        for row in rows:  # Horner over character positions, each a contiguous run of rows
+            acc *= np.uint64(10)
+            acc += self.digits[row]
+        if decimals > used:
+            acc *= np.uint64(10 ** (decimals - used))
+        if len(rows) + decimals - used == 19 and bool((acc > _INT64_MAX).any()):
+            return None
+        values = acc.view(np.int64)
+        if self.valid is None:
+            return pa.array(values, type=pa.int64())
+        full = np.zeros(len(self.valid), dtype=np.int64)
+        full[self.valid] = values
+        return pa.array(full, type=pa.int64(), mask=~self.valid)
+
+
+def fixed_column(col: pa.Array) -> FixedColumn | None:
+    """The column as a :class:`FixedColumn`, or None when its cells do not share one such layout."""
+    if len(col) == 0 or col.type != pa.string() or col.null_count == len(col):
+        return None
+    offset_buf, data_buf = col.buffers()[1:3]
+    offsets = np.frombuffer(offset_buf, dtype=np.int32, count=len(col) + 1, offset=col.offset * 4)
+    lengths = np.diff(offsets)
+    valid = None
+    if col.null_count:
+        valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        width = int(lengths[np.argmax(valid)])
+        uniform = bool((lengths == np.where(valid, width, 0)).all())
+    else:
+        width = int(lengths[0])
+        uniform = bool((lengths == width).all())
+    if not uniform or not 0 < width <= MAX_WIDTH:
+        return None
+    text = np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1] - offsets[0]), offset=int(offsets[0]))
+    text.setflags(write=False)  # the column's own bytes
+    matrix = text.reshape(-1, width)
+    tab = bool(matrix[0, -1] == _TAB)
+    if tab and not bool((matrix[:, -1] == _TAB).all()):
+        return None
+    # Character positions as rows: each check and each Horner step then reads contiguous memory.
+    body = width - tab
+    digits = np.empty((body, len(matrix)), dtype=np.uint8)
+    np.subtract(matrix[:, :body].T, np.uint8(ord("0")), out=digits)
+    dots = np.flatnonzero(digits[:, 0] == _DOT)
+    if len(dots) > 1:
+        return None
+    dot = int(dots[0]) if len(dots) else -1
+    if dot in (0, body - 1):  # ".5", "5." are not digits on both sides
+        return None
+    if dot >= 0:
+        if not bool((digits[dot] == _DOT).all()) or not (digits[:dot] <= 9).all() or not (digits[dot + 1:] <= 9).all():
+            return None
+        return FixedColumn(digits, dot, body - dot - 1, tab, valid)
+    if not (digits <= 9).all():
+        return None
+    return FixedColumn(digits, body, 0, tab, valid)
