@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError
-from memgate.fixedwidth import fixed_column
+from memgate.numtext import fixed_column
 
 ArrowColumn = pa.Array | pa.ChunkedArray
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
@@ -75,7 +75,7 @@ def _decimal_text_to_int(col: ArrowColumn, decimals: int) -> ArrowColumn:
 
 
 def _fixed_decimal(col: ArrowColumn, decimals: int) -> ArrowColumn | None:
-    """The usual case: every cell printed with one layout (:mod:`memgate.fixedwidth`)."""
+    """The usual case: every cell printed with one layout (:mod:`memgate.numtext`)."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     done = []
     for chunk in chunks:
@@ -174,15 +174,37 @@ def categories(col: pa.Array) -> pa.Array:
 
 
 def int64_series(values: ArrowColumn) -> pd.Series:
-    """An int64 Arrow column as a nullable ``Int64`` Series, copied once, chunk by chunk (pandas'
-    own conversion concatenates the chunks and then copies the result again)."""
+    """An int64 Arrow column as a nullable ``Int64`` Series (see :func:`int64_parts`)."""
+    data, missing = int64_parts(values)
+    return pd.Series(pd.arrays.IntegerArray(data, missing), copy=False)
+
+
+def int64_parts(values: ArrowColumn) -> tuple[np.ndarray, np.ndarray]:
+    """(values, missing) of an int64 Arrow column, 0 where missing, copied once: each chunk's buffers
+    are read in place (pandas' own conversion concatenates the chunks, then copies the result)."""
     chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    if not chunks:
-        return pd.Series(pd.array([], dtype="Int64"))
-    data = np.concatenate([np.asarray((pc.fill_null(c, 0) if c.null_count else c).to_numpy(), dtype=np.int64)
-                           for c in chunks])
-    mask = np.concatenate([np.asarray(c.is_null().to_numpy(zero_copy_only=False), dtype=bool) for c in chunks])
-    return pd.Series(pd.arrays.IntegerArray(data, mask), copy=False)
+    data = np.concatenate([_int64_view(c) for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
+    missing = np.zeros(len(data), dtype=bool)
+    start = 0
+    for chunk in chunks:
+        if chunk.null_count:
+            missing[start:start + len(chunk)] = ~_valid_bits(chunk)
+        start += len(chunk)
+    if start and missing.any():
+        data[missing] = 0
+    return data, missing
+
+
+def _int64_view(chunk: pa.Array) -> np.ndarray:
+    buffer = chunk.buffers()[1]
+    if buffer is None:  # all null
+        return np.zeros(len(chunk), dtype=np.int64)
+    return np.frombuffer(buffer, dtype=np.int64, count=len(chunk), offset=chunk.offset * 8)
+
+
+def _valid_bits(chunk: pa.Array) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(chunk.buffers()[0], dtype=np.uint8), bitorder="little")
+    return bits[chunk.offset:chunk.offset + len(chunk)].astype(bool)
 
 
 def na_to_null(col: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,7 +26,7 @@ import pyarrow.csv as pacsv
 
 from memgate import convert
 from memgate.errors import InputError
-from memgate.fixedwidth import fixed_column
+from memgate.numtext import proven_valid
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
 _ARROW_ROW = re.compile(r"Row #(\d+)")
@@ -72,6 +73,12 @@ class CsvTable:
         series = self.series(name)
         del self.columns[name]
         return series
+
+    def take_ints(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`take` of an int64 column as numpy (values, missing), values 0 where missing."""
+        parts = convert.int64_parts(self.column(name))
+        del self.columns[name]
+        return parts
 
     @property
     def table(self) -> pa.Table:
@@ -418,10 +425,8 @@ def _first_bad(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[i
     checked on its distinct values, null included; only when one of them fails is every cell
     checked, to name the first bad row.
     """
-    if "pattern" in prop and isinstance(col, pa.Array):
-        fixed = fixed_column(col)
-        if fixed is not None and fixed.accepted_by(prop["pattern"]):  # left to check: empty cells, enum
-            prop = {key: value for key, value in prop.items() if key != "pattern"}
+    if "pattern" in prop and proven_valid(col, prop["pattern"]):  # left to check: empty cells, enum
+        prop = {key: value for key, value in prop.items() if key != "pattern"}
     if ("pattern" in prop or "enum" in prop) and _few_distinct(col) and _check(pc.unique(col), prop)[0] is None:
         return None, ""
     return _check(col, prop)

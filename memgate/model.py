@@ -7,6 +7,7 @@ profiling window has no ``t_alloc``; an APP sample has no ``allocated``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,35 +48,60 @@ def split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     """(device, component, SERIES_COLUMNS frame in time order) for each pair in a long frame.
 
     Rows keep their file order within a pair unless its times go backwards; then they are sorted
-    stably by time. Vectorized (one small-integer sort by pair, not a pandas groupby), and the long
-    frame's columns are dropped from it as they are split, so a 10M-row file is not held twice.
+    stably by time. The long frame's columns are dropped from it as they are split, so a 10M-row
+    file is not held twice.
     """
-    device_codes, devices = pd.factorize(frame["device"], sort=True)
-    component_codes, components = pd.factorize(frame["component"], sort=True)
-    pair = device_codes.astype(np.int64) * max(len(components), 1) + component_codes
+    return split_columns(frame["device"], frame["component"], lambda name: _data_and_mask(frame.pop(name)))
+
+
+def split_columns(device: pd.Series, component: pd.Series,
+                  take: Callable[[str], tuple[np.ndarray, np.ndarray]]) -> list[tuple[str, str, pd.DataFrame]]:
+    """:func:`split_series` of columns given one at a time: ``take(name)`` returns a SERIES_COLUMNS
+    column as numpy (values, missing) and lets go of it. Vectorized: a pass per (device, component)
+    pair, not a pandas groupby nor a sort of every row.
+    """
+    device_codes, devices = _sorted_codes(device)
+    component_codes, components = _sorted_codes(component)
+    width = max(len(components), 1)
+    pair = device_codes * width + component_codes
     pair[(device_codes < 0) | (component_codes < 0)] = -1  # a missing key: no series (as groupby drops it)
     del device_codes, component_codes
-    order = np.argsort(pair, kind="stable")
-    bounds = np.searchsorted(pair[order], np.arange(len(devices) * len(components) + 1))
-    del pair
-    t_ns, t_missing = _data_and_mask(frame["t_ns"])
+    present = np.flatnonzero(np.bincount(pair[pair >= 0], minlength=1))
+    t_ns, t_missing = take("t_ns")
     groups = []  # (pair code, its rows in series order)
-    for code in range(len(bounds) - 1):
-        rows = order[bounds[code]:bounds[code + 1]]
-        if len(rows):
-            times = np.where(t_missing[rows], np.iinfo(np.int64).max, t_ns[rows])  # missing times last
-            if (np.diff(times) < 0).any():
-                rows = rows[np.argsort(times, kind="stable")]
-            groups.append((code, rows))
-    del t_ns, t_missing
+    for code in present:
+        rows = np.flatnonzero(pair == code)
+        times = np.where(t_missing[rows], np.iinfo(np.int64).max, t_ns[rows])  # missing times last
+        if (np.diff(times) < 0).any():
+            rows = rows[np.argsort(times, kind="stable")]
+        groups.append((int(code), rows))
+    del pair
     parts: dict[int, dict[str, pd.arrays.IntegerArray]] = {code: {} for code, _ in groups}
     for column in SERIES_COLUMNS:
-        data, mask = _data_and_mask(frame.pop(column))
+        data, mask = (t_ns, t_missing) if column == "t_ns" else take(column)
         for code, rows in groups:
             parts[code][column] = pd.arrays.IntegerArray(data[rows], mask[rows])
         del data, mask
-    return [(str(devices[code // len(components)]), str(components[code % len(components)]),
-             pd.DataFrame(parts[code], copy=False)) for code, _ in groups]
+        t_ns = t_missing = None
+    return [(str(devices[code // width]), str(components[code % width]), pd.DataFrame(parts[code], copy=False))
+            for code, _ in groups]
+
+
+def _sorted_codes(keys: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """int64 codes of a key column into its distinct values in sorted order; -1 where missing.
+
+    A categorical column (what the CSV reader makes of a device or component column) is coded from
+    its categories, without hashing its rows; its unused categories get codes no row has.
+    """
+    if not isinstance(keys.dtype, pd.CategoricalDtype):
+        codes, uniques = pd.factorize(keys, sort=True)
+        return codes.astype(np.int64), pd.Index(uniques)
+    categories = keys.cat.categories
+    order = np.argsort(np.asarray(categories.astype(str)), kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    codes = keys.cat.codes.to_numpy()
+    return np.where(codes >= 0, rank[codes.clip(0)], -1), categories[order]
 
 
 def _data_and_mask(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,8 @@
 - a warm run reads metric results back from the cache without loading the profile's frames;
 - CSV files are streamed in blocks: errors in any block name the file's line, results do not
   depend on the block size;
-- split_series and the block reconciliation agree with the pandas / lexsort formulations.
+- split_series, the block reconciliation and the baseline's mode agree with the pandas / lexsort /
+  np.unique formulations.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.metrics import profile_metrics
 from memgate.model import SERIES_COLUMNS, ProfileInfo, split_series
-from memgate.reconcile import _BlockArrays, _reconcile_blocks
+from memgate.reconcile import _BlockArrays, _mode, _reconcile_blocks
 from memgate.report import profile_entry
 from memgate.session import process_profile
 
@@ -176,3 +177,11 @@ def test_few_distinct_values_are_checked_like_every_cell(bad_at: int, bad: str |
     column = pa.array(cells, type=pa.string())
     assert csvtable._first_bad(column, prop) == csvtable._check(column, prop)
     assert csvtable._first_bad(column, prop)[0] == bad_at
+
+
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=300), st.integers(0, 10_000))
+def test_mode_is_np_unique_argmax(values: list[int], majority: int) -> None:
+    """Majorities (the sampled shortcut) and ties (the full count) alike."""
+    array = np.array(values + [2] * min(majority, 3 * len(values)), dtype=np.int64)
+    uniques, counts = np.unique(array, return_counts=True)
+    assert _mode(array) == (int(uniques[np.argmax(counts)]), int(counts.max()))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +31,7 @@ from memgate.model import (
     empty_blocks,
     empty_series,
     empty_steps,
+    split_columns,
     split_series,
 )
 from memgate.schemas import load_schema
@@ -248,32 +250,21 @@ def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.memory_record"), MEMORY_RECORD_COLUMNS)
     _require_when(table, "Component", lambda c: pc.not_equal(c, "APP"), ("Total Allocated(MB)", "Total Reserved(MB)"))
     _require_when(table, "Component", lambda c: pc.equal(c, "APP"), ("Total Reserved(MB)",))
-    frame = pd.DataFrame(
-        {
-            "device": table.take("Device Type"),
-            "component": table.take("Component"),
-            "t_ns": table.take("Timestamp(us)"),
-            "allocated": table.take("Total Allocated(MB)"),
-            "reserved": table.take("Total Reserved(MB)"),
-            "active": table.take("Total Active(MB)"),
-        },
-        copy=False,
-    )
-    _no_negative(table, frame, {"allocated": "Total Allocated(MB)", "reserved": "Total Reserved(MB)",
-                                "active": "Total Active(MB)"})
-    series = split_series(frame)
+    columns = {"t_ns": "Timestamp(us)", "allocated": "Total Allocated(MB)", "reserved": "Total Reserved(MB)",
+               "active": "Total Active(MB)"}
+
+    def take(key: str) -> tuple[np.ndarray, np.ndarray]:
+        values, missing = table.take_ints(columns[key])
+        below = (values < 0) & ~missing
+        if key != "t_ns" and below.any():  # allocator totals are never below 0 (an operator_memory Size is)
+            row = int(np.flatnonzero(below)[0])
+            raise InputError("a memory total below 0", file=table.path, line=table.line_of(row), column=columns[key],
+                             expected="a size >= 0", found=repr(table.cell(row, columns[key])))
+        return values, missing
+
+    series = split_columns(table.take("Device Type"), table.take("Component"), take)
     release_free_memory()  # the parse buffers, before the next file
     return series
-
-
-def _no_negative(table: CsvTable, frame: pd.DataFrame, columns: dict[str, str]) -> None:
-    """Allocator totals are never below 0 (only an operator_memory Size is: a release-only row)."""
-    for key, column in columns.items():
-        below = (frame[key] < 0).fillna(False).to_numpy(dtype=bool)
-        if below.any():
-            row = int(below.nonzero()[0][0])
-            raise InputError("a memory total below 0", file=table.path, line=table.line_of(row), column=column,
-                             expected="a size >= 0", found=repr(table.cell(row, column)))
 
 
 def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str, ...]) -> None:
@@ -293,49 +284,53 @@ def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str,
 @_file_errors
 def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
     table = read_csv(path, load_schema("torch_npu.operator_memory"), OPERATOR_MEMORY_COLUMNS)
-    size = table.take("Size(KB)")
-    alloc = table.take("Allocation Time(us)")
+    # numpy (values, missing) pairs: the checks below run on 5M-row columns without pandas' masked ops
+    size, no_size = table.take_ints("Size(KB)")
+    alloc, no_alloc = table.take_ints("Allocation Time(us)")
     # The allocator's allocated total drops at Active Release Time (the block is handed back);
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
-    released = table.take("Release Time(us)")
-    active_released = table.take("Active Release Time(us)")
-    release = active_released.fillna(released)
-    name = table.take("Name")
-    stream = table.take("Stream Ptr")
-    release_only = size < 0
-    bad = (release_only & alloc.notna()) | (~release_only & alloc.isna())
+    released, no_released = table.take_ints("Release Time(us)")
+    active_released, no_active_released = table.take_ints("Active Release Time(us)")
+    release = np.where(no_active_released, released, active_released)
+    no_release = no_active_released & no_released
+    release_only = size < 0  # a missing Size fails the schema: every row has one
+    bad = release_only != no_alloc
     if bad.any():
-        row = int(bad.to_numpy().nonzero()[0][0])
-        has_alloc = bool(pd.notna(alloc.iloc[row]))
+        row = int(np.flatnonzero(bad)[0])
+        has_alloc = not no_alloc[row]
         raise InputError(
             "a block needs an allocation time unless its Size is negative (allocated before the window)",
             file=path, line=table.line_of(row), column="Allocation Time(us)",
             expected="an empty cell for a negative Size" if has_alloc else "a time in us for a positive Size",
             found=f"Size(KB) {table.cell(row, 'Size(KB)')} with " + ("an allocation time" if has_alloc else "an empty cell"),
         )
-    if (release_only & release.isna()).any():
-        row = int((release_only & release.isna()).to_numpy().nonzero()[0][0])
+    if (release_only & no_release).any():
+        row = int(np.flatnonzero(release_only & no_release)[0])
         raise InputError("a release-only row (negative Size) needs a Release Time", file=path,
                          line=table.line_of(row), column="Release Time(us)", expected="a time in us",
                          found=f"an empty cell (Size(KB) {table.cell(row, 'Size(KB)')})")
-    for column, times in (("Active Release Time(us)", active_released), ("Release Time(us)", released)):
-        early = (times < alloc).fillna(False).to_numpy(dtype=bool)
+    for column, times, no_times in (("Active Release Time(us)", active_released, no_active_released),
+                                    ("Release Time(us)", released, no_released)):
+        early = (times < alloc) & ~no_times & ~no_alloc
         if early.any():
-            row = int(early.nonzero()[0][0])
+            row = int(np.flatnonzero(early)[0])
             raise InputError("a block is released before it is allocated", file=path, line=table.line_of(row),
                              column=column, expected=f"a time at or after Allocation Time(us) "
                              f"{str(table.cell(row, 'Allocation Time(us)')).strip()}",
                              found=repr(table.cell(row, column)))
-    is_ge = name.fillna("").str.startswith("cann::") | (name.isna() & stream.isna())
+    del released, no_released, active_released, no_active_released
+    name, stream = table.column("Name"), table.column("Stream Ptr")
+    is_ge = pc.or_(pc.fill_null(pc.starts_with(name, "cann::"), False), pc.and_(pc.is_null(name), pc.is_null(stream)))
+    np.abs(size, out=size)
     blocks = pd.DataFrame(
         {
-            "size": size.abs(),
-            "t_alloc": alloc,
-            "t_free": release,
-            "op": name,
-            "stream": stream,
+            "size": pd.arrays.IntegerArray(size, no_size),
+            "t_alloc": pd.arrays.IntegerArray(alloc, no_alloc),
+            "t_free": pd.arrays.IntegerArray(release, no_release),
+            "op": table.take("Name"),
+            "stream": table.take("Stream Ptr"),
             "owner": convert.text(pa.nulls(len(size), pa.string())),
-            "component": convert.text(pc.if_else(pa.array(is_ge.to_numpy(dtype=bool)), "GE", "PTA")),
+            "component": convert.text(pc.if_else(is_ge, "GE", "PTA")),
             "alloc_total": table.take("Allocation Total Allocated(MB)"),
         },
         copy=False,

@@ -1,11 +1,17 @@
-"""Number cells of one fixed layout, checked and converted as a byte matrix in numpy.
+"""Number cells proven to match their schema pattern without a regular expression per cell.
 
-Profilers print times with a fixed number of decimals (torch_npu: ``1764246877082702.440<TAB>``),
-so in a block of a file every cell of such a column has the same width and its dot in the same
-place. Viewed as a (rows × width) byte matrix, one vectorized pass checks that every cell is
-``digits[.digits][TAB]`` and another builds its integer value: about a tenth of what a regular
-expression plus a decimal cast cost per cell. A block of any other shape (varying widths, a sign,
-an exponent) gets ``None`` and takes the general path, so no result depends on which path ran.
+Two shapes cover what profilers print, each checked over a whole block in a few vectorized passes;
+a block of any other shape gets no proof and is checked cell by cell against the pattern, so no
+result depends on which path ran (``tests/test_numtext.py`` compares them on random text).
+
+- **Fixed layout.** Times have a fixed number of decimals (torch_npu: ``1764246877082702.440<TAB>``),
+  so in a block every cell has the same width and its dot in the same place. Viewed as a
+  (rows × width) byte matrix, one pass checks every cell is ``digits[.digits][TAB]`` and another
+  builds its integer value: a tenth of what a regular expression plus a decimal cast cost per cell.
+- **Float text.** Sizes in MB vary in width (``4301.658203125``, ``110.0``). Arrow's float parser
+  accepts ``[+-]? (digits [. digits?] | . digits) ([eE] [+-]? digits)?`` and inf / infinity / nan;
+  a cell it accepts whose first character is a digit or ``-`` followed by a digit, whose last
+  character is a digit and whose every dot is followed by a digit is ``-?digits(.digits)?(e[+-]?digits)?``.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _DOT = (ord(".") - ord("0")) % 256  # a dot after the uint8 subtraction of '0'
 _TAB = ord("\t")
 _INT64_MAX = 2**63 - 1
 MAX_WIDTH = 40  # wider cells are not numbers profilers print; the general path names them
+_ZERO = np.uint8(ord("0"))
+_MINUS = ord("-")
 
 # Schema patterns (as the row schemas spell them) and whether they accept a fixed layout with a
 # fraction / a trailing TAB. Every layout is digits[.digits][TAB] with digits on both sides of the dot.
@@ -32,7 +41,50 @@ _PATTERNS: dict[str, tuple[bool, bool]] = {  # pattern: (fraction allowed, TAB a
 }
 
 
+_FLOAT_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
 _OR_NA = "|^N/A$"  # MindSpore's columns also allow N/A
+
+
+def proven_valid(col: pa.Array, pattern: str) -> bool:
+    """True when every non-null cell of ``col`` matches the schema ``pattern``; False: not proven
+    (check the cells against the pattern)."""
+    if not isinstance(col, pa.Array) or col.type != pa.string() or col.null_count == len(col):
+        return False
+    fixed = fixed_column(col)
+    if fixed is not None:
+        return fixed.accepted_by(pattern)
+    return pattern.removesuffix(_OR_NA) == _FLOAT_TEXT and _float_text(col)
+
+
+def _float_text(col: pa.Array) -> bool:
+    try:
+        pc.cast(col, pa.float64())  # the grammar in the module docstring, checked in C
+    except pa.ArrowInvalid:
+        return False
+    offsets, text = _offsets_and_text(col)
+    starts, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
+    if col.null_count:  # null cells are empty; a non-null cell is not (the cast rejects "")
+        filled = ends > starts
+        starts, ends = starts[filled], ends[filled]
+    first = text[starts]
+    minus = first == _MINUS
+    if ((first - _ZERO > 9) & ~minus).any():
+        return False
+    if minus.any() and (text[starts[minus] + 1] - _ZERO > 9).any():
+        return False
+    if (text[ends - 1] - _ZERO > 9).any():
+        return False
+    # each dot is followed by a digit; a cell's last character is one, so dot + 1 stays in the text
+    return not (text[np.flatnonzero(text == ord(".")) + 1] - _ZERO > 9).any()
+
+
+def _offsets_and_text(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The cell offsets and the bytes they index, read in place (read-only)."""
+    offset_buf, data_buf = col.buffers()[1:3]
+    offsets = np.frombuffer(offset_buf, dtype=np.int32, count=len(col) + 1, offset=col.offset * 4)
+    text = np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1] - offsets[0]), offset=int(offsets[0]))
+    text.setflags(write=False)  # the column's own bytes
+    return offsets, text
 
 
 @dataclass(frozen=True)
@@ -81,8 +133,7 @@ def fixed_column(col: pa.Array) -> FixedColumn | None:
     """The column as a :class:`FixedColumn`, or None when its cells do not share one such layout."""
     if len(col) == 0 or col.type != pa.string() or col.null_count == len(col):
         return None
-    offset_buf, data_buf = col.buffers()[1:3]
-    offsets = np.frombuffer(offset_buf, dtype=np.int32, count=len(col) + 1, offset=col.offset * 4)
+    offsets, text = _offsets_and_text(col)
     lengths = np.diff(offsets)
     valid = None
     if col.null_count:
@@ -94,8 +145,6 @@ def fixed_column(col: pa.Array) -> FixedColumn | None:
         uniform = bool((lengths == width).all())
     if not uniform or not 0 < width <= MAX_WIDTH:
         return None
-    text = np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1] - offsets[0]), offset=int(offsets[0]))
-    text.setflags(write=False)  # the column's own bytes
     matrix = text.reshape(-1, width)
     tab = bool(matrix[0, -1] == _TAB)
     if tab and not bool((matrix[:, -1] == _TAB).all()):
@@ -103,7 +152,7 @@ def fixed_column(col: pa.Array) -> FixedColumn | None:
     # Character positions as rows: each check and each Horner step then reads contiguous memory.
     body = width - tab
     digits = np.empty((body, len(matrix)), dtype=np.uint8)
-    np.subtract(matrix[:, :body].T, np.uint8(ord("0")), out=digits)
+    np.subtract(matrix[:, :body].T, _ZERO, out=digits)
     dots = np.flatnonzero(digits[:, 0] == _DOT)
     if len(dots) > 1:
         return None

@@ -1,4 +1,4 @@
-"""The fixed-layout fast path agrees with the schema patterns and with exact decimal arithmetic."""
+"""The number-text fast paths agree with the schema patterns and with exact decimal arithmetic."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memgate import convert
-from memgate.fixedwidth import _PATTERNS, fixed_column
+from memgate.numtext import _FLOAT_TEXT, _PATTERNS, fixed_column, proven_valid
 
 SCHEMAS = Path(__file__).parents[1] / "memgate" / "schemas"
 
@@ -86,3 +86,28 @@ def test_the_schemas_number_patterns_have_the_fast_path() -> None:
                 for prop in json.loads(path.read_text()).get("properties", {}).values() if isinstance(prop, dict)}
     numeric = {p for p in patterns if p and p.startswith(("^[0-9]+", "^-?[0-9]+"))}
     assert {p.removesuffix("|^N/A$") for p in numeric} <= set(_PATTERNS), numeric
+
+
+FLOAT_CELL = st.from_regex(_FLOAT_TEXT, fullmatch=True).filter(lambda c: "\n" not in c)
+NEAR_MISS = st.text("0123456789.-+eEinfatyINFATY \t", max_size=8)
+
+
+@given(st.lists(st.one_of(FLOAT_CELL, st.none()), min_size=1, max_size=30))
+def test_float_text_is_proven(cells: list[str | None]) -> None:
+    assert proven_valid(pa.array(cells, type=pa.string()), _FLOAT_TEXT) == any(c is not None for c in cells)
+
+
+@given(st.lists(st.one_of(FLOAT_CELL, NEAR_MISS, st.none()), min_size=1, max_size=30),
+       st.sampled_from(list(_PATTERNS)))
+def test_a_proof_means_every_cell_matches(cells: list[str | None], pattern: str) -> None:
+    col = pa.array(cells, type=pa.string())
+    for spelled in (pattern, pattern + "|^N/A$"):
+        if proven_valid(col, spelled):
+            assert all(re.fullmatch(pattern[1:-1], c) for c in cells if c is not None), (spelled, cells)
+
+
+def test_float_text_edges() -> None:
+    for cell in ["+1", ".5", "-.5", "5.", "1.e5", "inf", "-inf", "nan", "Infinity", "1e", "-", " 1", "1\t"]:
+        assert not proven_valid(pa.array(["12.5", cell]), _FLOAT_TEXT), cell
+    assert proven_valid(pa.array(["12.5", "-0.25", "1e-5", "3E+07", None, "4301.658203125"]), _FLOAT_TEXT)
+    assert proven_valid(pa.array(["12.5", "-0.25"]).slice(1), _FLOAT_TEXT)
