@@ -242,7 +242,7 @@ def _step_growth(
     return theil_sen(list(map(int, xs)), list(map(int, ys))), None
 
 
-_PAIR_CHUNK = 1 << 22  # pairs per numpy pass: bounded memory whatever the number of steps
+_PAIR_CHUNK = 1 << 20  # pairs per numpy pass: bounded memory whatever the number of steps (~80 MiB)
 _BINS = 1 << 16
 _EXACT_LIMIT = 1 << 16  # candidates ordered exactly at the end
 
@@ -265,7 +265,7 @@ def theil_sen(xs: list[int], ys: list[int]) -> int | float:
     if m == 0:
         return 0
     ranks = [m // 2] if m % 2 else [m // 2 - 1, m // 2]
-    picked = [_select(x, y, k, lo, hi) for k in ranks]
+    picked = _select(x, y, ranks, lo, hi)
     median = picked[0] if m % 2 else (picked[0] + picked[1]) / 2
     return int(median) if median.denominator == 1 else float(median)
 
@@ -293,12 +293,13 @@ def _slopes(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarr
         row = stop
 
 
-def _select(x: np.ndarray, y: np.ndarray, k: int, lo: float, hi: float) -> Fraction:
-    """The exact k-th smallest slope (0-based), knowing every float slope lies in [lo, hi].
+def _select(x: np.ndarray, y: np.ndarray, ks: list[int], lo: float, hi: float) -> list[Fraction]:
+    """The exact ks-th smallest slopes (0-based, ascending, one or two adjacent ranks), knowing every
+    float slope lies in [lo, hi].
 
     Each pass counts the slopes below ``lo`` and bins those in [lo, hi]; binning is monotone in
-    the slope, so the k-th lies in the bin where the counts reach k, and the next window is that
-    bin and its two neighbours (a margin far above any rounding at the bin edges).
+    the slope, so the ranks lie in the bins where the counts reach them, and the next window is
+    those bins and their neighbours (a margin far above any rounding at the bin edges).
     """
     # distinct slopes p/q (0 < q <= the x span) differ by at least 1/span**2: a window narrower than
     # that holds a single exact value, up to float rounding
@@ -313,8 +314,9 @@ def _select(x: np.ndarray, y: np.ndarray, k: int, lo: float, hi: float) -> Fract
             inside = f[(f >= lo) & (f <= hi)]
             hist += np.bincount(np.minimum(((inside - lo) / width * _BINS).astype(np.int64), _BINS - 1),
                                 minlength=_BINS)
-        b = int(np.searchsorted(np.cumsum(hist), k - below, side="right"))
-        first, last = max(b - 1, 0), min(b + 1, _BINS - 1)
+        cumulative = np.cumsum(hist)
+        bins = [int(np.searchsorted(cumulative, k - below, side="right")) for k in ks]
+        first, last = max(bins[0] - 1, 0), min(bins[-1] + 1, _BINS - 1)
         lo, hi = lo + width * first / _BINS, lo + width * (last + 1) / _BINS
         if int(hist[first:last + 1].sum()) <= _EXACT_LIMIT or hi - lo >= width:
             break
@@ -337,11 +339,14 @@ def _select(x: np.ndarray, y: np.ndarray, k: int, lo: float, hi: float) -> Fract
             pairs, mult = [tuple(pq) for pq in unique.tolist()], counts.tolist()
         for (p, q), c in zip(pairs, mult):
             counted[(p, q)] = counted.get((p, q), 0) + c
-    rank = k - exact_below
+    found: list[Fraction] = []
+    seen = exact_below  # slopes ordered so far
     for (p, q) in sorted(counted, key=lambda pq: Fraction(pq[0], pq[1])):
-        rank -= counted[(p, q)]
-        if rank < 0:
-            return Fraction(p, q)
+        seen += counted[(p, q)]
+        while len(found) < len(ks) and ks[len(found)] < seen:
+            found.append(Fraction(p, q))
+        if len(found) == len(ks):
+            return found
     raise AssertionError("median slope not found")  # pragma: no cover - the counts cover rank k
 
 

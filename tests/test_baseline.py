@@ -8,10 +8,10 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from scale import scaled_copy
 
 from memgate.compare import CompareRule, parse_rule
 from memgate.errors import ConfigError
-from scale import scaled_copy
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "profiles" / "alexnet_3016828_20250109_ascend_pt"
 BUDGETS = '[[budgets]]\nname = "train"\npeak_allocated = "4 GiB"\n'
@@ -159,7 +159,7 @@ def test_compare_rule_without_baseline_is_a_usage_error(project: pytest.Pytester
         ("leaked:0.5%", Decimal("0.5"), None),
     ],
 )
-def test_parse_rule(text: str, percent: Decimal | None, absolute: int | float | None) -> None:
+def test_parse_rule(text: str, percent: Decimal | None, absolute: float | None) -> None:
     rule = parse_rule(text)
     assert (rule.percent, rule.absolute) == (percent, absolute)
 

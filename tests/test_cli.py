@@ -12,6 +12,7 @@ import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
+from typing import Self
 
 import jsonschema
 import pytest
@@ -232,7 +233,7 @@ def test_check_json_failure_keeps_the_old_report(tmp_path: Path, monkeypatch: py
         def __init__(self, fh) -> None:  # type: ignore[no-untyped-def]
             self.fh = fh
 
-        def __enter__(self) -> HalfWritten:
+        def __enter__(self) -> Self:
             return self
 
         def __exit__(self, *exc: object) -> None:

@@ -9,10 +9,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from scale import scaled_copy
 
 from memgate.budgets import parse_budget_table
 from memgate.cli import main
-from scale import scaled_copy
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "profiles" / "alexnet_3016828_20250109_ascend_pt"
 MM_MAX = 150995456  # largest aten::mm block of the example (144 MiB), from operator_memory.csv

@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
 from groundtruth import Block, Trace, expected_metrics, live_blocks_at, peak_moment
 from hypothesis import given
 from hypothesis import strategies as st

@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+import groundtruth
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,7 +21,7 @@ from helpers import PTA21_L1, PTA271, SAMPLES
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memgate import csvtable
+from memgate import csvtable, metrics
 from memgate.cache import ProfileCache, open_profile
 from memgate.discover import discover, load
 from memgate.errors import InputError
@@ -185,3 +186,18 @@ def test_mode_is_np_unique_argmax(values: list[int], majority: int) -> None:
     array = np.array(values + [2] * min(majority, 3 * len(values)), dtype=np.int64)
     uniques, counts = np.unique(array, return_counts=True)
     assert _mode(array) == (int(uniques[np.argmax(counts)]), int(counts.max()))
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-50, 50)), min_size=2, max_size=60),
+       st.sampled_from([(1 << 20, 1 << 16, 1 << 16), (7, 4, 3)]))
+def test_theil_sen_matches_the_plain_median_of_slopes(points: list[tuple[int, int]], sizes: tuple[int, int, int]) -> None:
+    """Tiny chunks, bins and exact limits drive the histogram windows (both median ranks at once)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    if len(set(xs)) < 2:
+        return
+    expected = groundtruth.theil_sen(xs, ys)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in zip(("_PAIR_CHUNK", "_BINS", "_EXACT_LIMIT"), sizes, strict=True):
+            patch.setattr(metrics, name, value)
+        got = metrics.theil_sen(xs, ys)
+    assert got == (int(expected) if expected.denominator == 1 else float(expected))
