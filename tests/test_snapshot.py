@@ -402,6 +402,10 @@ def test_other_structural_errors(tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="missing key 'segments'"):
         snapshot.load(write({"device_traces": []}))
+    for empty in ([], {"segments": [], "device_traces": []}):  # nothing to measure is not a passing gate
+        with pytest.raises(InputError, match="empty snapshot") as info:
+            snapshot.load(write(empty))
+        assert info.value.column == "segments"
     with pytest.raises(InputError, match="not a memory snapshot") as info:
         snapshot.load(write("segments"))
     assert info.value.found == "str"

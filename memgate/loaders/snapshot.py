@@ -171,6 +171,10 @@ def build_profile(path: Path, data: Any) -> Profile:
     devices = sorted({int(d) for d in segments.seg_device} | {p.device for p in parsed if p.n})
     if not devices:
         devices = list(range(len(traces)))
+    if not devices:  # torch dumps at least the segments the allocator holds, or a trace per device
+        raise InputError("empty snapshot: no segments and no device traces", file=path, column="segments",
+                         expected="a snapshot dumped with torch.cuda.memory._dump_snapshot() after "
+                                  "_record_memory_history()", found="[]")
     models = []
     notes: dict[str, Any] = {}
     by_dev = {p.device: p for p in parsed}
@@ -231,7 +235,7 @@ def _read_segments(path: Path, segments: Sequence[Any], schema: dict[str, Any]) 
     counts = np.fromiter((len(s["blocks"]) for s in segments), dtype=np.int64, count=len(segments))
     blocks = list(chain.from_iterable(s["blocks"] for s in segments))
     seg_of = np.repeat(np.arange(len(segments), dtype=np.int64), counts)
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    offsets = np.cumsum(counts) - counts  # each segment's first block
     index_in_seg = np.arange(len(blocks), dtype=np.int64) - np.repeat(offsets, counts)
     where = [f"segments[{s}].blocks[{b}]" for s, b in zip(seg_of.tolist(), index_in_seg.tolist())]
     bcols = check_records(blocks, defs["block"], file=path, where=lambda i: where[i], root=schema)
