@@ -190,7 +190,7 @@ def int64_parts(values: ArrowColumn) -> tuple[np.ndarray, np.ndarray]:
         if chunk.null_count:
             missing[start:start + len(chunk)] = ~_valid_bits(chunk)
         start += len(chunk)
-    if start and missing.any():
+    if missing.any():
         data[missing] = 0
     return data, missing
 

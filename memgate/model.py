@@ -76,13 +76,14 @@ def split_columns(device: pd.Series, component: pd.Series,
             rows = rows[np.argsort(times, kind="stable")]
         groups.append((int(code), rows))
     del pair
+    taken = {"t_ns": (t_ns, t_missing)}
+    del t_ns, t_missing
     parts: dict[int, dict[str, pd.arrays.IntegerArray]] = {code: {} for code, _ in groups}
     for column in SERIES_COLUMNS:
-        data, mask = (t_ns, t_missing) if column == "t_ns" else take(column)
+        data, mask = taken.pop(column) if column in taken else take(column)
         for code, rows in groups:
             parts[code][column] = pd.arrays.IntegerArray(data[rows], mask[rows])
         del data, mask
-        t_ns = t_missing = None
     return [(str(devices[code // width]), str(components[code % width]), pd.DataFrame(parts[code], copy=False))
             for code, _ in groups]
 

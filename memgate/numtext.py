@@ -48,12 +48,14 @@ _OR_NA = "|^N/A$"  # MindSpore's columns also allow N/A
 def proven_valid(col: pa.Array, pattern: str) -> bool:
     """True when every non-null cell of ``col`` matches the schema ``pattern``; False: not proven
     (check the cells against the pattern)."""
-    if not isinstance(col, pa.Array) or col.type != pa.string() or col.null_count == len(col):
+    number = pattern.removesuffix(_OR_NA)
+    if number not in _PATTERNS or not isinstance(col, pa.Array) or col.type != pa.string() \
+            or col.null_count == len(col):
         return False
     fixed = fixed_column(col)
     if fixed is not None:
-        return fixed.accepted_by(pattern)
-    return pattern.removesuffix(_OR_NA) == _FLOAT_TEXT and _float_text(col)
+        return fixed.accepted_by(number)
+    return number == _FLOAT_TEXT and _float_text(col)
 
 
 def _float_text(col: pa.Array) -> bool:
