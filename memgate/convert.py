@@ -137,13 +137,18 @@ def unit_to_bytes(col: ArrowColumn, bytes_per_unit: float) -> pa.Array:
 
 
 def to_int(col: ArrowColumn) -> ArrowColumn:
+    """Integer text (already pattern-checked: ``-?[0-9]+``) → int64; OutOfRange names the first
+    value past int64 (a 19-digit value that fits is fine: ns timestamps have 19 digits)."""
     try:
         return pc.cast(col, pa.int64())
     except pa.ArrowInvalid:
-        fits = pc.match_substring_regex(col, r"^-?0*[0-9]{1,18}$")
-        bad = pc.invert(pc.fill_null(fits, True))
-        row = int(pc.index(bad, True).as_py())
-        raise OutOfRange(max(row, 0), col[max(row, 0)].as_py(), "an integer of at most 18 digits") from None
+        negative = pc.starts_with(col, "-")
+        digits = pc.utf8_ltrim(pc.utf8_ltrim(col, "-"), "0")
+        length = pc.utf8_length(digits)
+        limit = pc.if_else(negative, str(_INT64_MAX + 1), str(_INT64_MAX))  # int64 runs from -2**63 to 2**63-1
+        fits = pc.or_(pc.less(length, 19), pc.and_(pc.equal(length, 19), pc.less_equal(digits, limit)))
+        row = int(pc.index(pc.fill_null(fits, True), False).as_py())
+        raise OutOfRange(row, col[row].as_py(), f"an integer from {-_INT64_MAX - 1} to {_INT64_MAX} (int64)") from None
 
 
 def text(col: pa.ChunkedArray | pa.Array) -> pd.Series:

@@ -63,7 +63,7 @@ def _float_text(col: pa.Array) -> bool:
         pc.cast(col, pa.float64())  # the grammar in the module docstring, checked in C
     except pa.ArrowInvalid:
         return False
-    offsets, text = _offsets_and_text(col)
+    offsets, text = offsets_and_text(col)
     starts, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
     if col.null_count:  # null cells are empty; a non-null cell is not (the cast rejects "")
         filled = ends > starts
@@ -80,8 +80,8 @@ def _float_text(col: pa.Array) -> bool:
     return not (text[np.flatnonzero(text == ord(".")) + 1] - _ZERO > 9).any()
 
 
-def _offsets_and_text(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """The cell offsets and the bytes they index, read in place (read-only)."""
+def offsets_and_text(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string array's cell offsets and the bytes they index, read in place (read-only)."""
     offset_buf, data_buf = col.buffers()[1:3]
     offsets = np.frombuffer(offset_buf, dtype=np.int32, count=len(col) + 1, offset=col.offset * 4)
     text = np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1] - offsets[0]), offset=int(offsets[0]))
@@ -135,7 +135,7 @@ def fixed_column(col: pa.Array) -> FixedColumn | None:
     """The column as a :class:`FixedColumn`, or None when its cells do not share one such layout."""
     if len(col) == 0 or col.type != pa.string() or col.null_count == len(col):
         return None
-    offsets, text = _offsets_and_text(col)
+    offsets, text = offsets_and_text(col)
     lengths = np.diff(offsets)
     valid = None
     if col.null_count:

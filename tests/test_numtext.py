@@ -8,6 +8,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -111,3 +112,11 @@ def test_float_text_edges() -> None:
         assert not proven_valid(pa.array(["12.5", cell]), _FLOAT_TEXT), cell
     assert proven_valid(pa.array(["12.5", "-0.25", "1e-5", "3E+07", None, "4301.658203125"]), _FLOAT_TEXT)
     assert proven_valid(pa.array(["12.5", "-0.25"]).slice(1), _FLOAT_TEXT)
+
+
+def test_to_int_names_the_first_value_past_int64_not_a_19_digit_one_that_fits() -> None:
+    for cells, bad in ((["1764753084425691000", "9" * 25], 1), ([None, "-9223372036854775808", "-9223372036854775809"], 2),
+                       (["0009223372036854775807", "09223372036854775808"], 1)):
+        with pytest.raises(convert.OutOfRange) as info:
+            convert.to_int(pa.array(cells, type=pa.string()))
+        assert info.value.row == bad, cells

@@ -57,6 +57,7 @@ from memgate.csvtable import describe, re2_pattern
 from memgate.errors import InputError, cannot_read
 from memgate.limits import check_rows, read_csv
 from memgate.model import DeviceModel, Profile, Series, empty_steps, typed_blocks
+from memgate.numtext import offsets_and_text
 from memgate.schemas import load_schema
 from memgate.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
 
@@ -240,16 +241,10 @@ def _np_bool(mask: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _int64(rows: Rows, name: str, header: str) -> pa.ChunkedArray:
     """Decimal text (already pattern-checked) → int64; a value past int64 is an error naming its cell."""
-    col = convert.na_to_null(rows.col(name))
     try:
-        return pc.cast(col, pa.int64())
-    except pa.ArrowInvalid:  # the pattern allows any number of digits
-        digits = pc.utf8_ltrim(col, "0")
-        length = pc.utf8_length(digits)
-        fits = pc.or_(pc.less(length, 19), pc.and_(pc.equal(length, 19), pc.less_equal(digits, str(I64_MAX))))
-        row = int(pc.index(pc.fill_null(fits, True), False).as_py())
-        raise rows.error(row, "value out of range", header, expected=f"at most {I64_MAX} (int64)",
-                         found=repr(col[row].as_py())) from None
+        return convert.to_int(convert.na_to_null(rows.col(name)))
+    except convert.OutOfRange as exc:  # the pattern allows any number of digits
+        raise rows.error(exc.row, "value out of range", header, expected=exc.expected, found=exc.found) from None
 
 
 def _int_or(rows: Rows, name: str, missing: int) -> np.ndarray:
@@ -307,8 +302,7 @@ def parse_ptr(text: pa.Array | pa.ChunkedArray | pd.Series) -> np.ndarray:
         if pc.max(pc.utf8_length(digits)).as_py() > 16:
             raise ValueError("address wider than 64 bits")
         padded = pc.utf8_lpad(digits, 16, "0")
-        offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32)[padded.offset:padded.offset + len(padded) + 1]
-        data = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(-1, 16)
+        data = offsets_and_text(padded)[1].reshape(-1, 16)
         nibbles = _HEX_LUT[data]
         if (nibbles == 255).any():
             raise ValueError("not a hex address")
