@@ -12,6 +12,10 @@ environment (the CLI's ``--max-file-size`` and the plugin's ``--memgate-max-file
 - ``MEMGATE_MAX_PICKLE_OBJECTS``: the lists, dicts, tuples and sets one pickle may build, an
   integer; by default one per 8 bytes of the file (at least 2^20), which real snapshots stay far
   below (16 to 270 bytes per container) and a run of ``EMPTY_LIST`` bytes (one per byte) does not.
+- ``MEMGATE_MAX_PICKLE_MEMORY``: the memory (address space) one unpickling may add to the process,
+  a size; by default 32 bytes per byte of the file plus 256 MiB. Real snapshots take 6 to 8 times
+  their size; a 9-byte pickle whose ``LONG_BINPUT`` names memo slot 2^29 asks CPython's unpickler
+  for an 8 GiB memo. Enforced on Linux (``RLIMIT_AS`` while the pickle loads).
 
 Loaders check the file size before reading (:func:`check_file_size`) and the row count after
 parsing (:func:`check_rows`); :func:`read_csv` does both around :func:`memgate.csvtable.read_csv`.
@@ -40,6 +44,9 @@ DEFAULT_MAX_PICKLE_BYTES = 2 << 30
 PICKLE_OBJECTS_ENV = "MEMGATE_MAX_PICKLE_OBJECTS"
 PICKLE_BYTES_PER_OBJECT = 8
 MIN_PICKLE_OBJECTS = 1 << 20
+PICKLE_MEMORY_ENV = "MEMGATE_MAX_PICKLE_MEMORY"
+PICKLE_MEMORY_PER_BYTE = 32
+PICKLE_MEMORY_FLOOR = 256 << 20
 FILE_FLAGS = "--max-file-size (CLI) / --memgate-max-file-size (pytest)"
 _INTEGER = re.compile(r"\A\s*[0-9][0-9_]*\s*\Z")
 
@@ -89,6 +96,12 @@ def max_pickle_objects(file_bytes: int) -> int:
     """The cap on containers unpickling a ``file_bytes``-byte pickle may build: ``$MEMGATE_MAX_PICKLE_OBJECTS``
     when set, else one per 8 bytes of the file, at least 2^20 (so a small file is never refused for it)."""
     return _int_env(PICKLE_OBJECTS_ENV, max(file_bytes // PICKLE_BYTES_PER_OBJECT, MIN_PICKLE_OBJECTS), "objects")
+
+
+def max_pickle_memory(file_bytes: int) -> int:
+    """The memory unpickling a ``file_bytes``-byte pickle may add: ``$MEMGATE_MAX_PICKLE_MEMORY`` when
+    set, else 32 bytes per byte of the file plus 256 MiB."""
+    return _size_env(PICKLE_MEMORY_ENV, file_bytes * PICKLE_MEMORY_PER_BYTE + PICKLE_MEMORY_FLOOR)
 
 
 def check_file_size(path: Path, *, limit: int | None = None, why: str | None = None) -> int:

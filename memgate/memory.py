@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -48,3 +49,39 @@ def collector_paused() -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
+
+
+def _mapped_bytes() -> int | None:
+    """The process's address space now (Linux ``/proc/self/statm``), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def address_space_capped(extra: int) -> Iterator[bool]:
+    """While the block runs, the process may map at most ``extra`` more bytes than it maps now: an
+    allocation past that raises MemoryError in the thread that asked, where an unbounded one would
+    bring in the OOM killer. ``RLIMIT_AS`` on Linux; elsewhere (no ``/proc``, no ``resource``) this
+    yields False and caps nothing. An existing tighter limit is left as it is.
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        yield False
+        return
+    mapped = _mapped_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = None if mapped is None else mapped + extra
+    if cap is not None and hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if cap is None or (soft != resource.RLIM_INFINITY and soft <= cap):
+        yield False
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield True
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

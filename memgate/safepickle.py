@@ -5,10 +5,13 @@ file names (``os.system`` via ``REDUCE``). The Unpickler here refuses every clas
 (``find_class``, which also guards the ``EXT*`` opcodes) and every persistent id, so only the
 opcodes that build dict, list, tuple, str, bytes, int, float, bool and None can succeed.
 
-Memory is bounded twice. The file size is capped (a pickle cannot build more objects than it has
-bytes), and so is the number of containers the load builds: one byte of ``EMPTY_LIST`` is a 56-byte
-list, and a file of them would take 60-200 times its size, where real snapshots build one container
-per 16 to 270 bytes. Both caps have an override for legitimately huge or unusual snapshots
+Memory is bounded three times. The file size is capped (a pickle cannot build more objects than it
+has bytes), and so is the number of containers the load builds: one byte of ``EMPTY_LIST`` is a
+56-byte list, and a file of them would take 60-200 times its size, where real snapshots build one
+container per 16 to 270 bytes. What no count of objects sees is the unpickler's own memo: it is an
+array as long as the largest index a ``PUT`` names, so ``LONG_BINPUT 2**29`` in a 9-byte file zero-fills
+8 GiB. The address space the load may add is therefore capped too (Linux), and an allocation past it
+is an InputError. Each cap has an override for legitimately huge or unusual snapshots
 (:mod:`memgate.limits`).
 """
 
@@ -22,7 +25,8 @@ from typing import Any, cast
 
 from memgate import limits
 from memgate.errors import InputError, cannot_read
-from memgate.memory import collector_paused
+from memgate.memory import address_space_capped, collector_paused
+from memgate.sizes import format_size
 
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB: a snapshot with 10^6 trace entries and full stacks is ~1 GiB
 MAX_BYTES_ENV = "MEMGATE_MAX_PICKLE_BYTES"
@@ -138,8 +142,8 @@ def _metered(data: bytes, limit: int) -> _MeteredInput:
     return _MeteredInput(data, limit) if framed else _PrefetchedInput(data, limit)
 
 
-def _unpickle(stream: _MeteredInput) -> Any:
-    with collector_paused():
+def _unpickle(stream: _MeteredInput, memory: int) -> Any:
+    with collector_paused(), address_space_capped(memory):
         stream.start_count()
         # typeshed wants read() -> bytes; the C Unpickler takes any buffer, and memoryviews copy nothing
         return _PlainDataUnpickler(cast(Any, stream)).load()
@@ -185,8 +189,9 @@ def load(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> Any:
         raise InputError("not a pickle file", file=path,
                          expected=f"a binary pickle (protocol 2..{HIGHEST_PROTOCOL}, first byte 0x80)", found=found)
     stream = _metered(data, limits.max_pickle_objects(len(data)))
+    memory = limits.max_pickle_memory(len(data))
     try:
-        value = _unpickle(stream)
+        value = _unpickle(stream, memory)
     except RefusedClass as exc:
         raise InputError(
             f"refused to load {exc.what!r}: the pickle references code, and memgate never runs code from a "
@@ -201,7 +206,12 @@ def load(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> Any:
                          column=f"byte {len(data)}", expected="a complete pickle ending with STOP ('.')",
                          found=f"end of file after {len(data)} bytes") from None
     except MemoryError:
-        raise InputError("pickle too large to load in memory", file=path) from None
+        raise InputError(
+            f"unpickling needs more than {format_size(memory)} for a {len(data)}-byte file: a pickle bomb (such "
+            "as a huge memo index), or a snapshot too large for this machine",
+            file=path, column=f"byte {stream.handed_out()}",
+            expected=f"at most {memory} bytes (raise the limit with ${limits.PICKLE_MEMORY_ENV})",
+        ) from None
     except RecursionError:
         raise InputError("pickle nested too deeply", file=path) from None
     except Exception as exc:  # noqa: BLE001 - any other unpickling failure is malformed input

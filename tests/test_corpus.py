@@ -18,6 +18,7 @@ import builtins
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -286,8 +287,15 @@ def _write_list_bomb(root: Path) -> Path:
     return path
 
 
+def _write_memo_bomb(root: Path) -> Path:
+    path = root / "snapshot.pickle"  # a snapshot's first key, stored by LONG_BINPUT at memo slot 2^31 - 1
+    path.write_bytes(b"\x80\x02}X\x08\x00\x00\x00segmentsr" + struct.pack("<I", 2**31 - 1))  # a 32 GiB memo
+    return path
+
+
 @pytest.mark.parametrize("make", [
     pytest.param(_write_huge_string, id="json-one-huge-string"),
+    pytest.param(_write_memo_bomb, id="pickle-memo-bomb"),  # refused by the address-space cap (256 MiB)
     pytest.param(_write_deep, id="json-deep-nesting"),
     pytest.param(_write_list_bomb, id="pickle-list-bomb"),  # 8M one-byte lists: refused at ~1M (memgate.limits)
 ])

@@ -25,6 +25,7 @@ PEEK = 1 << 17  # the C Unpickler fetches input 128 KiB at a time: the most buil
 def _default_caps(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(limits.PICKLE_OBJECTS_ENV, raising=False)
     monkeypatch.delenv(limits.PICKLE_BYTES_ENV, raising=False)
+    monkeypatch.delenv(limits.PICKLE_MEMORY_ENV, raising=False)
 
 
 def _write(tmp_path: Path, data: bytes, name: str = "bomb.pickle") -> Path:
@@ -49,6 +50,42 @@ def test_list_bomb_is_refused_within_one_fetch_of_the_cap(tmp_path: Path, head: 
     assert limits.PICKLE_OBJECTS_ENV in (err.expected or "")
     built = int((err.found or "").split()[0])
     assert cap < built <= cap + PEEK  # bounded: ~70 MiB of lists, not 8M of them (~500 MiB)
+
+
+def _memo_bomb(index: int) -> bytes:
+    return b"\x80\x02}r" + struct.pack("<I", index) + b"."  # {} stored at memo slot ``index``
+
+
+needs_rlimit = pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="the address-space cap needs Linux")
+
+
+@needs_rlimit
+@pytest.mark.parametrize("index", [2**26, 2**31 - 1, 2**32 - 1])
+def test_memo_bomb_is_refused_by_the_address_space_cap(tmp_path: Path, index: int) -> None:
+    resource = pytest.importorskip("resource")
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    path = _write(tmp_path, _memo_bomb(index))
+    with pytest.raises(InputError) as info:
+        safepickle.load(path)
+    err = info.value
+    assert err.file == str(path) and "pickle bomb" in err.message
+    assert limits.PICKLE_MEMORY_ENV in (err.expected or "")
+    assert resource.getrlimit(resource.RLIMIT_AS) == before  # the cap is lifted again
+
+
+@needs_rlimit
+def test_the_memory_override_admits_a_big_memo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, _memo_bomb(2**22))  # a 32 MiB memo: over a 16 MiB cap, under a 1 GiB one
+    monkeypatch.setenv(limits.PICKLE_MEMORY_ENV, "16 MiB")
+    with pytest.raises(InputError, match="pickle bomb"):
+        safepickle.load(path)
+    monkeypatch.setenv(limits.PICKLE_MEMORY_ENV, "1 GiB")
+    assert safepickle.load(path) == {}
+
+
+def test_real_snapshots_load_within_the_default_memory_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    for path in sorted(TORCH.glob("*.pickle")):  # the cap is 32x the file + 256 MiB; they take ~6-8x
+        assert safepickle.load(path) is not None
 
 
 def test_frame_bomb_is_refused_before_the_frame_is_handed_over(tmp_path: Path) -> None:
