@@ -13,7 +13,9 @@ import ctypes.util
 import functools
 import gc
 import os
+import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -60,18 +62,28 @@ def _mapped_bytes() -> int | None:
         return None
 
 
+_ADDRESS_SPACE = threading.Lock()  # one cap at a time: two would restore each other's limits out of order
+
+
 @contextlib.contextmanager
 def address_space_capped(extra: int) -> Iterator[bool]:
     """While the block runs, the process may map at most ``extra`` more bytes than it maps now: an
     allocation past that raises MemoryError in the thread that asked, where an unbounded one would
     bring in the OOM killer. ``RLIMIT_AS`` on Linux; elsewhere (no ``/proc``, no ``resource``) this
-    yields False and caps nothing. An existing tighter limit is left as it is.
+    yields False and caps nothing. An existing tighter limit is left as it is. The limit is the
+    process's: threads that cap at once take turns.
     """
     try:
         import resource
     except ImportError:  # Windows
         yield False
         return
+    with _ADDRESS_SPACE, _capped(resource, extra) as capped:
+        yield capped
+
+
+@contextlib.contextmanager
+def _capped(resource: Any, extra: int) -> Iterator[bool]:
     mapped = _mapped_bytes()
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     cap = None if mapped is None else mapped + extra

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,25 @@ def test_memo_bomb_is_refused_by_the_address_space_cap(tmp_path: Path, index: in
     assert err.file == str(path) and "pickle bomb" in err.message
     assert limits.PICKLE_MEMORY_ENV in (err.expected or "")
     assert resource.getrlimit(resource.RLIMIT_AS) == before  # the cap is lifted again
+
+
+@needs_rlimit
+def test_threads_loading_at_once_leave_the_limit_as_it_was(tmp_path: Path) -> None:
+    resource = pytest.importorskip("resource")
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    bomb = _write(tmp_path, _memo_bomb(2**31 - 1))
+
+    def load(path: Path) -> str:
+        try:
+            return "loaded" if safepickle.load(path) is not None else "none"
+        except InputError as exc:
+            return "bomb" if "pickle bomb" in exc.message else exc.message
+
+    paths = [bomb, LEGACY] * 8
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(load, paths))
+    assert outcomes == ["bomb", "loaded"] * 8
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
 
 
 @needs_rlimit
