@@ -95,7 +95,7 @@ def test_threads_loading_at_once_leave_the_limit_as_it_was(tmp_path: Path) -> No
 
 @needs_rlimit
 def test_the_memory_override_admits_a_big_memo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _write(tmp_path, _memo_bomb(2**22))  # a 32 MiB memo: over a 16 MiB cap, under a 1 GiB one
+    path = _write(tmp_path, _memo_bomb(2**22))  # a 64 MiB memo (2 x 2^22 slots): over a 16 MiB cap, under 1 GiB
     monkeypatch.setenv(limits.PICKLE_MEMORY_ENV, "16 MiB")
     with pytest.raises(InputError, match="pickle bomb"):
         safepickle.load(path)
@@ -103,7 +103,7 @@ def test_the_memory_override_admits_a_big_memo(tmp_path: Path, monkeypatch: pyte
     assert safepickle.load(path) == {}
 
 
-def test_real_snapshots_load_within_the_default_memory_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_snapshots_load_within_the_default_memory_cap() -> None:
     for path in sorted(TORCH.glob("*.pickle")):  # the cap is 32x the file + 256 MiB; they take ~6-8x
         assert safepickle.load(path) is not None
 
