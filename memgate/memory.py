@@ -15,9 +15,13 @@ import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pyarrow as pa
+
+try:
+    import resource
+except ImportError:  # Windows: no address-space cap
+    resource = None  # type: ignore[assignment]
 
 
 @functools.cache
@@ -66,34 +70,27 @@ _ADDRESS_SPACE = threading.Lock()  # one cap at a time: two would restore each o
 
 
 @contextlib.contextmanager
-def address_space_capped(extra: int) -> Iterator[bool]:
+def address_space_capped(extra: int) -> Iterator[None]:
     """While the block runs, the process may map at most ``extra`` more bytes than it maps now: an
     allocation past that raises MemoryError in the thread that asked, where an unbounded one would
     bring in the OOM killer. ``RLIMIT_AS`` on Linux; elsewhere (no ``/proc``, no ``resource``) this
-    yields False and caps nothing. An existing tighter limit is left as it is. The limit is the
-    process's: threads that cap at once take turns.
+    caps nothing. An existing tighter limit is left as it is. The limit is the process's: threads
+    that cap at once take turns.
     """
-    try:
-        import resource
-    except ImportError:  # Windows
-        yield False
+    if resource is None:  # Windows
+        yield
         return
-    with _ADDRESS_SPACE, _capped(resource, extra) as capped:
-        yield capped
-
-
-@contextlib.contextmanager
-def _capped(resource: Any, extra: int) -> Iterator[bool]:
-    mapped = _mapped_bytes()
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = None if mapped is None else mapped + extra
-    if cap is not None and hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
-    if cap is None or (soft != resource.RLIM_INFINITY and soft <= cap):
-        yield False
-        return
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    try:
-        yield True
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    with _ADDRESS_SPACE:
+        mapped = _mapped_bytes()  # measured in turn: after any other thread's capped load
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = None if mapped is None else mapped + extra
+        if cap is not None and hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        if cap is None or (soft != resource.RLIM_INFINITY and soft <= cap):  # no /proc, or already tighter
+            yield
+            return
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

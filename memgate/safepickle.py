@@ -207,8 +207,8 @@ def load(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> Any:
                          found=f"end of file after {len(data)} bytes") from None
     except MemoryError:
         raise InputError(
-            f"unpickling needs more than {format_size(memory)} for a {len(data)}-byte file: a pickle bomb (such "
-            "as a huge memo index), or a snapshot too large for this machine",
+            f"unpickling ran out of memory ({format_size(memory)} allowed for a {len(data)}-byte file): a pickle "
+            "bomb (such as a huge memo index), or a snapshot too large for this machine",
             file=path, column=f"byte {stream.handed_out()}",
             expected=f"at most {memory} bytes (raise the limit with ${limits.PICKLE_MEMORY_ENV})",
         ) from None
