@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import jsonschema
 
 from memgate.errors import ConfigError, NotMeasurable
-from memgate.metrics import DeviceMetrics, profile_metrics
+from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile, ProfileInfo
 from memgate.schemas import load_schema
 from memgate.sizes import format_size, parse_size
@@ -24,11 +24,17 @@ LIMITS: dict[str, tuple[str, str]] = {
     "peak_reserved": ("peak_reserved_bytes", "size"),
     "peak_app_reserved": ("peak_app_reserved_bytes", "size"),
     "fragmentation": ("fragmentation", "ratio"),
+    "external_fragmentation": ("external_fragmentation", "ratio"),
     "step_growth": ("step_growth_bytes", "size"),
     "leaked": ("leaked_bytes", "size"),
+    "leak_undetermined": ("leak_undetermined_bytes", "size"),
+    "allocated_at_dump": ("allocated_at_dump_bytes", "size"),
+    "reserved_at_dump": ("reserved_at_dump_bytes", "size"),
+    "largest_free_block": ("largest_free_block_bytes", "size"),
+    "free_block_fragmentation": ("free_block_fragmentation", "ratio"),
 }
-SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps")
-MARKER_KEYS = frozenset(LIMITS) | {"op_caps", "ranks", "devices", "component", "warmup_steps", "name"}
+SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps", "leak_horizon_steps")
+MARKER_KEYS = frozenset(LIMITS) | {"op_caps", *SELECTORS}
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,11 @@ class Budget:
     component: str | None = None
     warmup_steps: int = 1
     origin: str = ""  # where it was declared
+    leak_horizon_steps: int = 1
+
+    @property
+    def options(self) -> MetricOptions:
+        return MetricOptions(self.component, self.warmup_steps, self.leak_horizon_steps)
 
     def checks(self) -> list[str]:
         """The metric names this budget produces items for, in a stable order."""
@@ -51,7 +62,8 @@ class Budget:
                    for g in self.ranks.split(","))
 
 
-def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str | None = None) -> Budget:
+def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str | None = None,
+                        default_leak_horizon: int = 1) -> Budget:
     """Build a Budget from a budget-file entry or marker keywords, validating every value."""
     unknown = sorted(set(raw) - MARKER_KEYS)
     if unknown:
@@ -75,9 +87,8 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     if not isinstance(caps_raw, dict):
         raise ConfigError(f"invalid {name}.op_caps", file=origin, expected="a table of op-name glob = size")
     caps = {str(glob): parse_size(size, what=f"{name}.op_caps[{glob!r}]") for glob, size in caps_raw.items()}
-    warmup = raw.get("warmup_steps", 1)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ConfigError(f"invalid {name}.warmup_steps {warmup!r}", file=origin, expected="an integer >= 0")
+    warmup = _steps_count(raw, "warmup_steps", name, origin, default=1, least=0)
+    horizon = _steps_count(raw, "leak_horizon_steps", name, origin, default=default_leak_horizon, least=1)
     for key in ("ranks", "devices", "component"):
         if key in raw and not isinstance(raw[key], str):
             raise ConfigError(f"invalid {name}.{key} {raw[key]!r}", file=origin, expected="a string")
@@ -93,7 +104,15 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
         component=raw.get("component"),
         warmup_steps=warmup,
         origin=origin,
+        leak_horizon_steps=horizon,
     )
+
+
+def _steps_count(raw: dict[str, Any], key: str, name: str, origin: str, *, default: int, least: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"invalid {name}.{key} {value!r}", file=origin, expected=f"an integer >= {least}")
+    return value
 
 
 def _parse_size_in(origin: str, value: object, what: str) -> int:
@@ -110,7 +129,7 @@ class BudgetFile:
     budgets: tuple[Budget, ...]
 
 
-def parse_budget_table(table: dict[str, Any], origin: str) -> BudgetFile:
+def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horizon: int = 1) -> BudgetFile:
     # Sizes first: parse_size's message lists the accepted units, the schema's regex would not.
     for raw in table.get("budgets", []) if isinstance(table.get("budgets"), list) else []:
         if isinstance(raw, dict):
@@ -126,7 +145,8 @@ def parse_budget_table(table: dict[str, Any], origin: str) -> BudgetFile:
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise ConfigError(f"invalid budget file at {where}: {error.message}", file=origin)
-    budgets = tuple(budget_from_mapping(raw, origin=origin) for raw in table.get("budgets", []))
+    budgets = tuple(budget_from_mapping(raw, origin=origin, default_leak_horizon=default_leak_horizon)
+                    for raw in table.get("budgets", []))
     names = [b.name for b in budgets]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -135,7 +155,8 @@ def parse_budget_table(table: dict[str, Any], origin: str) -> BudgetFile:
     return BudgetFile(path=origin, profiles=table.get("profiles"), budgets=budgets)
 
 
-def load_budget_file(path: str | os.PathLike[str], *, pyproject_table: bool | None = None) -> BudgetFile:
+def load_budget_file(path: str | os.PathLike[str], *, pyproject_table: bool | None = None,
+                     default_leak_horizon: int = 1) -> BudgetFile:
     """Read budgets from a TOML file: ``[tool.memgate]`` in a pyproject.toml, else the top level."""
     path = Path(path)
     if not path.is_file():
@@ -148,14 +169,14 @@ def load_budget_file(path: str | os.PathLike[str], *, pyproject_table: bool | No
         raise ConfigError(f"cannot read budget file: {exc}", file=path) from None
     is_pyproject = path.name == "pyproject.toml" if pyproject_table is None else pyproject_table
     table = data.get("tool", {}).get("memgate", {}) if is_pyproject else data
-    return parse_budget_table(table, str(path))
+    return parse_budget_table(table, str(path), default_leak_horizon=default_leak_horizon)
 
 
-def find_budget_file(rootdir: Path) -> BudgetFile | None:
+def find_budget_file(rootdir: Path, *, default_leak_horizon: int = 1) -> BudgetFile | None:
     """``memgate.toml`` beside the rootdir wins over ``[tool.memgate]`` in its pyproject.toml."""
     for candidate in (rootdir / "memgate.toml", rootdir / "pyproject.toml"):
         if candidate.is_file():
-            loaded = load_budget_file(candidate)
+            loaded = load_budget_file(candidate, default_leak_horizon=default_leak_horizon)
             if candidate.name == "memgate.toml" or loaded.budgets or loaded.profiles:
                 return loaded
     return None
@@ -195,13 +216,13 @@ class Outcome:
 class MetricStore(Protocol):
     """Where results of an earlier run are kept (:class:`memgate.cache.ResultStore`)."""
 
-    def get(self, component: str | None, warmup_steps: int) -> list[DeviceMetrics] | None: ...
+    def get(self, options: MetricOptions) -> list[DeviceMetrics] | None: ...
 
-    def put(self, component: str | None, warmup_steps: int, metrics: list[DeviceMetrics]) -> None: ...
+    def put(self, options: MetricOptions, metrics: list[DeviceMetrics]) -> None: ...
 
 
 class MetricCache:
-    """Device metrics of one profile per (component, warmup_steps), computed once.
+    """Device metrics of one profile per :class:`MetricOptions`, computed once.
 
     Built from a loaded ``profile``, or from a profile's ``info`` and a ``load`` that loads it only
     when a result is not in ``store`` (a warm run judges without reading the profile's frames).
@@ -215,7 +236,7 @@ class MetricCache:
         self._load = load
         self.info = info if info is not None else ProfileInfo.of(profile)  # type: ignore[arg-type]
         self._store = store
-        self._cache: dict[tuple[str | None, int], list[DeviceMetrics]] = {}
+        self._cache: dict[MetricOptions, list[DeviceMetrics]] = {}
 
     @property
     def profile(self) -> Profile:
@@ -224,14 +245,14 @@ class MetricCache:
             self._profile = self._load()
         return self._profile
 
-    def get(self, component: str | None, warmup_steps: int) -> list[DeviceMetrics]:
-        key = (component, warmup_steps)
+    def get(self, options: MetricOptions | None = None) -> list[DeviceMetrics]:
+        key = options or MetricOptions()
         if key not in self._cache:
-            stored = self._store.get(component, warmup_steps) if self._store is not None else None
+            stored = self._store.get(key) if self._store is not None else None
             if stored is None:
-                stored = profile_metrics(self.profile, component=component, warmup_steps=warmup_steps)
+                stored = profile_metrics(self.profile, key)
                 if self._store is not None:
-                    self._store.put(component, warmup_steps, stored)
+                    self._store.put(key, stored)
             self._cache[key] = stored
         return self._cache[key]
 
@@ -239,11 +260,11 @@ class MetricCache:
 def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     """Judge one (profile, budget, metric); raise NotMeasurable when the profile lacks the data."""
     profile = cache.info
-    devices = [m for m in cache.get(budget.component, budget.warmup_steps)
+    devices = [m for m in cache.get(budget.options)
                if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
     if not devices:
         raise NotMeasurable(f"no device matches devices={budget.devices!r} (has: "
-                            f"{', '.join(d.device for d in cache.get(budget.component, budget.warmup_steps)) or 'none'})",
+                            f"{', '.join(d.device for d in cache.get(budget.options)) or 'none'})",
                             file=profile.path)
     if metric.startswith("op_caps["):
         glob = metric[len("op_caps["):-1]
@@ -270,7 +291,14 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
             why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices)
             raise NotMeasurable(f"{metric} is not measurable: {why}", file=profile.path)
         value, worst = max(measured, key=lambda c: c[0])
-        extra = f"step {worst.peak_step}" if worst.peak_step is not None and metric.startswith("peak_allocated") else ""
+        extras = []
+        if worst.peak_step is not None and metric == "peak_allocated":
+            extras.append(f"step {worst.peak_step}")
+        if key in worst.pool_of:
+            extras.append(f"pool {worst.pool_of[key]}")
+        if key in worst.notes:
+            extras.append(worst.notes[key])
+        extra = ", ".join(extras)
     passed = value <= limit
     where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
     message = verdict_line(metric, kind, value, limit, where)

@@ -31,7 +31,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,8 @@ from memgate import __version__
 from memgate.budgets import MetricCache
 from memgate.discover import Found, load
 from memgate.errors import ConfigError
-from memgate.metrics import DeviceMetrics
-from memgate.model import DeviceModel, Profile, ProfileInfo, Series
+from memgate.metrics import DeviceMetrics, MetricOptions
+from memgate.model import DeviceModel, PoolState, Profile, ProfileInfo, Series
 
 try:  # xxh3 hashes at memory speed; blake2b is the standard-library fallback (~1 GB/s)
     import xxhash
@@ -54,7 +54,7 @@ except ModuleNotFoundError:  # pragma: no cover - xxhash is a dependency
     HASH_NAME = "blake2b-128"
     _new_hash = functools.partial(hashlib.blake2b, digest_size=16)
 
-CACHE_LAYOUT = 2  # bump when the entry layout changes
+CACHE_LAYOUT = 3  # bump when the entry layout changes
 MANIFEST = "manifest.json"
 _CHUNK = 8 << 20
 _TMP_PREFIX = ".tmp-"
@@ -62,7 +62,7 @@ _TRASH_PREFIX = ".trash-"
 _STALE_TMP_S = 3600.0  # a temp dir this old belongs to a writer that died
 # The model fields this module stores; a model with other fields is not cached (it would lose them).
 _PROFILE_FIELDS = ("path", "format", "rank", "devices", "steps", "steps_source", "metadata")
-_DEVICE_FIELDS = ("device", "series", "blocks", "blocks_source", "sum_components")
+_DEVICE_FIELDS = ("device", "series", "blocks", "blocks_source", "sum_components", "dump_state", "window_relative")
 _SERIES_FIELDS = ("component", "frame", "source")
 
 
@@ -145,6 +145,19 @@ def code_fingerprint() -> str:
         if path.suffix in (".py", ".json") and path.is_file() and path.relative_to(package).as_posix() not in _DOWNSTREAM:
             h.update(path.relative_to(package).as_posix().encode() + b"\0")
             h.update(path.read_bytes())
+    return str(h.hexdigest())
+
+
+# What computes metrics from a loaded profile: a stored result made by other code is computed again.
+_METRICS_CODE = ("metrics.py", "reconcile.py", "sizes.py")
+
+
+@functools.lru_cache(maxsize=1)
+def metrics_fingerprint() -> str:
+    h = _new_hash()
+    package = Path(__file__).resolve().parent
+    for name in _METRICS_CODE:
+        h.update(name.encode() + b"\0" + (package / name).read_bytes())
     return str(h.hexdigest())
 
 
@@ -276,6 +289,8 @@ def _serialize(profile: Profile, into: Path, compression: str | None = None) -> 
             "blocks": frame(device.blocks, f"d{d}-blocks"),
             "blocks_source": device.blocks_source,
             "sum_components": {k: list(v) for k, v in device.sum_components.items()},
+            "dump_state": None if device.dump_state is None else asdict(device.dump_state),
+            "window_relative": device.window_relative,
         })
     head = {"path": profile.path, "format": profile.format, "rank": profile.rank,
             "steps_source": profile.steps_source}
@@ -300,6 +315,8 @@ def _deserialize(entry: Path, doc: dict[str, Any]) -> Profile:
             blocks=_read_frame(entry, d["blocks"]),
             blocks_source=d["blocks_source"],
             sum_components={k: tuple(v) for k, v in d["sum_components"].items()},
+            dump_state=None if d["dump_state"] is None else PoolState(**d["dump_state"]),
+            window_relative=bool(d["window_relative"]),
         ))
     return Profile(
         path=doc["path"],
@@ -474,7 +491,7 @@ def load_cached(found: Found, cache: ProfileCache | None) -> Profile:
 
 
 class ResultStore:
-    """Metric results of one cache entry, one JSON file per (component, warmup_steps).
+    """Metric results of one cache entry, one JSON file per :class:`MetricOptions`.
 
     Written after the entry (a first run computes them while it judges), each atomically (a temp
     file renamed into place); removed with their entry. A file that does not read back is deleted
@@ -485,15 +502,16 @@ class ResultStore:
         self.entry = entry
         self.key = key
 
-    def _path(self, component: str | None, warmup_steps: int) -> Path:
-        token = hashlib.blake2b(json.dumps([component, warmup_steps]).encode(), digest_size=8).hexdigest()
+    def _path(self, options: MetricOptions) -> Path:
+        token = hashlib.blake2b(json.dumps(options.as_json(), sort_keys=True).encode(), digest_size=8).hexdigest()
         return self.entry / f"metrics-{token}.json"
 
-    def get(self, component: str | None, warmup_steps: int) -> list[DeviceMetrics] | None:
-        path = self._path(component, warmup_steps)
+    def get(self, options: MetricOptions) -> list[DeviceMetrics] | None:
+        path = self._path(options)
         try:
             doc = json.loads(path.read_bytes())
-            if doc["key"] != self.key or doc["component"] != component or doc["warmup_steps"] != warmup_steps:
+            if doc["key"] != self.key or doc["metrics_code"] != metrics_fingerprint() \
+                    or doc["options"] != options.as_json():
                 raise _Corrupt("result of another request")
             return [DeviceMetrics.from_json(d) for d in doc["devices"]]
         except FileNotFoundError:
@@ -502,11 +520,12 @@ class ResultStore:
             path.unlink(missing_ok=True)
             return None
 
-    def put(self, component: str | None, warmup_steps: int, metrics: list[DeviceMetrics]) -> None:
+    def put(self, options: MetricOptions, metrics: list[DeviceMetrics]) -> None:
         devices = [m.as_json() for m in metrics]
         if [DeviceMetrics.from_json(json.loads(json.dumps(d))).as_json() for d in devices] != devices:
             return  # a value JSON would not give back exactly: compute it each time instead
-        doc = {"key": self.key, "component": component, "warmup_steps": warmup_steps, "devices": devices}
+        doc = {"key": self.key, "metrics_code": metrics_fingerprint(), "options": options.as_json(),
+               "devices": devices}
         try:
             fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self.entry)
         except OSError:
@@ -514,6 +533,6 @@ class ResultStore:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(doc, fh)
-            os.replace(tmp, self._path(component, warmup_steps))
+            os.replace(tmp, self._path(options))
         except OSError:
             Path(tmp).unlink(missing_ok=True)

@@ -24,13 +24,22 @@ def github_annotations(outcomes: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def metric_kind(metric: str) -> str:
+    """``"size"`` or ``"ratio"`` for an outcome's metric: a LIMITS budget key by its kind there,
+    ``op_caps[glob]`` a size."""
+    base = metric.split("[")[0]
+    return LIMITS[base][1] if base in LIMITS else "size"
+
+
+def unit_of(metric: str) -> str:
+    """The unit word of a metric's values in JUnit properties and benchmark records."""
+    return "ratio" if metric_kind(metric) == "ratio" else "bytes"
+
+
 def _cell(metric: str, value: Any) -> str:
     if value is None:
         return "–"
-    base = metric.split("[")[0]
-    if base in LIMITS and LIMITS[base][1] == "ratio":
-        return f"{value:.3f}"
-    return format_size(value)
+    return f"{value:.3f}" if metric_kind(metric) == "ratio" else format_size(value)
 
 
 def step_summary_markdown(outcomes: list[dict[str, Any]]) -> str:
@@ -55,13 +64,13 @@ def benchmark_export(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     records = []
     for entry in sorted(entries, key=lambda e: (e["rank"], e["path"])):
         for dev in entry["devices"]:
-            for budget_key, (metric_key, kind) in LIMITS.items():
+            for budget_key, (metric_key, _) in LIMITS.items():
                 value = dev["metrics"].get(metric_key)
                 if value is None:
                     continue
                 records.append({
                     "name": f"rank {entry['rank']} {dev['device']} {budget_key}",
-                    "unit": "bytes" if kind == "size" else "ratio",
+                    "unit": unit_of(budget_key),
                     "value": value,
                     "extra": f"{entry['format']} {entry['path']}",
                 })

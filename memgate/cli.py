@@ -17,6 +17,7 @@ from memgate import __version__
 from memgate.errors import ConfigError, MemgateError
 
 if TYPE_CHECKING:
+    from memgate.metrics import MetricOptions
     from memgate.session import ProfileResult
 
 # The core (pandas, pyarrow: ~0.5 s to import) is imported inside the commands, so usage errors,
@@ -48,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", parents=[loading], help="print the metrics of every profile under PATH")
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of text")
-    p.add_argument("--warmup-steps", type=int, default=1, help="steps dropped before step_growth/leaked (default 1)")
+    p.add_argument("--warmup-steps", type=int, default=1, metavar="N",
+                   help="timed steps dropped before step_growth and leaked are measured (default 1)")
+    p.add_argument("--leak-horizon-steps", type=int, default=1, metavar="N",
+                   help="last counted steps whose live blocks count as leak_undetermined, not leaked (default 1)")
     p = sub.add_parser("check", parents=[loading], help="judge every profile under PATH against the budgets")
     p.add_argument("path", nargs="?", help="profile root (default: 'profiles' from the budget file)")
     p.add_argument("--budgets", metavar="FILE", help="memgate.toml or pyproject.toml (default: ./memgate.toml, ./pyproject.toml)")
@@ -69,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="operators listed per change kind (default 10)")
     p = sub.add_parser("suggest", parents=[loading], help="print a [tool.memgate] budget block from the measured values plus headroom")
     p.add_argument("path")
-    p.add_argument("--headroom", default="10%", help="added to every measured value (default 10%%)")
+    p.add_argument("--headroom", default="10%", metavar="PCT",
+                   help="added to every measured value (default 10%%); sizes are rounded up and never below 1 MiB, "
+                        "ratios never below 0.010 nor at 1 or more (a limit that cannot fail is left out)")
     p.add_argument("--name", default="default", help="budget name (default 'default')")
     return parser
 
@@ -97,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = (), warmup_steps: int = 1) -> list[ProfileResult]:
+def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = (),
+         options: MetricOptions | None = None) -> list[ProfileResult]:
     from memgate.progress import stderr_writer, wanted
     from memgate.session import run_profiles
 
@@ -107,7 +114,7 @@ def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = ()
     from memgate.cache import ProfileCache
 
     cache = ProfileCache(args.cache_dir) if args.cache_dir else None
-    return run_profiles(root, budgets, warmup_steps=warmup_steps, jobs=args.jobs, write_progress=write, cache=cache)
+    return run_profiles(root, budgets, options=options, jobs=args.jobs, write_progress=write, cache=cache)
 
 
 def _report_errors(results: list[ProfileResult]) -> list[dict[str, Any]]:
@@ -124,11 +131,15 @@ def _exit_status(results: list[ProfileResult]) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from memgate.metrics import MetricOptions
     from memgate.report import build_report, inspect_text
 
     if args.warmup_steps < 0:
         raise ConfigError(f"invalid --warmup-steps {args.warmup_steps}", expected="an integer >= 0")
-    results = _run(args, args.path, warmup_steps=args.warmup_steps)
+    if args.leak_horizon_steps < 1:
+        raise ConfigError(f"invalid --leak-horizon-steps {args.leak_horizon_steps}", expected="an integer >= 1")
+    options = MetricOptions(warmup_steps=args.warmup_steps, leak_horizon_steps=args.leak_horizon_steps)
+    results = _run(args, args.path, options=options)
     entries = [r.entry for r in results if r.entry is not None]
     if args.json:
         print(json.dumps(build_report(entries, [], _report_errors(results)), indent=2))
@@ -183,18 +194,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
     """Profile entries of a run: a JSON report or baseline file as saved, else the profiles under PATH."""
-    from memgate.compare import load_baseline, looks_like_memgate_json
+    from memgate.compare import baseline_entries, load_baseline, looks_like_memgate_json
 
     if looks_like_memgate_json(Path(path)):
         data = json.loads(Path(path).read_text("utf-8"))
         if isinstance(data.get("profiles"), list):
             return list(data["profiles"])
-        baseline = load_baseline(path)
-        return [
-            {"rank": rank, "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
-             "devices": [{"device": d, "metrics": v["metrics"]} for d, v in p["devices"].items()]}
-            for rank, p in baseline["profiles"].items()
-        ]
+        return baseline_entries(load_baseline(path))
     results = _run(args, path)
     for r in results:
         if r.error is not None:

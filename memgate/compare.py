@@ -4,6 +4,11 @@ A baseline is a small JSON file keyed by rank, holding each profile's metrics an
 numbers comparable (device type, framework/CANN versions, world size, format). Comparison rules
 read ``peak_allocated:5%``, ``peak_allocated:+256MiB`` or ``peak_allocated:2.5%+256MiB`` (the
 last fails only when both the relative and the absolute growth are exceeded).
+
+Every budget key of :data:`memgate.budgets.LIMITS` is compared, diffed and suggested; its kind
+there ("size" or "ratio") decides how it prints: sizes in IEC units, ratios with 3 decimals. A
+baseline saved before a metric existed lacks its key: that metric is left out of the comparison
+(a rule that asks for it says so), every other key still compares.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,25 @@ from memgate.sizes import format_size, parse_size
 
 BASELINE_FORMAT = 1
 COMPARABLE_KEYS = ("format", "device_type", "torch_version", "torch_npu_version", "cann_version", "mindspore_version", "world_size")
+RATIO_DECIMALS = 3
 _RULE = re.compile(r"\A(?P<metric>[a-z_]+):(?:(?P<pct>[0-9]+(?:\.[0-9]+)?)%)?(?:\+(?P<abs>[^%]+))?\Z")
+_RATIO_TEXT = re.compile(r"\A\s*[0-9]+(?:\.[0-9]+)?\s*\Z")
+
+
+def metric_kind(budget_key: str) -> str:
+    """``"size"`` or ``"ratio"``: how a budget key's values are measured, printed and limited."""
+    return LIMITS[budget_key][1]
+
+
+def format_metric(kind: str, value: float) -> str:
+    """A value as reports print it: IEC size text, or a ratio with :data:`RATIO_DECIMALS` decimals."""
+    return format_size(value) if kind == "size" else f"{value:.{RATIO_DECIMALS}f}"
+
+
+def _signed(kind: str, delta: float) -> str:
+    if kind == "size":
+        return ("+" if delta >= 0 else "") + format_size(delta)
+    return f"{delta:+.{RATIO_DECIMALS}f}"
 
 
 @dataclass(frozen=True)
@@ -43,14 +66,14 @@ class CompareRule:
             limits.append(Decimal(str(base)) + Decimal(str(self.absolute)))
         best = max(limits)
         # Sizes are whole bytes: value <= x holds exactly when value <= floor(x).
-        return int(best) if LIMITS[self.metric][1] == "size" else float(best)
+        return int(best) if metric_kind(self.metric) == "size" else float(best)
 
     def describe(self) -> str:
         parts = []
         if self.percent is not None:
             parts.append(f"+{self.percent}%")
         if self.absolute is not None:
-            kind = LIMITS[self.metric][1]
+            kind = metric_kind(self.metric)
             parts.append("+" + (format_size(self.absolute) if kind == "size" else f"{self.absolute:g}"))
         return parts[0] if len(parts) == 1 else f"max({', '.join(parts)})"
 
@@ -65,13 +88,13 @@ def parse_rule(text: str) -> CompareRule:
         raise ConfigError(f"invalid compare rule {text!r}: unknown metric {metric!r}", expected="one of " + ", ".join(LIMITS))
     absolute: int | float | None = None
     if m.group("abs") is not None:
-        if LIMITS[metric][1] == "size":
+        if metric_kind(metric) == "size":
             absolute = parse_size(m.group("abs"), what=f"compare rule {text!r}")
+        elif _RATIO_TEXT.match(m.group("abs")):  # float() would take nan, inf and 1e-3
+            absolute = float(m.group("abs"))
         else:
-            try:
-                absolute = float(m.group("abs"))
-            except ValueError:
-                raise ConfigError(f"invalid compare rule {text!r}", expected="a ratio after '+'") from None
+            raise ConfigError(f"invalid compare rule {text!r}", expected=f"a ratio after '+' for {metric}, e.g. "
+                              f"{metric}:+0.02", found=m.group("abs"))
     percent = Decimal(m.group("pct")) if m.group("pct") is not None else None
     return CompareRule(metric=metric, percent=percent, absolute=absolute, text=text.strip())
 
@@ -88,6 +111,8 @@ def comparable_key(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def baseline_from_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every metric of every device (all of LIMITS' keys, op_max_block_bytes), and the pool each
+    per-pool metric comes from; ``top_at_peak`` is left out (it is who held the peak, not a number)."""
     profiles: dict[str, Any] = {}
     for entry in entries:
         profiles[entry["rank"]] = {
@@ -96,6 +121,7 @@ def baseline_from_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
             "devices": {
                 d["device"]: {
                     "metrics": {k: v for k, v in d["metrics"].items() if k != "top_at_peak"},
+                    "pool_of": dict(d.get("pool_of") or {}),
                 }
                 for d in entry["devices"]
             },
@@ -104,18 +130,29 @@ def baseline_from_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratchet(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Keep, per rank/device/metric, the better (smaller) of the old and new baseline values."""
-    merged = json.loads(json.dumps(new))
+    """Keep, per rank/device/metric, the better (smaller) of the old and new baseline values.
+
+    A per-pool metric keeps the pool of the value kept. A key the old baseline lacks (saved before
+    memgate measured it) takes the new value.
+    """
+    merged: dict[str, Any] = json.loads(json.dumps(new))
     for rank, profile in merged["profiles"].items():
         before = old.get("profiles", {}).get(rank)
         if before is None or before.get("key") != profile.get("key"):
             continue
         for device, values in profile["devices"].items():
-            old_metrics = before.get("devices", {}).get(device, {}).get("metrics", {})
+            old_device = before.get("devices", {}).get(device, {})
+            old_metrics = old_device.get("metrics", {})
+            pools = values.setdefault("pool_of", {})
             for key, value in values["metrics"].items():
                 previous = old_metrics.get(key)
-                if isinstance(value, (int, float)) and isinstance(previous, (int, float)):
-                    values["metrics"][key] = min(value, previous)
+                if isinstance(value, (int, float)) and isinstance(previous, (int, float)) and previous < value:
+                    values["metrics"][key] = previous
+                    old_pool = (old_device.get("pool_of") or {}).get(key)
+                    if old_pool is not None:
+                        pools[key] = old_pool
+                    else:
+                        pools.pop(key, None)
     return merged
 
 
@@ -146,6 +183,27 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def baseline_entries(baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """A baseline's profiles as report-shaped entries (for :func:`diff_entries`), pools included."""
+    return [
+        {"rank": rank, "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
+         "devices": [{"device": d, "metrics": v.get("metrics", {}), "pool_of": v.get("pool_of") or {}}
+                     for d, v in p.get("devices", {}).items()]}
+        for rank, p in baseline["profiles"].items()
+    ]
+
+
+class MetricNotInBaseline(ConfigError, KeyError):
+    """A compare rule's metric is absent from a baseline saved before memgate measured it.
+
+    A KeyError like a rank missing from the baseline, so the plugin applies its missing-baseline
+    policy (skip, warn, fail); a ConfigError for the CLI (``memgate diff --fail``: exit 2).
+    """
+
+    def __str__(self) -> str:
+        return self.one_line()  # not KeyError's repr of the message
+
+
 @dataclass(frozen=True)
 class Regression:
     rank: str
@@ -156,14 +214,29 @@ class Regression:
     passed: bool | None
     device: str | None
     message: str
+    pool: str | None = None  # per-pool metrics: the pool of the current value
+    base_pool: str | None = None  # and of the baseline value, when the baseline names it
 
 
 def _fmt(metric: str, value: float) -> str:
-    return format_size(value) if LIMITS[metric][1] == "size" else f"{value:.3f}"
+    return format_metric(metric_kind(metric), value)
+
+
+def _pool_text(now: str | None, then: str | None) -> str:
+    if now is None and then is None:
+        return ""
+    if then is None or then == now:
+        return f", pool {now}"
+    return f", pool {now or '-'} (baseline pool {then})"
 
 
 def compare_entry(entry: dict[str, Any], baseline: dict[str, Any], rule: CompareRule) -> Regression:
-    """Judge one profile entry against the baseline under ``rule``; raise on incomparable input."""
+    """Judge one profile entry against the baseline under ``rule``; raise on incomparable input.
+
+    KeyError: the rank is not in the baseline; :class:`MetricNotInBaseline`: the baseline predates
+    the rule's metric; ConfigError: the runs are not comparable or the metric is measured in
+    neither run on a common device.
+    """
     rank = entry["rank"]
     base_profile = baseline["profiles"].get(rank)
     if base_profile is None:
@@ -175,34 +248,58 @@ def compare_entry(entry: dict[str, Any], baseline: dict[str, Any], rule: Compare
         raise ConfigError(f"rank {rank}: not comparable with the baseline ({details}); save a new baseline "
                           "for this configuration")
     metric_key = LIMITS[rule.metric][0]
-    worst: tuple[float, str, int | float, int | float] | None = None
-    for device in entry["devices"]:
+    base_devices: dict[str, Any] = base_profile.get("devices", {})
+    common = [(device, base_devices[device["device"]]) for device in entry["devices"] if device["device"] in base_devices]
+    if common and all(metric_key not in (then.get("metrics") or {}) for _, then in common):
+        raise MetricNotInBaseline(f"rank {rank}: the baseline has no {rule.metric} (saved by a memgate that did not "
+                                  f"measure it); nothing compared — save a new baseline to compare {rule.metric}")
+    worst: tuple[float, dict[str, Any], dict[str, Any], int | float, int | float] | None = None
+    for device, then in common:
         value = device["metrics"].get(metric_key)
-        base = base_profile["devices"].get(device["device"], {}).get("metrics", {}).get(metric_key)
+        base = (then.get("metrics") or {}).get(metric_key)
         if value is None or base is None:
             continue
-        allowed = rule.allowed(base)
-        margin = value - allowed
+        margin = value - rule.allowed(base)
         if worst is None or margin > worst[0]:
-            worst = (margin, device["device"], base, value)
+            worst = (margin, device, then, base, value)
     if worst is None:
         raise ConfigError(f"rank {rank}: {rule.metric} is measured in neither run on a common device")
-    _, device, base, value = worst
+    _, device, then, base, value = worst
     allowed = rule.allowed(base)
     passed = value <= allowed
     growth = value - base
     pct = f" ({growth / base * 100:+.1f}%)" if base else ""
-    sign = "+" if growth >= 0 else "-"
-    change = f"{sign}{_fmt(rule.metric, abs(growth))}{pct}"
+    change = f"{_signed(metric_kind(rule.metric), growth)}{pct}"
     if passed:
         head = f"{rule.metric} {_fmt(rule.metric, value)} vs baseline {_fmt(rule.metric, base)}: {change}"
     else:
         head = f"{rule.metric} {_fmt(rule.metric, value)} exceeds baseline {_fmt(rule.metric, base)} by {change.lstrip('+')}"
-    message = f"{head}, allowed {rule.describe()} — rank {rank} {device}"
-    return Regression(rank, rule.metric, base, value, allowed, passed, device, message)
+    pool = (device.get("pool_of") or {}).get(metric_key)
+    base_pool = (then.get("pool_of") or {}).get(metric_key)
+    message = f"{head}, allowed {rule.describe()} — rank {rank} {device['device']}{_pool_text(pool, base_pool)}"
+    return Regression(rank, rule.metric, base, value, allowed, passed, device["device"], message, pool, base_pool)
 
 
 # ---- diff ---------------------------------------------------------------------------------------
+
+
+def _metric_rows(before: dict[str, Any], now: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every LIMITS metric of one (rank, device) pair: base, current, delta, unit, and pools."""
+    rows: dict[str, dict[str, Any]] = {}
+    base_metrics, metrics = before.get("metrics") or {}, now.get("metrics") or {}
+    base_pools, pools = before.get("pool_of") or {}, now.get("pool_of") or {}
+    for key, kind in LIMITS.values():
+        a, b = base_metrics.get(key), metrics.get(key)
+        row: dict[str, Any] = {"base": a, "current": b, "delta": (b - a) if a is not None and b is not None else None,
+                               "unit": "bytes" if kind == "size" else "ratio"}
+        if key in base_pools or key in pools:
+            row["base_pool"], row["current_pool"] = base_pools.get(key), pools.get(key)
+        if key not in base_metrics:
+            row["note"] = "not in the base"  # a baseline or report saved before memgate measured it
+        elif key not in metrics:
+            row["note"] = "not in the current run"
+        rows[key] = row
+    return rows
 
 
 def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> dict[str, Any]:
@@ -221,12 +318,6 @@ def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> d
             if before is None:
                 devices.append({"device": dev["device"], "status": "new device"})
                 continue
-            metrics = {}
-            for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "fragmentation",
-                        "step_growth_bytes", "leaked_bytes"):
-                a, b = before["metrics"].get(key), dev["metrics"].get(key)
-                metrics[key] = {"base": a, "current": b,
-                                "delta": (b - a) if a is not None and b is not None else None}
             ops_a = before["metrics"].get("op_max_block_bytes") or {}
             ops_b = dev["metrics"].get("op_max_block_bytes") or {}
             grew = sorted(((op, ops_a[op], ops_b[op]) for op in ops_b if op in ops_a and ops_b[op] > ops_a[op]),
@@ -235,7 +326,7 @@ def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> d
                             key=lambda t: (t[2] - t[1], t[0]))
             devices.append({
                 "device": dev["device"],
-                "metrics": metrics,
+                "metrics": _metric_rows(before, dev),
                 "ops_grew": [{"op": o, "base": a, "current": b, "delta": b - a} for o, a, b in grew],
                 "ops_shrank": [{"op": o, "base": a, "current": b, "delta": b - a} for o, a, b in shrank],
                 "ops_new": [{"op": o, "current": ops_b[o]} for o in sorted(set(ops_b) - set(ops_a), key=lambda o: -ops_b[o])],
@@ -244,6 +335,29 @@ def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> d
         ranks.append({"rank": entry["rank"], "devices": devices})
     missing = sorted(set(by_rank) - {e["rank"] for e in current})
     return {"ranks": ranks, "missing_ranks": missing}
+
+
+_KIND_OF_METRIC = {key: (budget_key, kind) for budget_key, (key, kind) in LIMITS.items()}
+
+
+def diff_metric_line(key: str, row: dict[str, Any]) -> str:
+    """``  fragmentation   0.182 ->  0.200  +0.018 (+9.9%)  pool PTA -> GE`` (key: a metric key)."""
+    name, kind = _KIND_OF_METRIC[key]
+
+    def show(value: float | None) -> str:
+        return "-" if value is None else format_metric(kind, value)
+
+    line = f"  {name:<24} {show(row['base']):>12} -> {show(row['current']):>12}"
+    delta = row["delta"]
+    if delta is not None:
+        line += f"  {_signed(kind, delta)}" + (f" ({delta / row['base'] * 100:+.1f}%)" if row["base"] else "")
+    if "current_pool" in row:
+        then, now = row["base_pool"], row["current_pool"]
+        # a side that names no pool (not measured, or a baseline saved before pools were named) is not a change
+        line += f"  pool {then} -> {now}" if then is not None and now is not None and then != now else f"  pool {now or then}"
+    if row.get("note"):
+        line += f"  ({row['note']})"
+    return line
 
 
 def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
@@ -260,16 +374,7 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
             for key, m in dev["metrics"].items():
                 if m["base"] is None and m["current"] is None:
                     continue
-                name = key.removesuffix("_bytes")
-                if key == "fragmentation":
-                    show = lambda v: "-" if v is None else f"{v:.3f}"
-                else:
-                    show = lambda v: "-" if v is None else format_size(v)
-                delta = m["delta"]
-                pct = f" ({delta / m['base'] * 100:+.1f}%)" if delta is not None and m["base"] else ""
-                sign = "+" if delta is not None and delta >= 0 else ""
-                lines.append(f"  {name:<20} {show(m['base']):>12} -> {show(m['current']):>12}"
-                             + (f"  {sign}{show(delta) if key != 'fragmentation' else f'{delta:.3f}'}{pct}" if delta is not None else ""))
+                lines.append(diff_metric_line(key, m))
             for o in dev["ops_grew"][:top]:
                 lines.append(f"  op grew: {o['op']} {format_size(o['base'])} -> {format_size(o['current'])} (+{format_size(o['delta'])})")
             for o in dev["ops_new"][:top]:
@@ -281,36 +386,122 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
     return lines
 
 
+# ---- suggest ------------------------------------------------------------------------------------
+
+MIB = 1 << 20
+# The smallest suggested limits. A measured 0 (no growth, no leak, a pool that never grew) times
+# any headroom is 0, and a 0 budget fails on the first byte (or 0.001) of noise: sizes are
+# suggested as at least 1 MiB, ratios as at least 0.010.
+SIZE_FLOOR = MIB
+RATIO_FLOOR = Decimal("0.010")
+# A ratio is at most 1, so a ratio limit of 1 can never fail: the highest suggested is this.
+RATIO_CAP = Decimal("0.999")
+# Budget keys measured but not suggested, and why (printed as a comment in the block).
+NOT_SUGGESTED = {
+    # Budgets pass when value <= limit, and the largest free block is no cost: a larger one means
+    # the pool can serve a larger request without growing. An upper limit on it fails when the pool
+    # gets less fragmented or caches more, i.e. on an improvement or on a change the reserved budgets
+    # already judge. What it is evidence of is budgeted by free_block_fragmentation and reserved_at_dump.
+    "largest_free_block": "a larger free block is no regression (use free_block_fragmentation, reserved_at_dump)",
+}
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _glob_literal(name: str) -> str:
+    """An op name as an op_caps glob that matches exactly that name (``*``, ``?``, ``[`` bracketed)."""
+    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
+
+
+def suggested_size(measured: int, factor: Decimal) -> str:
+    """Measured bytes plus headroom, rounded up to a readable size, at least :data:`SIZE_FLOOR`."""
+    return _round_up_size(max(int(Decimal(measured) * factor), SIZE_FLOOR))
+
+
+def suggested_ratio(measured: float, factor: Decimal) -> Decimal | None:
+    """Measured ratio plus headroom, rounded up to 0.001, at least :data:`RATIO_FLOOR`, capped at
+    :data:`RATIO_CAP`; None when the cap is below the measured value (no limit that can fail passes)."""
+    step = Decimal(1).scaleb(-RATIO_DECIMALS)
+    limit = max((Decimal(str(measured)) * factor).quantize(step, rounding=ROUND_CEILING), RATIO_FLOOR)
+    limit = min(limit, RATIO_CAP)
+    return limit if limit >= Decimal(str(measured)) else None
+
+
 def suggest_toml(entries: list[dict[str, Any]], headroom: Decimal, name: str = "default") -> str:
-    """A ``[tool.memgate]`` budget block: the worst measured value over all ranks plus headroom."""
+    """A ``[tool.memgate]`` budget block: the worst measured value over all ranks plus headroom.
+
+    Every LIMITS key measured on some device is proposed (except :data:`NOT_SUGGESTED`, said so in
+    a comment), with the floors and the cap above so that every limit can fail and none fails on
+    noise; the block passes on the profiles it was suggested from.
+    """
     worst: dict[str, int | float] = {}
+    pool_of: dict[str, str] = {}
     ops: dict[str, int] = {}
     for entry in entries:
         for dev in entry["devices"]:
             for budget_key, (metric_key, _) in LIMITS.items():
                 value = dev["metrics"].get(metric_key)
-                if isinstance(value, (int, float)) and value >= 0:
-                    worst[budget_key] = max(worst.get(budget_key, value), value)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    continue
+                if budget_key not in worst or value > worst[budget_key]:
+                    worst[budget_key] = value
+                    pool = (dev.get("pool_of") or {}).get(metric_key)
+                    if pool is not None:
+                        pool_of[budget_key] = pool
+                    else:
+                        pool_of.pop(budget_key, None)
             for op, size in (dev["metrics"].get("op_max_block_bytes") or {}).items():
                 ops[op] = max(ops.get(op, 0), size)
     factor = 1 + headroom / 100
-    lines = ["[tool.memgate]", "", "[[tool.memgate.budgets]]", f'name = "{name}"']
-    for budget_key, value in worst.items():
-        if LIMITS[budget_key][1] == "size":
-            lines.append(f'{budget_key} = "{_round_up_size(int(Decimal(value) * factor))}"  # measured {format_size(value)}')
+    lines = ["[tool.memgate]", "", "[[tool.memgate.budgets]]", f"name = {_toml_string(name)}"]
+    remarks: list[str] = []
+    for budget_key, (_, kind) in LIMITS.items():
+        if budget_key not in worst:
+            continue
+        value = worst[budget_key]
+        measured = f"measured {format_metric(kind, value)}" + (f", pool {pool_of[budget_key]}" if budget_key in pool_of else "")
+        if budget_key in NOT_SUGGESTED:
+            remarks.append(f"# {budget_key} not suggested ({measured}): {NOT_SUGGESTED[budget_key]}")
+        elif kind == "size":
+            limit = suggested_size(int(value), factor)
+            floor = "; 1 MiB is the smallest suggested size" if int(Decimal(int(value)) * factor) < SIZE_FLOOR else ""
+            lines.append(f'{budget_key} = "{limit}"  # {measured}{floor}')
         else:
-            lines.append(f"{budget_key} = {min(1.0, float(Decimal(str(value)) * factor)):.3f}  # measured {value:.3f}")
-    biggest = sorted(ops.items(), key=lambda kv: -kv[1])[:10]
+            ratio = suggested_ratio(float(value), factor)
+            if ratio is None:
+                remarks.append(f"# {budget_key} not suggested ({measured}): no ratio limit below 1 leaves headroom, "
+                               "and a ratio limit of 1 can never fail")
+                continue
+            note = ""
+            if ratio == RATIO_CAP:
+                note = "; capped below 1 (a ratio limit of 1 can never fail)"
+            elif ratio == RATIO_FLOOR:
+                note = f"; {RATIO_FLOOR} is the smallest suggested ratio"
+            lines.append(f"{budget_key} = {ratio}  # {measured}{note}")
+    biggest = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
     if biggest:
-        caps = ", ".join(f'"{op}" = "{_round_up_size(int(Decimal(size) * factor))}"' for op, size in biggest)
+        caps = ", ".join(f"{_toml_string(_glob_literal(op))} = \"{suggested_size(size, factor)}\"" for op, size in biggest)
         lines.append(f"op_caps = {{ {caps} }}")
-    return "\n".join(lines) + "\n"
+    unmeasured = [k for k in LIMITS if k not in worst]
+    if unmeasured:
+        remarks.append("# not measured in these profiles: " + ", ".join(unmeasured))
+    return "\n".join(lines + remarks) + "\n"
 
 
 def _round_up_size(nbytes: int) -> str:
-    """A readable size ≥ nbytes: whole MiB below 10 GiB, else 0.1 GiB steps."""
-    mib = 1 << 20
+    """A readable size >= nbytes that parses back exactly: whole MiB below 10 GiB, else 1/4 GiB steps."""
     if nbytes < 10 * (1 << 30):
-        return f"{-(-nbytes // mib)} MiB"
-    tenth = (1 << 30) // 10
-    return f"{Decimal(-(-nbytes // tenth)) / 10} GiB" if (-(-nbytes // tenth)) % 10 else f"{-(-nbytes // (1 << 30))} GiB"
+        return f"{-(-nbytes // MIB)} MiB"
+    quarters = -(-nbytes // (1 << 28))
+    return f"{Decimal(quarters) / 4} GiB" if quarters % 4 else f"{quarters // 4} GiB"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from memgate import __version__
+from memgate.budgets import LIMITS
 from memgate.lttb import downsample_steps
 from memgate.model import APP_COMPONENT, DeviceModel, Profile
 from memgate.sizes import format_size
@@ -141,10 +142,15 @@ def _exact(value: float | None) -> str:
     return f"{value} B" if isinstance(value, int) else f"{value:.6g} B"
 
 
+# Budget keys and metric keys (they differ by ``_bytes``) whose values are ratios, from LIMITS' kind.
+RATIO_METRICS = frozenset(k for budget_key, (metric_key, kind) in LIMITS.items() if kind == "ratio"
+                          for k in (budget_key, metric_key))
+
+
 def _metric_text(metric: str, value: float | None) -> str:
     if value is None:
         return "-"
-    if metric.startswith("fragmentation"):
+    if metric in RATIO_METRICS:
         return f"{value:.4f} ({value:.2%})"
     return format_size(value)
 
@@ -338,7 +344,7 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str]) -> lis
         else:
             result, cls = ("pass", "pass") if o["passed"] else ("FAIL", "fail")
         headroom = "-"
-        if value is not None and limit is not None and not metric.startswith("fragmentation"):
+        if value is not None and limit is not None and metric not in RATIO_METRICS:
             headroom = format_size(limit - value)
         elif value is not None and limit is not None:
             headroom = f"{limit - value:+.4f}"
@@ -356,36 +362,72 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str]) -> lis
     return rows
 
 
-_METRIC_ROWS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "fragmentation",
-                "step_growth_bytes", "leaked_bytes")
+# Every budgeted metric, in LIMITS' order; the snapshot pool state only where a snapshot recorded it.
+_METRIC_ROWS = tuple(metric_key for metric_key, _ in LIMITS.values())
+_DUMP_ROWS = ("allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free_block_bytes",
+              "free_block_fragmentation")
+SNAPSHOT_FORMATS = frozenset({"torch_snapshot"})
 
 
-def _metrics_table(device_entry: dict[str, Any]) -> str:
+def _metrics_table(device_entry: dict[str, Any], profile_format: str | None = None) -> str:
     metrics = device_entry.get("metrics", {})
     missing = device_entry.get("not_measurable", {})
+    pool_of = device_entry.get("pool_of") or {}
+    notes = device_entry.get("notes") or {}
+    snapshot = profile_format in SNAPSHOT_FORMATS or any(metrics.get(k) is not None for k in _DUMP_ROWS)
     rows = []
     for key in _METRIC_ROWS:
+        if key in _DUMP_ROWS and not snapshot:
+            continue
         value = metrics.get(key)
-        if key == "fragmentation":
+        if key in RATIO_METRICS:
             shown, exact = _metric_text(key, value), ("-" if value is None else repr(value))
         else:
             shown = _size(value) + (" / step" if key == "step_growth_bytes" and value is not None else "")
             exact = _exact(value)
-        note = missing.get(key, "")
+        pool = pool_of.get(key) if value is not None else None
+        note = notes.get(key, "") if value is not None else "not measurable: " + missing.get(key, "no data")
         rows.append(f'<tr><td>{_e(key)}</td><td class="num">{_e(shown)}</td><td class="num exact">{_e(exact)}</td>'
-                    f'<td class="note">{_e(note)}</td></tr>')
+                    f'<td class="pool">{_e(pool or "")}</td><td class="note">{_e(note)}</td></tr>')
     ops = metrics.get("op_max_block_bytes") or {}
     note = missing.get("op_max_block_bytes", "")
-    rows.append(f'<tr><td>op_max_block_bytes</td><td class="num">{len(ops)} ops</td><td></td>'
-                f'<td class="note">{_e(note)}</td></tr>')
+    rows.append(f'<tr><td>op_max_block_bytes</td><td class="num">{len(ops)} ops</td><td></td><td></td>'
+                f'<td class="note">{_e("not measurable: " + note if note else "")}</td></tr>')
     where = []
     if device_entry.get("peak_t_ns") is not None:
         where.append(f"peak at t = {device_entry['peak_t_ns']} ns")
     if device_entry.get("peak_step") is not None:
         where.append(f"step {device_entry['peak_step']}")
     caption = f"series {device_entry.get('component') or '-'}" + (f"; {', '.join(where)}" if where else "")
+    facts = []
+    if device_entry.get("window_relative"):
+        carried = device_entry.get("carried_over_bytes")
+        facts.append(f"window-relative totals (memory allocated before profiling started is not in them): "
+                     f"carried_over_bytes = {carried} B ({format_size(carried or 0)}), left out of peak_allocated_bytes")
     return (f'<h4>Metrics</h4><p class="caption">{_e(caption)}</p>'
-            + _table(("metric", "value", "exact", "not measurable because"), rows, "metrics"))
+            + _table(("metric", "value", "exact", "pool", "note"), rows, "metrics")
+            + "".join(f'<p class="fact">{_e(f)}</p>' for f in facts)
+            + _pools_table(device_entry))
+
+
+def _pools_table(device_entry: dict[str, Any]) -> str:
+    """Each allocator pool's own figures: what fragmentation and external_fragmentation are judged on."""
+    pools = device_entry.get("pools") or {}
+    if not pools:
+        return ""
+    rows = []
+    for name, pool in sorted(pools.items()):
+        frag, external = pool.get("fragmentation"), pool.get("external_fragmentation")
+        rows.append(
+            f"<tr><td>{_e(name)}</td>{_size_cell(pool.get('peak_allocated_bytes'))}"
+            f"{_size_cell(pool.get('peak_reserved_bytes'))}"
+            f'<td class="num" title="{_e(repr(frag))}">{_e(_metric_text("fragmentation", frag))}</td>'
+            f'<td class="num" title="{_e(repr(external))}">{_e(_metric_text("external_fragmentation", external))}</td>'
+            f"<td>{'yes' if pool.get('reserved_before_window') else 'no'}</td></tr>"
+        )
+    return ("<h4>Allocator pools</h4>"
+            + _table(("pool", "peak allocated", "peak reserved", "fragmentation", "external fragmentation",
+                      "reserved at its peak from the first sample"), rows, "pools"))
 
 
 def _holders_table(device_entry: dict[str, Any], t0: int | None) -> str:
@@ -569,7 +611,7 @@ def _profile_section(i: int, entry: dict[str, Any], outcomes: list[dict[str, Any
         else:
             out.append('<p class="note">' + ("the normalized profile was not given: no curves"
                                              if not profiles_given else "no curves for this device") + "</p>")
-        out.append(f'<div class="cols"><div>{_metrics_table(dev)}{_reconciliation(dev)}</div>'
+        out.append(f'<div class="cols"><div>{_metrics_table(dev, entry.get("format"))}{_reconciliation(dev)}</div>'
                    f"<div>{_holders_table(dev, t0)}{_ops_table(dev)}</div></div></section>")
     out.append("</section>")
     return "".join(out)

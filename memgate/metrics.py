@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, Profile
+from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile
 from memgate.reconcile import DeviceFacts, reconcile
+from memgate.sizes import format_size
 
 TOP_N = 10
 METRIC_KEYS = (
@@ -19,13 +18,53 @@ METRIC_KEYS = (
     "peak_reserved_bytes",
     "peak_app_reserved_bytes",
     "fragmentation",
+    "external_fragmentation",
     "step_growth_bytes",
     "leaked_bytes",
+    "leak_undetermined_bytes",
+    "allocated_at_dump_bytes",
+    "reserved_at_dump_bytes",
+    "largest_free_block_bytes",
+    "free_block_fragmentation",
     "op_max_block_bytes",
     "top_at_peak",
 )
 # Which block components make up a framework series (who can hold its peak).
 SERIES_PARTS = {"PTA+GE": ("PTA", "GE"), "MindSpore+GE": ("MindSpore", "GE")}
+# Counted steps step_growth needs: w = (n-1)//2 intervals per run, and n >= 5 leaves a run of w
+# intervals beside any single one (a one-time jump can then never be in every run).
+MIN_GROWTH_STEPS = 5
+_DUMP_KEYS = ("allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free_block_bytes",
+              "free_block_fragmentation")
+
+
+@dataclass(frozen=True)
+class MetricOptions:
+    """What a budget may change about how its metrics are measured (the cache keys results on it)."""
+
+    component: str | None = None  # series override (PTA, GE, MindSpore+GE, ...)
+    warmup_steps: int = 1  # timed steps dropped before growth and leaks are measured
+    leak_horizon_steps: int = 1  # last counted steps whose live blocks may still be freed later
+
+    def as_json(self) -> dict[str, Any]:
+        return {"component": self.component, "warmup_steps": self.warmup_steps,
+                "leak_horizon_steps": self.leak_horizon_steps}
+
+
+@dataclass(frozen=True)
+class PoolMetrics:
+    """One allocator pool (a series with its own reserved figure): what fragmentation is judged on."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    fragmentation: float | None  # None when the pool reserved nothing
+    external_fragmentation: float
+    reserved_before_window: bool  # reserved at its maximum from the pool's first sample
+
+    def as_json(self) -> dict[str, Any]:
+        return {"peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+                "fragmentation": self.fragmentation, "external_fragmentation": self.external_fragmentation,
+                "reserved_before_window": self.reserved_before_window}
 
 
 @dataclass(frozen=True)
@@ -38,6 +77,14 @@ class DeviceMetrics:
     peak_t_ns: int | None
     peak_step: int | None
     facts: DeviceFacts = field(default_factory=DeviceFacts)
+    pools: dict[str, PoolMetrics] = field(default_factory=dict)
+    # metric → the pool its value comes from (fragmentation, external_fragmentation)
+    pool_of: dict[str, str] = field(default_factory=dict)
+    # metric → what a reader must know to read the value right (window-relative, reserved before the window)
+    notes: dict[str, str] = field(default_factory=dict)
+    # bytes the writer's totals carried in from before the window and that no block accounts for,
+    # left out of a window-relative peak (None: the totals are absolute)
+    carried_over_bytes: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +95,11 @@ class DeviceMetrics:
             "peak_step": self.peak_step,
             "metrics": dict(self.values),
             "not_measurable": dict(sorted(self.missing.items())),
+            "pools": {name: pool.as_json() for name, pool in sorted(self.pools.items())},
+            "pool_of": dict(sorted(self.pool_of.items())),
+            "notes": dict(sorted(self.notes.items())),
+            "window_relative": self.carried_over_bytes is not None,
+            "carried_over_bytes": self.carried_over_bytes,
             "reconciliation": self.facts.as_json(),
         }
 
@@ -56,7 +108,10 @@ class DeviceMetrics:
         """The metrics :meth:`as_json` wrote (a cached result; its facts carry no curves)."""
         return cls(device=doc["device"], component=doc["component"], source=doc["source"],
                    values=dict(doc["metrics"]), missing=dict(doc["not_measurable"]), peak_t_ns=doc["peak_t_ns"],
-                   peak_step=doc["peak_step"], facts=DeviceFacts.from_json(doc["reconciliation"]))
+                   peak_step=doc["peak_step"], facts=DeviceFacts.from_json(doc["reconciliation"]),
+                   pools={name: PoolMetrics(**pool) for name, pool in doc["pools"].items()},
+                   pool_of=dict(doc["pool_of"]), notes=dict(doc["notes"]),
+                   carried_over_bytes=doc["carried_over_bytes"])
 
 
 def framework_component(device: DeviceModel, override: str | None = None) -> str | None:
@@ -69,38 +124,47 @@ def framework_component(device: DeviceModel, override: str | None = None) -> str
     return None
 
 
-def device_metrics(
-    profile: Profile, device: DeviceModel, *, component: str | None = None, warmup_steps: int = 1
-) -> DeviceMetrics:
+def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions | None = None) -> DeviceMetrics:
+    options = options or MetricOptions()
+    component, warmup_steps = options.component, options.warmup_steps
     facts = reconcile(device)
     values: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
     missing: dict[str, str] = {}
-    name = framework_component(device, component)
+    notes: dict[str, str] = {}
+    name: str | None = framework_component(device, component)
     times: np.ndarray
     allocated: np.ndarray
     source: str | None
+    carried: int | None = None
     if name is not None:
         frame = device.series[name].frame.dropna(subset=["allocated"])
         times = frame["t_ns"].to_numpy(dtype=np.int64)
         allocated = frame["allocated"].to_numpy(dtype=np.int64)
         reserved = device.series[name].frame["reserved"].dropna().to_numpy(dtype=np.int64)
         source = device.series[name].source
+        if device.window_relative:
+            carried = _carried_over(facts, block_components(device, name))
+            allocated = allocated - carried
     elif component is not None:
         raise_missing = f"no {component!r} series on {device.device} (has: {', '.join(sorted(device.series)) or 'none'})"
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "step_growth_bytes"):
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes"):
             missing[key] = raise_missing
         times = allocated = reserved = np.array([], dtype=np.int64)
         source = None
     elif facts.curves:
         name = "blocks"
-        times, allocated = blocks_total(facts, block_components(device, name))
+        parts = block_components(device, name)
+        times, allocated = blocks_total(facts, parts)
         reserved = np.array([], dtype=np.int64)
         source = device.blocks_source
+        if device.window_relative:
+            carried = _carried_over(facts, parts)
+            allocated = allocated - carried
     else:
         times = allocated = reserved = np.array([], dtype=np.int64)
         source = None
         why = "no allocator series and no blocks (record with profile_memory=True)"
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "step_growth_bytes"):
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes"):
             missing[key] = why
 
     peak_t: int | None = None
@@ -108,15 +172,33 @@ def device_metrics(
         at = int(np.argmax(allocated))
         values["peak_allocated_bytes"] = int(allocated[at])
         peak_t = int(times[at])
+        if carried is not None:
+            notes["peak_allocated_bytes"] = (
+                "window-relative: the writer's totals leave out memory allocated before profiling started"
+                + (f"; {format_size(carried)} the totals carried in from before the first event (live since a "
+                   "warm-up step, or counted by an earlier profiling session of the process) are left out"
+                   if carried else ""))
     if len(reserved):
         values["peak_reserved_bytes"] = int(reserved.max())
     elif "peak_reserved_bytes" not in missing:
         missing["peak_reserved_bytes"] = f"the {name or 'framework'} data has no reserved totals"
-    peak_alloc, peak_res = values["peak_allocated_bytes"], values["peak_reserved_bytes"]
-    if peak_alloc is not None and peak_res:
-        values["fragmentation"] = 1.0 - peak_alloc / peak_res
-    elif "fragmentation" not in missing:
-        missing["fragmentation"] = "needs peak allocated and a non-zero peak reserved of the same series"
+
+    pools = {pool: measured for pool in pool_components(device, component)
+             if (measured := pool_metrics(device.series[pool].frame)) is not None}
+    pool_of: dict[str, str] = {}
+    for key in ("fragmentation", "external_fragmentation"):
+        judged = {pool: getattr(m, key) for pool, m in pools.items() if getattr(m, key) is not None}
+        if judged:
+            worst = max(sorted(judged), key=lambda pool: judged[pool])
+            values[key] = judged[worst]
+            if judged[worst] > 0:  # a pool is named only where one is worse than the others
+                pool_of[key] = worst
+        elif key not in missing:
+            missing[key] = ("no allocator pool with both allocated and reserved totals (fragmentation is judged per "
+                            "pool: PTA, GE, MindSpore, the caching allocator, an msMemScope pool)")
+    if "fragmentation" in pool_of and pools[pool_of["fragmentation"]].reserved_before_window:
+        notes["fragmentation"] = (f"{pool_of['fragmentation']} reserved is at its maximum from its first sample: "
+                                  "the value reflects memory reserved before the window")
 
     app = device.series.get(APP_COMPONENT)
     app_reserved = app.frame["reserved"].dropna() if app is not None else pd.Series([], dtype="Int64")
@@ -125,16 +207,17 @@ def device_metrics(
     else:
         missing["peak_app_reserved_bytes"] = "no APP (whole-process) series in this profile"
 
-    steps = _usable_steps(profile.steps, warmup_steps)
+    counted = _counted_steps(profile.steps, warmup_steps)
     if len(allocated):
-        growth, why = _step_growth(steps, times, allocated, warmup_steps, profile.steps)
+        growth, growth_gap = _step_growth(counted, times, allocated, warmup_steps, profile.steps)
         values["step_growth_bytes"] = growth
-        if why:
-            missing["step_growth_bytes"] = why
-    leaked, why = _leaked(device, steps, warmup_steps, profile.steps, block_components(device, name))
-    values["leaked_bytes"] = leaked
-    if why:
-        missing["leaked_bytes"] = why
+        if growth_gap:
+            missing["step_growth_bytes"] = growth_gap
+    leaks, leak_gap = _leaked(device, counted, options, profile.steps, block_components(device, name))
+    values["leaked_bytes"], values["leak_undetermined_bytes"] = leaks
+    if leak_gap:
+        missing["leaked_bytes"] = missing["leak_undetermined_bytes"] = leak_gap
+    _dump_values(device.dump_state, values, missing, notes)
 
     blocks = device.blocks
     op_max = op_max_block_bytes(blocks)
@@ -150,6 +233,8 @@ def device_metrics(
     for key, why in (profile.metadata.get("not_measurable") or {}).items():
         values[key] = [] if key == "top_at_peak" else None
         missing[key] = str(why)
+        pool_of.pop(key, None)
+        notes.pop(key, None)
     return DeviceMetrics(
         device=device.device,
         component=name,
@@ -159,7 +244,77 @@ def device_metrics(
         peak_t_ns=peak_t,
         peak_step=step_at(profile.steps, peak_t),
         facts=facts,
+        pools=pools,
+        pool_of=pool_of,
+        notes=notes,
+        carried_over_bytes=carried,
     )
+
+
+def pool_components(device: DeviceModel, override: str | None = None) -> list[str]:
+    """The allocator pools of a device: series with their own allocated and reserved totals.
+
+    Combined series (PTA+GE = PTA + GE) and the whole process (APP) are not pools: a peak of a sum
+    and a reserved of a sum fall at different moments of different allocators.
+    """
+    if override is not None:
+        names: list[str] = [p for p in SERIES_PARTS.get(override, (override,)) if p in device.series]
+    else:
+        combined = set(SERIES_PARTS) | set(device.sum_components)
+        names = [n for n in sorted(device.series) if n not in combined and n != APP_COMPONENT]
+    return [n for n in names if device.series[n].frame["allocated"].notna().any()
+            and device.series[n].frame["reserved"].notna().any()]
+
+
+def pool_metrics(frame: pd.DataFrame) -> PoolMetrics | None:
+    """Fragmentation figures of one pool's series (rows in time order); None without both totals."""
+    allocated = frame["allocated"].to_numpy(dtype=np.float64, na_value=np.nan)
+    reserved = frame["reserved"].to_numpy(dtype=np.float64, na_value=np.nan)
+    has_alloc, has_res = ~np.isnan(allocated), ~np.isnan(reserved)
+    if not has_alloc.any() or not has_res.any():
+        return None
+    peak_alloc = int(frame["allocated"].max())
+    res_values = frame["reserved"].dropna().to_numpy(dtype=np.int64)
+    peak_res = int(res_values.max())
+    # External: at each growth of reserved, the share of the grown pool that sat free just before.
+    # allocated "just before" = the latest known allocated at the row before the growth.
+    filled = pd.Series(allocated).ffill().to_numpy()
+    rows = np.flatnonzero(has_res)
+    r = reserved[rows]
+    grew = np.flatnonzero(r[1:] > r[:-1])  # growth between rows[k] and rows[k+1]
+    external = 0.0
+    if len(grew):
+        before_alloc = filled[rows[grew]]
+        known = ~np.isnan(before_alloc)
+        free_before = np.clip(r[grew] - before_alloc, 0, None)
+        shares = free_before[known] / r[grew + 1][known]
+        if len(shares):
+            external = float(shares.max())
+    return PoolMetrics(
+        peak_allocated_bytes=peak_alloc,
+        peak_reserved_bytes=peak_res,
+        fragmentation=1.0 - peak_alloc / peak_res if peak_res > 0 else None,
+        external_fragmentation=external,
+        reserved_before_window=bool(res_values[0] == peak_res),
+    )
+
+
+def _carried_over(facts: DeviceFacts, components: tuple[str, ...] | None) -> int:
+    """Bytes the writer's totals held at the window start that no block of the window accounts for."""
+    return sum(f.baseline_bytes for c, f in facts.components.items() if components is None or c in components)
+
+
+def _dump_values(state: PoolState | None, values: dict[str, Any], missing: dict[str, str],
+                 notes: dict[str, str]) -> None:
+    if state is None:
+        for key in _DUMP_KEYS:
+            missing[key] = "only a memory snapshot records the pool's final state (segments and their free blocks)"
+        return
+    values["allocated_at_dump_bytes"] = state.allocated
+    values["reserved_at_dump_bytes"] = state.reserved
+    values["largest_free_block_bytes"] = state.largest_free_block
+    values["free_block_fragmentation"] = (1.0 - state.largest_free_block / state.free_bytes) if state.free_bytes else 0.0
+    notes["allocated_at_dump_bytes"] = f"sizes as {state.size_basis}, the basis of peak_allocated_bytes"
 
 
 # Blocks-only devices: which block components are the framework allocator, by preference. Others
@@ -203,7 +358,8 @@ def blocks_total(facts: DeviceFacts, components: tuple[str, ...] | None = None) 
             np.concatenate([[start], total[end_of_instant]]).astype(np.int64))
 
 
-def _usable_steps(steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+def _counted_steps(steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+    """The timed steps in step order, minus the first ``warmup_steps``."""
     timed = steps.dropna(subset=["t_start", "t_end"]).sort_values("step", kind="stable")
     return timed.iloc[warmup_steps:] if warmup_steps > 0 else timed
 
@@ -215,14 +371,20 @@ def _describe_steps(all_steps: pd.DataFrame) -> str:
     return f"{len(numbers)} step(s){' (' + listed + ')' if numbers else ''}, {timed} with start/end times"
 
 
+def _record_more(needed: int, warmup: int) -> str:
+    return (f"record at least {needed + warmup} active steps (torch.profiler / torch_npu: "
+            f"schedule(wait=1, warmup=1, active={needed + warmup}); memgate_record: {needed + warmup} "
+            "memgate_record.step() calls), or lower warmup_steps")
+
+
 def _step_growth(
-    steps: pd.DataFrame, times: np.ndarray, allocated: np.ndarray, warmup: int, all_steps: pd.DataFrame
-) -> tuple[int | float | None, str | None]:
-    if len(steps) < 2:
+    counted: pd.DataFrame, times: np.ndarray, allocated: np.ndarray, warmup: int, all_steps: pd.DataFrame
+) -> tuple[int | None, str | None]:
+    if len(counted) < MIN_GROWTH_STEPS:
         return None, (
-            f"needs at least 2 timed steps after {warmup} warmup step(s); the profile has "
-            f"{_describe_steps(all_steps)} (profile more steps, e.g. schedule active>=3)"
-        )
+            f"needs at least {MIN_GROWTH_STEPS} counted steps (timed steps after {warmup} warmup step(s)) to tell "
+            f"steady growth from a one-time jump; the profile has {_describe_steps(all_steps)}: "
+            + _record_more(MIN_GROWTH_STEPS, warmup))
     # Memory rows and step records that never overlap come from different windows (or runs): a
     # quiet step is fine, but not a profile whose every sample lies outside every step.
     timed = all_steps.dropna(subset=["t_start", "t_end"])
@@ -233,142 +395,76 @@ def _step_growth(
         numbers = ", ".join(str(int(n)) for n in timed["step"])
         return None, (f"no allocator sample falls inside any step ({numbers}): the memory rows and the step "
                       "records do not overlap (were both recorded in the same run and profiling window?)")
-    ends = steps["t_end"].to_numpy(dtype=np.int64)
-    idx = np.searchsorted(times, ends, side="right") - 1
-    xs = steps["step"].to_numpy(dtype=np.int64)[idx >= 0]
-    ys = allocated[idx[idx >= 0]]
-    if len(xs) < 2:
-        return None, "fewer than 2 steps end after the first allocator sample"
-    return theil_sen(list(map(int, xs)), list(map(int, ys))), None
+    floors = step_floors(counted, times, allocated)
+    floors = floors[floors >= 0]
+    if len(floors) < MIN_GROWTH_STEPS:
+        return None, (f"only {len(floors)} of {len(counted)} counted steps have an allocator sample in or before "
+                      f"them; step_growth needs {MIN_GROWTH_STEPS}")
+    return persistent_growth(floors), None
 
 
-_PAIR_CHUNK = 1 << 20  # pairs per numpy pass: bounded memory whatever the number of steps (~80 MiB)
-_BINS = 1 << 16
-_EXACT_LIMIT = 1 << 16  # candidates ordered exactly at the end
+def step_floors(steps: pd.DataFrame, times: np.ndarray, allocated: np.ndarray) -> np.ndarray:
+    """Each step's floor: the lowest allocated level during it, counting the level it starts at.
 
-
-def theil_sen(xs: list[int], ys: list[int]) -> int | float:
-    """Median of pairwise slopes, exact; an int when the median is a whole number.
-
-    The n(n-1)/2 slopes are never all held at once (thousands of steps give tens of millions): the
-    median is selected by histogram passes over chunks of pairs on the float slopes, and the last
-    few candidates, widened by a margin far above float rounding, are ordered exactly as reduced
-    fractions (equal slopes are counted, not sorted one by one).
+    Levels are taken after every event of an instant (rows between the events of one instant are in
+    an order the writer chose, no real moment). -1 for a step with no sample in or before it.
     """
-    x = np.asarray(xs, dtype=np.int64)
-    y = np.asarray(ys, dtype=np.int64)
-    m, lo, hi = 0, np.inf, -np.inf
-    for _, _, f in _slopes(x, y):
-        m += len(f)
-        if len(f):
-            lo, hi = min(lo, float(f.min())), max(hi, float(f.max()))
-    if m == 0:
-        return 0
-    ranks = [m // 2] if m % 2 else [m // 2 - 1, m // 2]
-    picked = _select(x, y, ranks, lo, hi)
-    median = picked[0] if m % 2 else (picked[0] + picked[1]) / 2
-    return int(median) if median.denominator == 1 else float(median)
+    last_of_instant = np.append(times[1:] != times[:-1], True)
+    times, allocated = times[last_of_instant], allocated[last_of_instant]
+    first = np.searchsorted(times, steps["t_start"].to_numpy(dtype=np.int64), side="right") - 1
+    stop = np.searchsorted(times, steps["t_end"].to_numpy(dtype=np.int64), side="right")
+    floors = np.full(len(first), -1, dtype=np.int64)
+    for i, (lo, hi) in enumerate(zip(np.maximum(first, 0).tolist(), stop.tolist())):
+        if hi > lo:
+            floors[i] = int(allocated[lo:hi].min())
+    return floors
 
 
-def _slopes(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(dy, dx > 0, dy / dx) of every pair with distinct x, a chunk of rows at a time."""
-    n = len(x)
-    counts = np.arange(n - 1, -1, -1, dtype=np.int64)  # pairs (i, j > i) of row i
-    ends = np.cumsum(counts)
-    row = 0
-    while row < n - 1:
-        stop = max(row + 1, int(np.searchsorted(ends, ends[row] - counts[row] + _PAIR_CHUNK, side="right")))
-        stop = min(stop, n)
-        rows = np.arange(row, stop, dtype=np.int64)
-        c = counts[row:stop]
-        total = int(c.sum())
-        i = np.repeat(rows, c)
-        j = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c) + np.repeat(rows + 1, c)
-        dx, dy = x[j] - x[i], y[j] - y[i]
-        keep = dx != 0
-        dx, dy = dx[keep], dy[keep]
-        sign = np.sign(dx)
-        dx, dy = dx * sign, dy * sign
-        yield dy, dx, dy / dx
-        row = stop
+def persistent_growth(floors: np.ndarray) -> int:
+    """Integer bytes/step that memory grew by at least over every run of half the step intervals.
 
-
-def _select(x: np.ndarray, y: np.ndarray, ks: list[int], lo: float, hi: float) -> list[Fraction]:
-    """The exact ks-th smallest slopes (0-based, ascending, one or two adjacent ranks), knowing every
-    float slope lies in [lo, hi].
-
-    Each pass counts the slopes below ``lo`` and bins those in [lo, hi]; binning is monotone in
-    the slope, so the ranks lie in the bins where the counts reach them, and the next window is
-    those bins and their neighbours (a margin far above any rounding at the bin edges).
+    The suffix minimum of the floors is the level memory never again goes below: what a step holds
+    only for a while (a buffer kept k steps, accumulated gradients, allocator noise) drops out of
+    it. Over runs of w = (n-1)//2 intervals, the slowest run's average growth is kept: a one-time
+    jump (lazily created optimizer state, a cache filled once) misses at least one run, while a
+    leak every step or every other step is in all of them.
     """
-    # distinct slopes p/q (0 < q <= the x span) differ by at least 1/span**2: a window narrower than
-    # that holds a single exact value, up to float rounding
-    span = int(x.max() - x.min())
-    floor = 0.25 / float(span) ** 2
-    while hi - lo > max(max(abs(lo), abs(hi)) * 1e-9, floor):
-        width = hi - lo
-        below = 0
-        hist = np.zeros(_BINS, dtype=np.int64)
-        for _, _, f in _slopes(x, y):
-            below += int(np.count_nonzero(f < lo))
-            inside = f[(f >= lo) & (f <= hi)]
-            hist += np.bincount(np.minimum(((inside - lo) / width * _BINS).astype(np.int64), _BINS - 1),
-                                minlength=_BINS)
-        cumulative = np.cumsum(hist)
-        bins = [int(np.searchsorted(cumulative, k - below, side="right")) for k in ks]
-        first, last = max(bins[0] - 1, 0), min(bins[-1] + 1, _BINS - 1)
-        lo, hi = lo + width * first / _BINS, lo + width * (last + 1) / _BINS
-        if int(hist[first:last + 1].sum()) <= _EXACT_LIMIT or hi - lo >= width:
-            break
-    # exact: every slope within a margin of [lo, hi], as reduced fractions with multiplicities
-    tol = max(abs(lo), abs(hi)) * 1e-9 + 1e-300
-    counted: dict[tuple[int, int], int] = {}
-    exact_below = 0
-    for dy, dx, f in _slopes(x, y):
-        exact_below += int(np.count_nonzero(f < lo - tol))
-        near = (f >= lo - tol) & (f <= hi + tol)
-        num, den = dy[near], dx[near]
-        if not len(num):
-            continue
-        g = np.gcd(num, den)
-        num, den = num // g, den // g
-        if (num == num[0]).all() and (den == den[0]).all():  # one slope many times (a steady leak): no sort
-            pairs, mult = [(int(num[0]), int(den[0]))], [len(num)]
-        else:
-            unique, counts = np.unique(np.stack([num, den], axis=1), axis=0, return_counts=True)
-            pairs, mult = [tuple(pq) for pq in unique.tolist()], counts.tolist()
-        for (p, q), c in zip(pairs, mult):
-            counted[(p, q)] = counted.get((p, q), 0) + c
-    found: list[Fraction] = []
-    seen = exact_below  # slopes ordered so far
-    for (p, q) in sorted(counted, key=lambda pq: Fraction(pq[0], pq[1])):
-        seen += counted[(p, q)]
-        while len(found) < len(ks) and ks[len(found)] < seen:
-            found.append(Fraction(p, q))
-        if len(found) == len(ks):
-            return found
-    raise AssertionError("median slope not found")  # pragma: no cover - the counts cover rank k
+    kept = np.minimum.accumulate(floors[::-1])[::-1]
+    w = (len(kept) - 1) // 2
+    return int((kept[w:] - kept[:-w]).min()) // w
 
 
 def _leaked(
-    device: DeviceModel, steps: pd.DataFrame, warmup: int, all_steps: pd.DataFrame,
+    device: DeviceModel, counted: pd.DataFrame, options: MetricOptions, all_steps: pd.DataFrame,
     components: tuple[str, ...] | None,
-) -> tuple[int | None, str | None]:
+) -> tuple[tuple[int | None, int | None], str | None]:
+    """(leaked, undetermined) bytes of blocks allocated in counted steps and live at the window's end."""
     blocks = device.blocks
     if components is not None:
         blocks = blocks[blocks["component"].isin(components)]
     if len(blocks) == 0:
-        return None, "no per-block data (operator_memory / allocation events) to find unfreed blocks"
-    if len(steps) == 0:
-        return None, (
-            f"needs at least 1 timed step after {warmup} warmup step(s); the profile has {_describe_steps(all_steps)}"
-        )
+        return (None, None), "no per-block data (operator_memory / allocation events) to find unfreed blocks"
+    horizon = options.leak_horizon_steps
+    if len(counted) < horizon + 1:
+        return (None, None), (
+            f"needs at least {horizon + 1} counted steps (leak_horizon_steps={horizon}, plus one whose blocks had "
+            f"{horizon} step(s) to be freed) after {options.warmup_steps} warmup step(s); the profile has "
+            f"{_describe_steps(all_steps)}: " + _record_more(horizon + 1, options.warmup_steps))
     open_blocks = blocks[blocks["t_free"].isna() & blocks["t_alloc"].notna()]
     t = open_blocks["t_alloc"].to_numpy(dtype=np.int64)
-    inside = np.zeros(len(t), dtype=bool)
-    for start, end in zip(steps["t_start"].to_numpy(dtype=np.int64), steps["t_end"].to_numpy(dtype=np.int64)):
-        inside |= (t >= start) & (t <= end)
-    return int(open_blocks["size"].to_numpy(dtype=np.int64)[inside].sum()), None
+    size = open_blocks["size"].to_numpy(dtype=np.int64)
+    starts = counted["t_start"].to_numpy(dtype=np.int64)
+    ends = counted["t_end"].to_numpy(dtype=np.int64)
+    decided = len(counted) - horizon
+    # Each block to the latest-starting counted step that contains it (steps in step order; the
+    # horizon is the last steps of that order).
+    by_start = np.argsort(starts, kind="stable")
+    at = np.searchsorted(starts[by_start], t, side="right") - 1
+    step = np.where(at >= 0, by_start[np.maximum(at, 0)], -1)
+    inside = (step >= 0) & (t <= ends[np.maximum(step, 0)])
+    leaked = int(size[inside & (step < decided)].sum())
+    undetermined = int(size[inside & (step >= decided)].sum())
+    return (leaked, undetermined), None
 
 
 def op_max_block_bytes(blocks: pd.DataFrame) -> dict[str, int]:
@@ -421,5 +517,5 @@ def step_at(steps: pd.DataFrame, t_ns: int | None) -> int | None:
     return int(hit["step"].iloc[0]) if len(hit) else None
 
 
-def profile_metrics(profile: Profile, *, component: str | None = None, warmup_steps: int = 1) -> list[DeviceMetrics]:
-    return [device_metrics(profile, d, component=component, warmup_steps=warmup_steps) for d in profile.devices]
+def profile_metrics(profile: Profile, options: MetricOptions | None = None) -> list[DeviceMetrics]:
+    return [device_metrics(profile, d, options) for d in profile.devices]

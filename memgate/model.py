@@ -124,6 +124,18 @@ class Series:
 
 
 @dataclass(frozen=True)
+class PoolState:
+    """A caching allocator's pool as a snapshot's final ``segments`` record it at the dump."""
+
+    allocated: int  # bytes of active blocks, on ``size_basis`` (as the allocated series)
+    reserved: int  # bytes of all segments
+    largest_free_block: int  # the largest inactive (free, reusable) block
+    free_bytes: int  # all inactive blocks
+    size_basis: str  # "requested" (what the program asked for) or "rounded" (the allocator's block sizes)
+    source: str
+
+
+@dataclass(frozen=True)
 class DeviceModel:
     device: str
     series: dict[str, Series] = field(default_factory=dict)
@@ -131,6 +143,11 @@ class DeviceModel:
     blocks_source: str | None = None
     # Series whose sum is written as another series (torch_npu PTA+GE = PTA + GE).
     sum_components: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The pool at the end of the window, where the writer records it (snapshot segments).
+    dump_state: PoolState | None = None
+    # The writer's totals leave out memory allocated before profiling and may carry bytes counted
+    # by an earlier profiling session (torch's CPU allocator reporter): peaks are window-relative.
+    window_relative: bool = False
 
 
 @dataclass(frozen=True)

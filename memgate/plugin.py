@@ -30,7 +30,7 @@ from memgate.budgets import (
     load_budget_file,
 )
 from memgate.cache import ProfileCache, open_profile
-from memgate.ci import benchmark_export, github_annotations, step_summary_markdown
+from memgate.ci import benchmark_export, github_annotations, step_summary_markdown, unit_of
 from memgate.compare import (
     CompareRule,
     Regression,
@@ -72,6 +72,9 @@ OPTIONS: dict[str, tuple[str, str, str]] = {
     "memgate_html": ("memgate_html", "string", "write the self-contained HTML report to this file"),
     "memgate_cache_dir": ("memgate_cache_dir", "string",
                           "cache of loaded profiles keyed on file content (default: pytest's cache dir)"),
+    "memgate_leak_horizon_steps": ("memgate_leak_horizon_steps", "string",
+                                   ("default leak_horizon_steps of budgets and markers: the last N counted steps "
+                                    "whose live blocks may still be freed later (default 1)")),
 }
 MISSING_POLICIES = ("skip", "warn", "fail")
 DETAIL_TOP = 5  # holders shown under a failure line; each -v adds as many again
@@ -95,6 +98,7 @@ class _Settings:
     save_baseline: Path | None = None
     rules: list[CompareRule] = field(default_factory=list)
     missing_policy: str = "warn"
+    leak_horizon_steps: int = 1
     ratchet: bool = False
     benchmark_json: Path | None = None
     html_path: Path | None = None
@@ -186,12 +190,17 @@ def _path_setting(config: pytest.Config, dest: str) -> Path | None:
 
 def _read_settings(config: pytest.Config) -> _Settings:
     settings = _Settings()
+    horizon, _ = _setting(config, "memgate_leak_horizon_steps")
+    if horizon is not None:
+        if not str(horizon).strip().isascii() or not str(horizon).strip().isdigit() or int(horizon) < 1:
+            raise ConfigError(f"invalid --memgate-leak-horizon-steps {horizon!r}", expected="an integer >= 1")
+        settings.leak_horizon_steps = int(horizon)
     budgets, base = _setting(config, "memgate_budgets")
     if budgets is not None:
-        settings.budget_file = load_budget_file(base / budgets)
+        settings.budget_file = load_budget_file(base / budgets, default_leak_horizon=settings.leak_horizon_steps)
     else:
         for folder in dict.fromkeys([Path(config.invocation_params.dir), Path(config.rootpath)]):
-            settings.budget_file = find_budget_file(folder)
+            settings.budget_file = find_budget_file(folder, default_leak_horizon=settings.leak_horizon_steps)
             if settings.budget_file is not None:
                 break
     root, base = _setting(config, "memgate")
@@ -307,7 +316,8 @@ def _marker_budget(item: pytest.Item, marker: pytest.Mark) -> Budget:
     kwargs = dict(marker.kwargs)
     kwargs.pop("profile", None)
     try:
-        return budget_from_mapping(kwargs, origin=item.nodeid, default_name="marker")
+        return budget_from_mapping(kwargs, origin=item.nodeid, default_name="marker",
+                                   default_leak_horizon=item.config.stash[STATE].settings.leak_horizon_steps)
     except ConfigError as exc:
         raise pytest.UsageError(f"memgate: marker on {exc.one_line()}") from None
 
@@ -394,9 +404,10 @@ class MemgateCompareItem(_GateItem):
             self._missing(f"baseline {state.settings.baseline_path} does not exist")
             return
         try:
-            self.stash[REGRESSION] = compare_entry(profile_entry(cache.info, cache.get(None, 1)), baseline, self.rule)
-        except KeyError:
-            self._missing(f"rank {cache.info.rank} is not in baseline {state.settings.baseline_path}")
+            self.stash[REGRESSION] = compare_entry(profile_entry(cache.info, cache.get()), baseline, self.rule)
+        except KeyError as exc:
+            self._missing(exc.one_line() if isinstance(exc, MemgateError)
+                          else f"rank {cache.info.rank} is not in baseline {state.settings.baseline_path}")
 
     def _missing(self, why: str) -> None:
         policy = self.config.stash[STATE].settings.missing_policy
@@ -541,7 +552,7 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
     if outcomes:
         payload["outcomes"] = outcomes
         for o in outcomes:
-            unit = "ratio" if o["metric"] == "fragmentation" else "bytes"
+            unit = unit_of(o["metric"])  # LIMITS' kind: "ratio" or "bytes" (op_caps: bytes)
             # JUnit writes the teardown report's properties, which pytest copies from the item.
             item.user_properties.extend([
                 (f"memgate.{o['metric']}.measured", o["value"]),
@@ -561,7 +572,7 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
         loaded = state.profiles.get(key)
         if key not in state.reported_profiles and isinstance(loaded, MetricCache):
             state.reported_profiles.add(key)
-            payload["profile"] = profile_entry(loaded.info, loaded.get(None, 1))
+            payload["profile"] = profile_entry(loaded.info, loaded.get())
     return payload
 
 

@@ -93,18 +93,36 @@ def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
     return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
 
 
+_SIZE_ROWS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "step_growth_bytes",
+              "leaked_bytes", "leak_undetermined_bytes", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
+              "largest_free_block_bytes")
+_RATIO_ROWS = ("fragmentation", "external_fragmentation", "free_block_fragmentation")
+
+
 def inspect_text(entry: dict[str, Any]) -> list[str]:
     """Human-readable metrics of one profile (``memgate inspect``)."""
     lines = [f"{entry['path']}  [{entry['format']}, rank {entry['rank']}]"]
     for dev in entry["devices"]:
         m = dev["metrics"]
+        pool_of, notes = dev.get("pool_of", {}), dev.get("notes", {})
         lines.append(f"  {dev['device']}  series {dev['component'] or '-'}")
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "step_growth_bytes", "leaked_bytes"):
-            value = m[key]
-            shown = f"{format_size(value)} ({value} B)" if value is not None else f"not measurable: {dev['not_measurable'].get(key, '-')}"
+        for key in (*_SIZE_ROWS, *_RATIO_ROWS):
+            value = m.get(key)
+            if value is None:
+                shown = f"not measurable: {dev['not_measurable'].get(key, '-')}"
+            elif key in _RATIO_ROWS:
+                shown = f"{value:.4f}" + (f" (pool {pool_of[key]})" if key in pool_of else "")
+            else:
+                shown = f"{format_size(value)} ({value} B)"
             lines.append(f"    {key:<24} {shown}")
-        frag = m["fragmentation"]
-        lines.append(f"    {'fragmentation':<24} {frag:.4f}" if frag is not None else f"    {'fragmentation':<24} -")
+            if key in notes and value is not None:
+                lines.append(f"    {'':<24} note: {notes[key]}")
+        for name, pool in dev.get("pools", {}).items():
+            frag = "-" if pool["fragmentation"] is None else f"{pool['fragmentation']:.4f}"
+            lines.append(f"    pool {name}: peak allocated {format_size(pool['peak_allocated_bytes'])}, peak reserved "
+                         f"{format_size(pool['peak_reserved_bytes'])}, fragmentation {frag}, external "
+                         f"{pool['external_fragmentation']:.4f}"
+                         + (", reserved before the window" if pool["reserved_before_window"] else ""))
         ops = sorted(m["op_max_block_bytes"].items(), key=lambda kv: -kv[1])[:5]
         if ops:
             lines.append("    largest block per operator: " + ", ".join(f"{op} {format_size(v)}" for op, v in ops))

@@ -17,6 +17,7 @@ from memgate.budgets import Budget, MetricCache, judge
 from memgate.cache import ProfileCache, open_profile
 from memgate.discover import Found, discover
 from memgate.errors import MemgateError
+from memgate.metrics import MetricOptions
 from memgate.model import ProfileInfo
 from memgate.progress import describe, progress
 from memgate.report import outcome_entry, profile_entry
@@ -65,12 +66,12 @@ def judge_profile(cache: MetricCache, budgets: Sequence[Budget]) -> list[dict[st
 def process_profile(
     found: Found,
     budgets: Sequence[Budget] = (),
-    warmup_steps: int = 1,
+    options: MetricOptions | None = None,
     cache: ProfileCache | None = None,
 ) -> ProfileResult:
     try:
         metrics = open_profile(found, cache)
-        entry = profile_entry(metrics.info, metrics.get(None, warmup_steps))
+        entry = profile_entry(metrics.info, metrics.get(options))
     except MemgateError as exc:
         return ProfileResult(str(found.path), found.format.name, None, error=exc)
     return ProfileResult(metrics.info.path, metrics.info.format, entry, judge_profile(metrics, budgets))
@@ -80,7 +81,7 @@ def run_profiles(
     root: str | Path,
     budgets: Sequence[Budget] = (),
     *,
-    warmup_steps: int = 1,
+    options: MetricOptions | None = None,
     jobs: int = 1,
     cache: ProfileCache | None = None,
     write_progress: Callable[[str], None] | None = None,
@@ -90,11 +91,11 @@ def run_profiles(
     if jobs > 1 and len(found) > 1:
         with (progress(f"{len(found)} profiles on {jobs} processes", write_progress),
               ProcessPoolExecutor(max_workers=min(jobs, len(found))) as pool):
-            futures = [pool.submit(process_profile, f, tuple(budgets), warmup_steps, cache) for f in found]
+            futures = [pool.submit(process_profile, f, tuple(budgets), options, cache) for f in found]
             return [future.result() for future in futures]
     results = []
     for entry in found:
         label = functools.partial(describe, entry.path)  # computed only if the progress line shows
         with progress(label, write_progress):
-            results.append(process_profile(entry, budgets, warmup_steps, cache))
+            results.append(process_profile(entry, budgets, options, cache))
     return results

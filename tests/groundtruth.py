@@ -9,8 +9,6 @@ from DESIGN.md's metric table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
-from statistics import median
 
 RESERVE_GRANULE = 2 << 20  # the simulated caching allocator reserves in 2 MiB segments
 
@@ -118,34 +116,82 @@ def allocated_at(curve: list[tuple[int, int]], t: int) -> int:
     return value
 
 
-def theil_sen(xs: list[int], ys: list[int]) -> Fraction:
-    slopes = [Fraction(ys[j] - ys[i], xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
-    return Fraction(median(slopes)) if slopes else Fraction(0)
+def end_of_instants(curve: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The level after every event of each instant (a point between events of one instant is no real moment)."""
+    out: list[tuple[int, int]] = []
+    for t, level in curve:
+        if out and out[-1][0] == t:
+            out[-1] = (t, level)
+        else:
+            out.append((t, level))
+    return out
 
 
-def expected_metrics(trace: Trace, warmup_steps: int = 1, *, separate_allocators: bool = False) -> dict[str, object]:
+def persistent_growth(floors: list[int]) -> int:
+    """DESIGN: the slowest average growth, over runs of (n-1)//2 steps, of the level memory never goes below again."""
+    kept = [min(floors[i:]) for i in range(len(floors))]
+    w = (len(kept) - 1) // 2
+    return min(kept[i + w] - kept[i] for i in range(len(kept) - w)) // w
+
+
+def pool_figures(allocated: list[tuple[int, int]], reserved: list[tuple[int, int]]) -> tuple[float | None, float]:
+    """(fragmentation, external_fragmentation) of one pool from its curves (one point per event, same times).
+
+    The first point is the window start, which no writer records as a row: a growth is seen only
+    between two recorded events.
+    """
+    peak_a = max(level for _, level in allocated)
+    peak_r = max(level for _, level in reserved)
+    external = 0.0
+    for i in range(2, len(reserved)):
+        if reserved[i][1] > reserved[i - 1][1]:
+            external = max(external, (reserved[i - 1][1] - allocated[i - 1][1]) / reserved[i][1])
+    return (1 - peak_a / peak_r if peak_r else None), external
+
+
+def expected_metrics(trace: Trace, warmup_steps: int = 1, *, separate_allocators: bool = False,
+                     leak_horizon_steps: int = 1) -> dict[str, object]:
     """DESIGN.md's metrics of the whole device (all components together), by the definitions.
 
-    ``separate_allocators``: reserved is the sum of each component's own reserved curve (torch_npu
-    ``PTA+GE`` = PTA + GE), see :meth:`Trace.reserved_by_allocator_curve`.
+    ``separate_allocators``: each component is its own pool (torch_npu PTA and GE), and reserved is
+    the sum of each component's own reserved curve (``PTA+GE`` = PTA + GE), see
+    :meth:`Trace.reserved_by_allocator_curve`.
     """
     curve = trace.allocated_curve()
     reserved = trace.reserved_by_allocator_curve() if separate_allocators else trace.reserved_curve()
     peak_allocated = max(level for _, level in curve)
     peak_reserved = max(level for _, level in reserved)
+    if separate_allocators:
+        pools = [pool_figures(trace.allocated_curve(c), trace.reserved_curve(c))
+                 for c in sorted({"PTA", *(b.component for b in trace.blocks)})]
+    else:
+        pools = [pool_figures(curve, reserved)]
+    fragmentation = max((f for f, _ in pools if f is not None), default=None)
+    external = max(e for f, e in pools if f is not None) if fragmentation is not None else None
     counted = sorted(trace.steps)[warmup_steps:]
     growth: object = None
     # DESIGN: memory rows that never fall inside any step (another window or run) measure no growth.
     overlap = any(start <= t <= end for t, *_ in trace.events() for _, start, end in trace.steps)
-    if len(counted) >= 2 and overlap:
-        slope = theil_sen([s[0] for s in counted], [allocated_at(curve, s[2]) for s in counted])
-        growth = int(slope) if slope.denominator == 1 else float(slope)
+    if len(counted) >= 5 and overlap:
+        instants = end_of_instants(curve)
+        floors = [min([allocated_at(instants, start)] + [level for t, level in instants if start < t <= end])
+                  for _, start, end in counted]
+        growth = persistent_growth(floors)
     leaked: object = None
-    if counted and trace.blocks:
-        leaked = sum(
-            b.size for b in trace.blocks
-            if b.t_free is None and b.t_alloc is not None and any(s[1] <= b.t_alloc <= s[2] for s in counted)
-        )
+    undetermined: object = None
+    if len(counted) > leak_horizon_steps and trace.blocks:
+        decided = len(counted) - leak_horizon_steps
+        leaked = undetermined = 0
+        for b in trace.blocks:
+            if b.t_free is None and b.t_alloc is not None:
+                # the counted step it was allocated in; at a boundary two steps share, the later one
+                holders = [i for i, s in enumerate(counted) if s[1] <= b.t_alloc <= s[2]]
+                if holders:
+                    i = max(holders, key=lambda k: counted[k][1])
+                    if i < decided:
+                        leaked += b.size
+                    else:
+                        undetermined += b.size
     ops: dict[str, int] = {}
     for b in trace.blocks:
         if b.t_alloc is not None and b.op:
@@ -153,8 +199,10 @@ def expected_metrics(trace: Trace, warmup_steps: int = 1, *, separate_allocators
     return {
         "peak_allocated_bytes": peak_allocated,
         "peak_reserved_bytes": peak_reserved,
-        "fragmentation": (1 - peak_allocated / peak_reserved) if peak_reserved else None,
+        "fragmentation": fragmentation,
+        "external_fragmentation": external,
         "step_growth_bytes": growth,
         "leaked_bytes": leaked,
+        "leak_undetermined_bytes": undetermined,
         "op_max_block_bytes": ops,
     }

@@ -51,7 +51,7 @@ hidden_baselines = st.one_of(st.just(0), st.integers(1, 40 << 30), st.integers(1
 
 
 @st.composite
-def steps(draw: st.DrawFn, tick: int, t0: int, max_steps: int = 6) -> tuple[tuple[int, int, int], ...]:
+def steps(draw: st.DrawFn, tick: int, t0: int, max_steps: int = 9) -> tuple[tuple[int, int, int], ...]:
     """Consecutive ProfilerStep numbers (the profiler's counter), back to back or with gaps."""
     n = draw(st.integers(0, max_steps))
     first = draw(st.integers(2, 100_000))
@@ -71,7 +71,7 @@ def traces(
     max_blocks: int = 30,
     ge: bool | None = None,
     pre_window: bool | None = None,
-    max_steps: int = 6,
+    max_steps: int = 9,  # 5 counted steps measure step_growth
 ) -> Trace:
     """A ground-truth trace of one device (see the module docstring for its shape).
 

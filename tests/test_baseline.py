@@ -176,3 +176,198 @@ def test_allowed_is_exact_for_bytes() -> None:
     assert rule.allowed(1000) == 1000 + (256 << 20)
     assert CompareRule("peak_allocated", Decimal("2.5"), None, "x").allowed(1000) == 1025
     assert CompareRule("peak_allocated", Decimal("2.5"), None, "x").allowed(999) == 1023  # floor of 1023.975
+
+
+# ---- every LIMITS metric: baselines, rules, CI outputs ------------------------------------------
+
+RESERVED = 1600913408  # the example's peak reserved (PTA+GE)
+# A baseline as memgate saved it before the per-pool metrics: no external_fragmentation, no
+# leak_undetermined, no snapshot pool state, no pool_of; fragmentation of the combined series.
+OLD_BASELINE = {
+    "memgate_baseline": 1,
+    "memgate_version": "0.1.0",
+    "profiles": {"0": {
+        "path": "base/run_ascend_pt",
+        "key": {"format": "torch_npu", "device_type": "npu"},
+        "devices": {"npu:0": {"metrics": {
+            "peak_allocated_bytes": PEAK, "peak_reserved_bytes": RESERVED, "peak_app_reserved_bytes": 2216407040,
+            "fragmentation": 1 - PEAK / RESERVED, "step_growth_bytes": None, "leaked_bytes": None,
+            "op_max_block_bytes": {"aten::mm": 150995456},
+        }}},
+    }},
+}
+
+
+def test_saved_baseline_holds_every_metric_and_the_pools(project: pytest.Pytester) -> None:
+    from memgate.budgets import LIMITS
+
+    device = _save(project)["profiles"]["0"]["devices"]["npu:0"]
+    assert {key for key, _ in LIMITS.values()} <= set(device["metrics"])
+    assert device["metrics"]["external_fragmentation"] == 0.0
+    assert device["metrics"]["leak_undetermined_bytes"] is None  # not measurable here, stored as such
+    assert "top_at_peak" not in device["metrics"]
+    assert device["pool_of"] == {"fragmentation": "PTA"}  # external_fragmentation is 0 in every pool: none named
+
+
+def test_rules_on_new_metrics_compare_against_a_new_baseline(project: pytest.Pytester) -> None:
+    _save(project)
+    result = project.runpytest("--memgate=heavy", "--memgate-baseline=baseline.json",
+                               "--memgate-compare-fail=external_fragmentation:+0.01",
+                               "--memgate-compare-fail=fragmentation:+0.001", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*::baseline::external_fragmentation PASSED*", "*::baseline::fragmentation PASSED*"])
+
+
+def test_old_baseline_still_compares_on_the_keys_it_has(project: pytest.Pytester) -> None:
+    (project.path / "old.json").write_text(json.dumps(OLD_BASELINE))
+    result = project.runpytest("--memgate=heavy", "--memgate-baseline=old.json",
+                               "--memgate-compare-fail=peak_allocated:5%",
+                               "--memgate-compare-fail=external_fragmentation:+0.01")
+    # peak_allocated is judged (and fails: +10%); external_fragmentation is not in the old file:
+    # nothing compared, under the missing-baseline policy (default: warn), no crash
+    result.assert_outcomes(passed=2, failed=1, warnings=1)
+    result.stdout.fnmatch_lines([("*peak_allocated 1.35 GiB exceeds baseline 1.23 GiB by 126.1? MiB (+10.0%), allowed "
+                                 "+5% — rank 0 npu:0*"), "*nothing compared*"])
+    skipped = project.runpytest("--memgate=base", "--memgate-baseline=old.json",
+                                "--memgate-compare-fail=peak_allocated:5%",
+                                "--memgate-compare-fail=leak_undetermined:+1MiB", "--memgate-baseline-missing=skip")
+    skipped.assert_outcomes(passed=2, skipped=1)
+
+
+def test_old_baseline_in_memgate_diff(project: pytest.Pytester, capsys: pytest.CaptureFixture[str]) -> None:
+    from memgate.cli import main
+
+    old = project.path / "old.json"
+    old.write_text(json.dumps(OLD_BASELINE))
+    heavy = str(project.path / "heavy")
+    assert main(["diff", str(old), heavy]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  external_fragmentation              - ->        0.000  (not in the base)" in out
+    assert any(line.startswith("  peak_allocated               1.23 GiB ->     1.35 GiB  +126.1") for line in out)
+    assert main(["diff", str(old), heavy, "--fail", "peak_allocated:5%"]) == 1
+    assert main(["diff", str(old), heavy, "--fail", "external_fragmentation:+0.01"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "memgate: error: rank 0: the baseline has no external_fragmentation (saved by a memgate that did not measure "
+        "it); nothing compared — save a new baseline to compare external_fragmentation")
+
+
+def test_old_baseline_pure_compare() -> None:
+    from memgate.compare import MetricNotInBaseline, compare_entry
+
+    entry = {"rank": "0", "format": "torch_npu", "path": "p", "devices": [
+        {"device": "npu:0", "metrics": {**OLD_BASELINE["profiles"]["0"]["devices"]["npu:0"]["metrics"],
+                                        "external_fragmentation": 0.25, "peak_allocated_bytes": PEAK + 1},
+         "pool_of": {"external_fragmentation": "GE", "fragmentation": "PTA"}}]}
+    ok = compare_entry(entry, OLD_BASELINE, parse_rule("peak_allocated:+1"))
+    assert ok.passed and ok.message == (
+        "peak_allocated 1.23 GiB vs baseline 1.23 GiB: +1 B (+0.0%), allowed +1 B — rank 0 npu:0")
+    frag = compare_entry(entry, OLD_BASELINE, parse_rule("fragmentation:+0.01"))
+    assert frag.passed and frag.pool == "PTA" and frag.base_pool is None
+    assert frag.message.endswith("— rank 0 npu:0, pool PTA")
+    with pytest.raises(MetricNotInBaseline) as info:
+        compare_entry(entry, OLD_BASELINE, parse_rule("external_fragmentation:+0.01"))
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ConfigError)
+
+
+def test_ratchet_keeps_the_pool_of_the_value_kept() -> None:
+    from memgate.compare import ratchet
+
+    def baseline(frag: float, pool: str, extra: dict | None = None) -> dict:
+        metrics = {"fragmentation": frag, "external_fragmentation": 0.1, **(extra or {})}
+        return {"memgate_baseline": 1, "profiles": {"0": {"key": {"format": "x"}, "devices": {"npu:0": {
+            "metrics": metrics, "pool_of": {"fragmentation": pool, "external_fragmentation": pool}}}}}}
+
+    merged = ratchet(baseline(0.1, "PTA"), baseline(0.2, "GE", {"leak_undetermined_bytes": 5}))
+    device = merged["profiles"]["0"]["devices"]["npu:0"]
+    assert device["metrics"] == {"fragmentation": 0.1, "external_fragmentation": 0.1, "leak_undetermined_bytes": 5}
+    assert device["pool_of"] == {"fragmentation": "PTA", "external_fragmentation": "GE"}  # a tie keeps the new
+    old_format = {"memgate_baseline": 1, "profiles": {"0": {"key": {"format": "x"}, "devices": {"npu:0": {
+        "metrics": {"fragmentation": 0.05}}}}}}
+    device = ratchet(old_format, baseline(0.2, "GE"))["profiles"]["0"]["devices"]["npu:0"]
+    assert device["metrics"]["fragmentation"] == 0.05 and "fragmentation" not in device["pool_of"]
+
+
+@pytest.mark.parametrize(
+    ("text", "percent", "absolute"),
+    [
+        ("external_fragmentation:+0.05", None, 0.05),
+        ("free_block_fragmentation:2.5%+0.01", Decimal("2.5"), 0.01),
+        ("leak_undetermined:+1MiB", None, 1 << 20),
+        ("allocated_at_dump:5%", Decimal(5), None),
+        ("reserved_at_dump:+1GiB", None, 1 << 30),
+        ("largest_free_block:+512MiB", None, 512 << 20),
+    ],
+)
+def test_parse_rule_for_new_metrics(text: str, percent: Decimal | None, absolute: float | None) -> None:
+    rule = parse_rule(text)
+    assert (rule.percent, rule.absolute) == (percent, absolute)
+
+
+@pytest.mark.parametrize("text", ["external_fragmentation:+nan", "external_fragmentation:+inf",
+                                  "external_fragmentation:+1e-2", "external_fragmentation:+1MiB",
+                                  "leak_undetermined:+0.5", "leak_horizon_steps:+1"])
+def test_bad_rules_for_new_metrics_are_rejected(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_rule(text)
+
+
+def test_compare_fail_ini_twin_with_new_metrics(project: pytest.Pytester) -> None:
+    _save(project)
+    project.makeini("[pytest]\nmemgate_baseline = baseline.json\nmemgate_compare_fail =\n"
+                    "    leak_undetermined:+1MiB\n    external_fragmentation:+0.01\n")
+    # leak_undetermined is measured in neither run of this one-step profile: an error naming it
+    result = project.runpytest("--memgate=heavy")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*rank 0: leak_undetermined is measured in neither run on a common device*"])
+
+
+NEW_METRIC_BUDGETS = ('[[budgets]]\nname = "train"\npeak_allocated = "4 GiB"\nfragmentation = 0.5\n'
+                      "external_fragmentation = 0.05\n")
+
+
+def test_junit_units_and_step_summary_for_ratio_metrics(project: pytest.Pytester,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    project.makefile(".toml", memgate=NEW_METRIC_BUDGETS)
+    summary = project.path / "step_summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    project.runpytest("--memgate=base", "--junitxml=junit.xml").assert_outcomes(passed=3)
+    props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "junit.xml").iter("property")}
+    assert props["memgate.peak_allocated.unit"] == "bytes"
+    assert props["memgate.fragmentation.unit"] == "ratio"
+    assert props["memgate.external_fragmentation.unit"] == "ratio"
+    assert props["memgate.external_fragmentation.measured"] == "0.0"
+    table = summary.read_text()
+    assert "| ✅ pass | 0 | npu:0 | train | `external_fragmentation` | 0.000 | 0.050 |" in table
+    assert "| ✅ pass | 0 | npu:0 | train | `fragmentation` | 0.182 | 0.500 |" in table
+
+
+def test_ci_outputs_format_every_metric_by_its_kind() -> None:
+    from memgate.ci import github_annotations, step_summary_markdown, unit_of
+
+    outcomes = [
+        {"rank": "0", "device": "cuda:0", "budget": "b", "metric": "free_block_fragmentation", "value": 0.8568,
+         "limit": 0.5, "passed": False, "message": "free_block_fragmentation 0.857 exceeds budget 0.500 by 0.357 "
+                                                   "(+71.4%) — rank 0 cuda:0"},
+        {"rank": "0", "device": "cpu", "budget": "b", "metric": "leak_undetermined", "value": 301868,
+         "limit": 1 << 20, "passed": True, "message": "m"},
+        {"rank": "0", "device": "cuda:0", "budget": "b", "metric": "largest_free_block", "value": 536870912,
+         "limit": 1 << 30, "passed": True, "message": "m"},
+    ]
+    table = step_summary_markdown(outcomes)
+    assert "| ❌ FAIL | 0 | cuda:0 | b | `free_block_fragmentation` | 0.857 | 0.500 |" in table
+    assert "| ✅ pass | 0 | cpu | b | `leak_undetermined` | 294.79 KiB | 1.00 MiB |" in table
+    assert "| ✅ pass | 0 | cuda:0 | b | `largest_free_block` | 512.00 MiB | 1.00 GiB |" in table
+    assert github_annotations(outcomes) == [
+        ("::error title=memgate b%3A%3Afree_block_fragmentation (rank 0)::free_block_fragmentation 0.857 exceeds "
+        "budget 0.500 by 0.357 (+71.4%25) — rank 0 cuda:0")]
+    assert [unit_of(m) for m in ("external_fragmentation", "free_block_fragmentation", "fragmentation",
+                                 "leak_undetermined", "reserved_at_dump", "op_caps[aten::*]")] == [
+        "ratio", "ratio", "ratio", "bytes", "bytes", "bytes"]
+
+
+def test_benchmark_export_has_the_new_metrics(project: pytest.Pytester) -> None:
+    project.runpytest("--memgate=base", "--memgate-benchmark-json=bench.json").assert_outcomes(passed=1)
+    by_name = {r["name"]: r for r in json.loads((project.path / "bench.json").read_text())}
+    assert by_name["rank 0 npu:0 external_fragmentation"]["unit"] == "ratio"
+    assert by_name["rank 0 npu:0 external_fragmentation"]["value"] == 0.0
+    assert "rank 0 npu:0 leak_undetermined" not in by_name  # not measurable: no record

@@ -60,7 +60,7 @@ def test_inspect_text_shows_exact_bytes_per_profile() -> None:
     assert f"peak_allocated_bytes     10.04 GiB ({peak(PTA271, 'Total Allocated(MB)')} B)" in out
     assert f"({peak(PTA271, 'Total Reserved(MB)')} B)" in out
     assert f"({peak(PTA271, 'Total Reserved(MB)', 'APP')} B)" in out
-    assert "step_growth_bytes        not measurable: needs at least 2 timed steps" in out
+    assert "step_growth_bytes        not measurable: needs at least 5 counted steps" in out
 
 
 def test_inspect_json_is_the_report(capsys: pytest.CaptureFixture[str]) -> None:
@@ -195,7 +195,7 @@ def test_check_not_measurable_says_what_is_missing(tmp_path: Path, capsys: pytes
     assert rc == 2
     line = one_stderr_line(err)
     assert "step_growth is not measurable" in line
-    assert "needs at least 2 timed steps" in line and "1 step(s) (13)" in line
+    assert "needs at least 5 counted steps" in line and "1 step(s) (13)" in line
     assert "pass" not in out
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import tomllib
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,207 @@ def test_suggest_prints_budgets_that_pass(tmp_path: Path, capsys: pytest.Capture
 def test_suggest_rejects_bad_headroom(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["suggest", str(EXAMPLE), "--headroom", "lots"]) == 2
     assert "headroom" in capsys.readouterr().err
+
+
+# ---- every LIMITS metric in diff and suggest -----------------------------------------------------
+
+SAMPLES = Path(__file__).parent / "data" / "samples"
+MSMEMSCOPE = SAMPLES / "msmemscope"
+PROFILE_SAMPLES = sorted(
+    [p for p in (SAMPLES / "ascend").iterdir() if p.is_dir()]
+    + [p for p in (SAMPLES / "msmemscope").iterdir() if p.suffix == ".csv"]
+    + [p for p in (SAMPLES / "torch").iterdir() if p.suffix in (".json", ".pickle")]
+) + [EXAMPLE]
+MIB = 1 << 20
+
+
+def msmemscope_pta_pool(path: Path) -> tuple[float, float]:
+    """(fragmentation, external_fragmentation) of the PTA pool, from the MALLOC/FREE rows' total/used attrs.
+
+    fragmentation = 1 - max used / max total; external = at each growth of total, (total - used) of the
+    row before over total after, the largest.
+    """
+    with path.open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["Event Type"] == "PTA" and r["Event"] in ("MALLOC", "FREE")]
+    rows.sort(key=lambda r: (int(r["Timestamp(ns)"]), int(r["ID"])))
+    points = []
+    for r in rows:
+        attr = dict(kv.split(":", 1) for kv in r["Attr"].strip("{}").split(","))
+        points.append((int(attr["total"]), int(attr["used"])))
+    external = max([(t0 - u0) / t1 for (t0, u0), (t1, _) in itertools.pairwise(points) if t1 > t0], default=0.0)
+    return 1 - max(u for _, u in points) / max(t for t, _ in points), external
+
+
+def test_diff_shows_external_fragmentation_as_a_ratio_with_its_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    base, leaks = MSMEMSCOPE / "example_compare_baseline.csv", MSMEMSCOPE / "example_compare_leaks.csv"
+    (frag_a, ext_a), (frag_b, ext_b) = msmemscope_pta_pool(base), msmemscope_pta_pool(leaks)
+    assert (round(ext_a, 3), round(ext_b, 3)) == (0.1, 0.426)
+    assert main(["diff", str(base), str(leaks)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "rank 0 npu:0"
+    assert (f"  {'fragmentation':<24} {frag_a:>12.3f} -> {frag_b:>12.3f}  {frag_b - frag_a:+.3f} "
+            f"({(frag_b - frag_a) / frag_a * 100:+.1f}%)  pool PTA") in out
+    assert ("  external_fragmentation          0.100 ->        0.426  +0.326 (+326.2%)  pool PTA") in out
+    assert "  peak_reserved               20.00 MiB ->    38.00 MiB  +18.00 MiB (+90.0%)" in out
+    # nothing measured in either run is left out, not printed as "- -> -"
+    assert not any(line.lstrip().startswith(("leak_undetermined", "free_block_fragmentation")) for line in out)
+
+
+def test_diff_json_has_every_metric_with_its_unit_and_pools(capsys: pytest.CaptureFixture[str]) -> None:
+    from memgate.budgets import LIMITS
+
+    base, leaks = MSMEMSCOPE / "example_compare_baseline.csv", MSMEMSCOPE / "example_compare_leaks.csv"
+    (_, ext_a), (_, ext_b) = msmemscope_pta_pool(base), msmemscope_pta_pool(leaks)
+    assert main(["diff", str(base), str(leaks), "--json"]) == 0
+    (device,) = json.loads(capsys.readouterr().out)["ranks"][0]["devices"]
+    assert list(device["metrics"]) == [key for key, _ in LIMITS.values()]
+    assert device["metrics"]["external_fragmentation"] == {
+        "base": ext_a, "current": ext_b, "delta": ext_b - ext_a, "unit": "ratio", "base_pool": "PTA",
+        "current_pool": "PTA"}
+    assert device["metrics"]["leak_undetermined_bytes"] == {"base": None, "current": None, "delta": None, "unit": "bytes"}
+
+
+@pytest.mark.parametrize(("rule", "status", "verdict"), [
+    ("external_fragmentation:+0.325", 1, ("FAILED external_fragmentation 0.426 exceeds baseline 0.100 by 0.326 "
+                                         "(+326.2%), allowed +0.325 — rank 0 npu:0, pool PTA")),
+    ("external_fragmentation:+0.326", 0, ("ok     external_fragmentation 0.426 vs baseline 0.100: +0.326 (+326.2%), "
+                                         "allowed +0.326 — rank 0 npu:0, pool PTA")),
+    ("external_fragmentation:330%", 0, ("ok     external_fragmentation 0.426 vs baseline 0.100: +0.326 (+326.2%), "
+                                       "allowed +330% — rank 0 npu:0, pool PTA")),
+])
+def test_diff_fail_rule_on_external_fragmentation(rule: str, status: int, verdict: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # 0.09990234375 + 0.325 < 0.42583264802631576 <= 0.09990234375 + 0.326
+    base, leaks = MSMEMSCOPE / "example_compare_baseline.csv", MSMEMSCOPE / "example_compare_leaks.csv"
+    assert main(["diff", str(base), str(leaks), "--fail", rule]) == status
+    assert verdict in capsys.readouterr().out.splitlines()
+
+
+def _pools_of(memory_record: Path) -> dict[str, float]:
+    """fragmentation per component from memory_record.csv: 1 - max Total Allocated / max Total Reserved."""
+    alloc: dict[str, Decimal] = {}
+    reserved: dict[str, Decimal] = {}
+    with memory_record.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            c = row["Component"]
+            if row["Total Allocated(MB)"]:
+                alloc[c] = max(alloc.get(c, Decimal(0)), Decimal(row["Total Allocated(MB)"]))
+            if row["Total Reserved(MB)"]:
+                reserved[c] = max(reserved.get(c, Decimal(0)), Decimal(row["Total Reserved(MB)"]))
+    return {c: 1 - float(alloc[c]) / float(reserved[c]) for c in ("PTA", "GE")}
+
+
+def test_diff_names_both_pools_when_the_worst_fragmentation_pool_changes(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    base = scaled_copy(EXAMPLE, tmp_path / "base" / "run_ascend_pt", 1.0)
+    current = scaled_copy(EXAMPLE, tmp_path / "current" / "run_ascend_pt", 1.0)
+    record = current / "ASCEND_PROFILER_OUTPUT" / "memory_record.csv"
+    rows = list(csv.reader(io.StringIO(record.read_bytes().decode("utf-8"))))
+    for row in rows[1:]:
+        if row[0] == "GE" and row[3]:
+            row[3] = repr(float(row[3]) * 4)  # GE reserves 4x: its pool is now the worst one
+    record.write_bytes(("\r\n".join(",".join(r) for r in rows) + "\r\n").encode("utf-8"))
+    before, after = _pools_of(base / "ASCEND_PROFILER_OUTPUT" / "memory_record.csv"), _pools_of(record)
+    assert before["PTA"] > before["GE"] and after["GE"] > after["PTA"]
+    was, now = before["PTA"], after["GE"]
+    assert main(["diff", str(base.parent), str(current.parent), "--fail", "fragmentation:+0.05"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert (f"  {'fragmentation':<24} {was:>12.3f} -> {now:>12.3f}  {now - was:+.3f} "
+            f"({(now - was) / was * 100:+.1f}%)  pool PTA -> GE") in out
+    assert (f"FAILED fragmentation {now:.3f} exceeds baseline {was:.3f} by {now - was:.3f} "
+            f"({(now - was) / was * 100:+.1f}%), allowed +0.05 — rank 0 npu:0, pool GE (baseline pool PTA)") in out
+
+
+def _suggest(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
+    assert main(["suggest", str(path), *extra]) == 0
+    return capsys.readouterr().out
+
+
+def _measured(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, float]:
+    """The worst value of each LIMITS key over the devices of ``path`` (memgate inspect --json)."""
+    from memgate.budgets import LIMITS
+
+    assert main(["inspect", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    worst: dict[str, float] = {}
+    for profile in report["profiles"]:
+        for device in profile["devices"]:
+            for budget_key, (metric_key, _) in LIMITS.items():
+                value = device["metrics"].get(metric_key)
+                if value is not None:
+                    worst[budget_key] = max(worst.get(budget_key, value), value)
+    return worst
+
+
+@pytest.mark.parametrize("sample", PROFILE_SAMPLES, ids=lambda p: p.name)
+def test_suggest_round_trips_on_every_sample(sample: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The block loads back through parse_budget_table, every limit can fail, none is 0, and it passes
+    `memgate check` on the profile it was suggested from."""
+    from memgate.budgets import LIMITS
+
+    measured = _measured(sample, capsys)
+    text = _suggest(sample, capsys)
+    (budget,) = parse_budget_table(tomllib.loads(text)["tool"]["memgate"], "suggested").budgets
+    # every measured metric is proposed, except largest_free_block (said so in a comment)
+    assert set(budget.limits) == set(measured) - {"largest_free_block"}
+    if "largest_free_block" in measured:
+        assert "# largest_free_block not suggested (measured " in text
+    for key, limit in budget.limits.items():
+        assert limit >= measured[key], key
+        if LIMITS[key][1] == "ratio":
+            assert 0.010 <= limit < 1.0, (key, limit)
+        else:
+            assert limit >= MIB, (key, limit)
+    assert all(size >= MIB for size in budget.op_caps.values())
+    (tmp_path / "pyproject.toml").write_text(text)
+    assert main(["check", str(sample), "--budgets", str(tmp_path / "pyproject.toml")]) == 0, capsys.readouterr()
+
+
+def test_suggest_floors_zero_growth_and_leaks_at_1_mib(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = SAMPLES / "torch" / "cpu_train_active6_profile_memory.json"
+    measured = _measured(sample, capsys)
+    assert (measured["step_growth"], measured["leaked"]) == (0, 0)
+    lines = _suggest(sample, capsys).splitlines()
+    assert 'step_growth = "1 MiB"  # measured 0 B; 1 MiB is the smallest suggested size' in lines
+    assert 'leaked = "1 MiB"  # measured 0 B; 1 MiB is the smallest suggested size' in lines
+    assert (f'leak_undetermined = "1 MiB"  # measured {measured["leak_undetermined"] / 1024:.2f} KiB; '
+            "1 MiB is the smallest suggested size") in lines
+
+
+def test_suggest_caps_ratios_below_1_and_floors_them_at_0_010(capsys: pytest.CaptureFixture[str]) -> None:
+    # A snapshot whose allocator reserved 37 MiB for 117 KiB: fragmentation 0.997; its pool never grew
+    # with free memory in it: external_fragmentation 0.
+    sample = SAMPLES / "torch" / "kineto_cpu_profile_to_snapshot.pickle"
+    measured = _measured(sample, capsys)
+    assert 0.99 < measured["fragmentation"] < 0.999 and measured["external_fragmentation"] == 0
+    lines = _suggest(sample, capsys).splitlines()
+    assert ("fragmentation = 0.999  # measured 0.997, pool allocator; capped below 1 (a ratio limit of 1 can "
+            "never fail)") in lines
+    assert ("external_fragmentation = 0.010  # measured 0.000; 0.010 is the smallest suggested "
+            "ratio") in lines
+    assert any(line.startswith("# largest_free_block not suggested (measured 19.85 MiB): ") for line in lines)
+
+
+def test_suggest_toml_edge_cases() -> None:
+    from memgate.compare import suggest_toml
+
+    def entry(metrics: dict[str, float], ops: dict[str, int] | None = None) -> dict:
+        return {"rank": "0", "path": "p", "format": "x",
+                "devices": [{"device": "cuda:0", "metrics": {**metrics, "op_max_block_bytes": ops or {}},
+                             "pool_of": {"fragmentation": "allocator"}}]}
+
+    text = suggest_toml([entry({"fragmentation": 0.9995, "free_block_fragmentation": 1.0,
+                                "external_fragmentation": 0.18149, "peak_allocated_bytes": 10 * (1 << 30) + 1},
+                               {'aten::index[*]"x\\': 3 * MIB})],
+                        Decimal(0), name='odd "name"')
+    table = tomllib.loads(text)["tool"]["memgate"]
+    (budget,) = parse_budget_table(table, "t").budgets
+    assert budget.name == 'odd "name"'
+    # headroom 0: rounded up, never below the measured value; 10 GiB + 1 B -> the next 1/4 GiB
+    assert budget.limits == {"external_fragmentation": 0.182, "peak_allocated": 10 * (1 << 30) + (1 << 28)}
+    assert "# fragmentation not suggested (measured 1.000, pool allocator): no ratio limit below 1" in text
+    assert "# free_block_fragmentation not suggested (measured 1.000): no ratio limit below 1" in text
+    # an op name is capped as itself, glob characters bracketed
+    assert budget.op_caps == {'aten::index[[][*]]"x\\': 3 * MIB}
+    import fnmatch
+    assert fnmatch.fnmatchcase('aten::index[*]"x\\', next(iter(budget.op_caps)))

@@ -38,3 +38,19 @@ def test_pytest_writes_the_html_report(pytester: pytest.Pytester) -> None:
     pytester.runpytest(f"--memgate={SAMPLE}", "--memgate-html=report.html").assert_outcomes(passed=1)
     page = (pytester.path / "report.html").read_text()
     assert str(PEAK) in page and "<svg" in page
+
+
+def test_report_html_of_a_snapshot_with_a_ratio_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = Path(__file__).parent / "data" / "samples" / "torch" / "snapshot_multidevice_expandable_notrace.pickle"
+    budgets = tmp_path / "memgate.toml"
+    budgets.write_text('[[budgets]]\nname = "pool"\nfree_block_fragmentation = 0.5\nreserved_at_dump = "64 MiB"\n')
+    html = tmp_path / "report.html"
+    # cuda:0's inactive blocks: 0.513 of their bytes are outside the largest one; cuda:1's 0.406.
+    # `report` draws the verdicts; gating is `check`'s exit status.
+    assert main(["report", str(snapshot), "--html", str(html), "--budgets", str(budgets)]) == 0
+    page = html.read_text()
+    assert "free_block_fragmentation 0.513 exceeds budget 0.500 by 0.013 (+2.5%) — rank 0 cuda:0" in page
+    assert "reserved_at_dump 42.00 MiB within budget 64.00 MiB — rank 0 cuda:0" in page
+    for key in ("allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free_block_bytes", "free_block_fragmentation"):
+        assert page.count(f"<tr><td>{key}</td>") == 2  # one row per device
+    assert "HTML report written" in capsys.readouterr().out

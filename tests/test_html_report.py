@@ -266,3 +266,97 @@ def test_curve_image_rejects_unknown_suffix(sample: tuple[Profile, dict[str, Any
     with pytest.raises(ConfigError, match=r"expected a file name ending in \.png or \.svg"):
         write_curve_image(profile, entry, tmp_path / "curves.jpg")
     assert not (tmp_path / "curves.jpg").exists()
+
+
+# ---- every metric in the metrics table ------------------------------------------------------------
+
+SAMPLES = Path(__file__).parent / "data" / "samples"
+
+
+def _metrics_rows(page: str) -> dict[str, list[str]]:
+    """The metrics table of the (first) device: metric -> [value, exact, pool, note] cell texts."""
+    start = page.index('<table class="metrics">')
+    table = page[start:page.index("</table>", start)]
+    rows = {}
+    for row in re.findall(r"<tr><td>(.*?)</tr>", table):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", "<td>" + row)
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _page_of(path: Path, outcomes: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], str]:
+    [found] = discover(path)
+    profile = load(found)
+    entry = profile_entry(ProfileInfo.of(profile), profile_metrics(profile))
+    return entry, render_html([entry], outcomes or [], [profile])
+
+
+def test_metrics_table_names_the_pool_and_the_reserved_before_window_note(page: str) -> None:
+    rows = _metrics_rows(page)
+    from memgate.budgets import LIMITS
+
+    dump = {"allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free_block_bytes", "free_block_fragmentation"}
+    assert list(rows) == [key for key, _ in LIMITS.values() if key not in dump] + ["op_max_block_bytes"]
+    # PTA271 memory_record.csv: PTA allocated peaks at 10782243840 under a flat 10875830272 reserved
+    frag = 1 - 10782243840 / 10875830272
+    assert rows["fragmentation"] == [f"{frag:.4f} ({frag:.2%})", repr(frag), "PTA",
+                                     ("PTA reserved is at its maximum from its first sample: the value reflects "
+                                     "memory reserved before the window")]
+    assert rows["external_fragmentation"] == ["0.0000 (0.00%)", "0.0", "", ""]  # 0 in every pool: none named
+    assert rows["leak_undetermined_bytes"][0] == "-" and rows["leak_undetermined_bytes"][3].startswith(
+        "not measurable: needs at least 2 counted steps")
+    pools = page[page.index('<table class="pools">'):]
+    assert re.search(r"<tr><td>PTA</td>.*?<td>yes</td></tr>", pools[:pools.index("</table>")])
+
+
+def test_budget_rows_show_ratio_metrics_as_ratios(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]) -> None:
+    profile, entry, _ = sample
+    budget = budget_from_mapping({"name": "frag", "external_fragmentation": 0.05}, origin="test")
+    outcomes = [outcome_entry(judge(MetricCache(profile), budget, "external_fragmentation"))]
+    page = render_html([entry], outcomes, [profile])
+    row = re.search(r'<tr class="pass">.*?</tr>', page)
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(0))
+    assert cells[3:7] == ["external_fragmentation", "0.0000 (0.00%)", "0.0500 (5.00%)", "+0.0500"]
+    assert cells[8] == "external_fragmentation 0.000 within budget 0.050 — rank 0 npu:0"
+
+
+def test_snapshot_pool_state_rows() -> None:
+    entry, page = _page_of(SAMPLES / "torch" / "snapshot_modern_small_cs336.pickle")
+    metrics = entry["devices"][0]["metrics"]
+    rows = _metrics_rows(page)
+    assert rows["largest_free_block_bytes"][:2] == ["512.00 MiB", "536870912 B"]
+    assert rows["reserved_at_dump_bytes"][1] == f"{metrics['reserved_at_dump_bytes']} B"
+    assert rows["allocated_at_dump_bytes"][1:] == [f"{metrics['allocated_at_dump_bytes']} B", "",
+                                                   "sizes as requested, the basis of peak_allocated_bytes"]
+    value = metrics["free_block_fragmentation"]
+    assert rows["free_block_fragmentation"][:2] == [f"{value:.4f} ({value:.2%})", repr(value)]
+    assert rows["fragmentation"][2] == "allocator" and rows["external_fragmentation"][2] == "allocator"
+    assert_offline(page)
+
+
+def test_window_relative_cpu_peak_shows_the_carried_over_bytes() -> None:
+    entry, page = _page_of(SAMPLES / "torch" / "cpu_train_leak_profile_memory.json")
+    device = entry["devices"][0]
+    carried = device["carried_over_bytes"]
+    assert device["window_relative"] is True and carried == 39724
+    rows = _metrics_rows(page)
+    assert rows["peak_allocated_bytes"][3].startswith("window-relative: the writer&#x27;s totals leave out memory "
+                                                      "allocated before profiling started; 38.79 KiB")
+    assert ("<p class=\"fact\">window-relative totals (memory allocated before profiling started is not in them): "
+            "carried_over_bytes = 39724 B (38.79 KiB), left out of peak_allocated_bytes</p>") in page
+    assert rows["leak_undetermined_bytes"][:2] == ["294.79 KiB", "301868 B"]
+    assert "allocated_at_dump_bytes" not in rows  # no snapshot: no pool-state rows
+
+
+def test_notes_are_escaped(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]) -> None:
+    profile, entry, outcomes = sample
+    entry = {**entry, "devices": [dict(d) for d in entry["devices"]]}
+    entry["devices"][0]["notes"] = {"fragmentation": "<script>x</script> & https://evil.example"}
+    entry["devices"][0]["pool_of"] = {"fragmentation": "<b>PTA</b>"}
+    page = render_html([entry], outcomes, [profile])
+    rows = _metrics_rows(page)
+    assert rows["fragmentation"][2:] == ["&lt;b&gt;PTA&lt;/b&gt;", ("&lt;script&gt;x&lt;/script&gt; &amp; "
+                                         "https:&#47;/evil.example")]
+    assert "<script" not in page
+    assert_offline(page)

@@ -37,6 +37,8 @@ from memgate.schemas import load_schema
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"
 LEAK = TORCH / "cpu_train_leak_profile_memory.json"
 CLEAN = TORCH / "cpu_train_profile_memory.json"
+LEAK6 = TORCH / "cpu_train_active6_leak_profile_memory.json"  # 6 active steps: growth is measurable
+CLEAN6 = TORCH / "cpu_train_active6_profile_memory.json"
 TIMELINE = TORCH / "cpu_memory_timeline.json"
 TRACE_VIEW = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_level0_rank0" / "trace_view.json"
 LEAK_BYTES = 256 * 1024  # the script in PROVENANCE.md keeps one 256 KiB uint8 tensor per step
@@ -58,14 +60,6 @@ def memory_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
 def step_ends(trace: dict[str, Any]) -> dict[int, int]:
     return {int(e["name"].split("#")[1]): ns(trace, e["ts"]) + int(Decimal(e["dur"]) * 1000)
             for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")}
-
-
-def allocated_at_step_ends(trace: dict[str, Any]) -> dict[int, int]:
-    mem = memory_events(trace)
-    out = {}
-    for step, end in sorted(step_ends(trace).items()):
-        out[step] = [e["args"]["Total Allocated"] for e in mem if ns(trace, e["ts"]) <= end][-1]
-    return out
 
 
 def innermost_op(trace: dict[str, Any], event: dict[str, Any]) -> str | None:
@@ -115,24 +109,45 @@ def test_discover_a_directory_of_traces(tmp_path: Path) -> None:
 # ---- the real CPU samples -------------------------------------------------------------------------
 
 
+def step_floors(trace: dict[str, Any]) -> dict[int, int]:
+    """Each step's lowest Total Allocated, counting the level it starts at, from the raw events."""
+    mem = memory_events(trace)
+    starts = {int(e["name"].split("#")[1]): ns(trace, e["ts"]) for e in trace["traceEvents"]
+              if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")}
+    out = {}
+    for step, end in sorted(step_ends(trace).items()):
+        before = [e["args"]["Total Allocated"] for e in mem if ns(trace, e["ts"]) <= starts[step]][-1:]
+        during = [e["args"]["Total Allocated"] for e in mem if starts[step] < ns(trace, e["ts"]) <= end]
+        out[step] = min(before + during)
+    return out
+
+
 def test_leak_sample_step_growth_is_the_leak() -> None:
-    """Theil–Sen over allocated at each step end after warmup_steps=1 (DESIGN.md): the steps are
-    ProfilerStep#2..#4, so #3 and #4 count. Measured allocator noise: 0 B — the totals at the ends of
-    #2, #3, #4 differ by exactly 262144 B each (all other tensors are freed or steady), so the test
-    allows no tolerance."""
-    trace = raw(LEAK)
-    ends = allocated_at_step_ends(trace)
-    assert sorted(ends) == [2, 3, 4]
-    assert [ends[3] - ends[2], ends[4] - ends[3]] == [LEAK_BYTES, LEAK_BYTES]
-    [m] = profile_metrics(kineto.load(LEAK))
+    """ProfilerStep#2..#7, so #3..#7 count (warmup_steps=1). Measured allocator noise: 0 B — the
+    floors of #3..#7 differ by exactly 262144 B each (every other tensor is freed or steady), so the
+    test allows no tolerance."""
+    floors = step_floors(raw(LEAK6))
+    assert sorted(floors) == [2, 3, 4, 5, 6, 7]
+    assert [floors[s + 1] - floors[s] for s in range(3, 7)] == [LEAK_BYTES] * 4
+    [m] = profile_metrics(kineto.load(LEAK6))
     assert m.device == "cpu"
-    assert m.values["step_growth_bytes"] == ends[4] - ends[3] == 262144
+    assert m.values["step_growth_bytes"] == LEAK_BYTES
 
 
 def test_clean_sample_does_not_grow() -> None:
-    ends = allocated_at_step_ends(raw(CLEAN))
-    [m] = profile_metrics(kineto.load(CLEAN))
-    assert m.values["step_growth_bytes"] == ends[4] - ends[3] == 0
+    floors = step_floors(raw(CLEAN6))
+    assert len({floors[s] for s in range(3, 8)}) == 1  # flat from the first counted step
+    [m] = profile_metrics(kineto.load(CLEAN6))
+    assert m.values["step_growth_bytes"] == 0
+
+
+@pytest.mark.parametrize("path", [LEAK, CLEAN], ids=lambda p: p.name)
+def test_three_step_samples_cannot_measure_growth(path: Path) -> None:
+    """2 counted steps: a one-time jump and a leak look alike, so growth is not measured at all."""
+    [m] = profile_metrics(kineto.load(path))
+    assert m.values["step_growth_bytes"] is None
+    assert "needs at least 5 counted steps" in m.missing["step_growth_bytes"]
+    assert "active=6" in m.missing["step_growth_bytes"]
 
 
 @pytest.mark.parametrize("path", [LEAK, CLEAN], ids=lambda p: p.name)
@@ -142,8 +157,14 @@ def test_real_sample_metrics_from_the_raw_events(path: Path) -> None:
     profile = kineto.load(path)
     [model] = profile.devices
     [m] = profile_metrics(profile)
-    # Peak: the largest Total Allocated (it already includes memory from before profiling).
-    assert m.values["peak_allocated_bytes"] == max(e["args"]["Total Allocated"] for e in mem)
+    # Peak: window-relative on CPU. Total Allocated carries in bytes from before the first event
+    # that no event of the window accounts for (here: the previous recording's last-step tensors
+    # in the same process); they are named and left out of the peak.
+    first = mem[0]["args"]
+    carried = first["Total Allocated"] - first["Bytes"]
+    assert m.carried_over_bytes == carried
+    assert m.values["peak_allocated_bytes"] == max(e["args"]["Total Allocated"] for e in mem) - carried
+    assert "window-relative" in m.notes["peak_allocated_bytes"]
     # The CPU allocator reserves nothing: reserved is absent, not 0.
     assert all(e["args"]["Total Reserved"] == 0 and e["args"]["Device Type"] == 0 for e in mem)
     assert m.values["peak_reserved_bytes"] is None and m.values["fragmentation"] is None
@@ -160,14 +181,19 @@ def test_real_sample_metrics_from_the_raw_events(path: Path) -> None:
     assert len(model.blocks) == len(pairs) + len(live)
     assert model.blocks["t_alloc"].notna().all()
     assert int(model.blocks["t_free"].isna().sum()) == len(live)
-    # Leaked: allocated inside a counted step (after the first) and never freed.
+    # Leaked: allocated inside a counted step (after the first) but the last, and never freed;
+    # the last step's live blocks are undetermined (freed, or not, after the window).
     ends = step_ends(trace)
     starts = {int(e["name"].split("#")[1]): ns(trace, e["ts"]) for e in trace["traceEvents"]
               if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")}
     counted = sorted(ends)[1:]
-    leaked = sum(e["args"]["Bytes"] for e in live.values()
-                 if any(starts[s] <= ns(trace, e["ts"]) <= ends[s] for s in counted))
-    assert m.values["leaked_bytes"] == leaked
+
+    def live_bytes_of(steps: list[int]) -> int:
+        return sum(e["args"]["Bytes"] for e in live.values()
+                   if any(starts[s] <= ns(trace, e["ts"]) <= ends[s] for s in steps))
+
+    assert m.values["leaked_bytes"] == live_bytes_of(counted[:-1])
+    assert m.values["leak_undetermined_bytes"] == live_bytes_of(counted[-1:])
     # Operator of each block: the innermost cpu_op on its thread containing the allocation.
     ops: dict[str, int] = {}
     for e in [p[0] for p in pairs] + list(live.values()):
@@ -176,7 +202,6 @@ def test_real_sample_metrics_from_the_raw_events(path: Path) -> None:
             ops[op] = max(ops.get(op, 0), e["args"]["Bytes"])
     assert m.values["op_max_block_bytes"] == ops
     # Baseline from before profiling: Total Allocated minus the block itself at the first event.
-    first = mem[0]["args"]
     assert m.facts.components["allocator"].baseline_bytes == first["Total Allocated"] - first["Bytes"]
     assert m.facts.components["allocator"].consistency == 1.0
     # Steps and exact ns times.
@@ -217,8 +242,8 @@ def test_cli_inspect_json_reports_the_leak() -> None:
     [entry] = json.loads(proc.stdout)["profiles"]
     [dev] = entry["devices"]
     assert (entry["format"], dev["device"]) == ("kineto", "cpu")
-    ends = allocated_at_step_ends(raw(LEAK))
-    assert dev["metrics"]["step_growth_bytes"] == ends[4] - ends[3] == 262144
+    assert dev["metrics"]["leaked_bytes"] == 262144  # #3's tensor; #4's is within the leak horizon
+    assert dev["window_relative"] is True
 
 
 # ---- schema and bad input -------------------------------------------------------------------------
@@ -401,14 +426,19 @@ def test_written_trace_reads_back_to_ground_truth(trace: Trace, opts: KinetoOpti
     [m] = profile_metrics(profile)
     assert m.device == device_label(trace, opts)
     assert profile.rank == str(opts.rank if opts.rank is not None else 0)
-    for key in ("peak_allocated_bytes", "step_growth_bytes", "leaked_bytes", "op_max_block_bytes"):
+    for key in ("step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "op_max_block_bytes"):
         assert m.values[key] == expected[key], key
         assert type(m.values[key]) is type(expected[key]), key
-    if opts.device == "cpu":
+    if opts.device == "cpu":  # window-relative: the bytes carried in from before the window are named, not counted
+        assert m.carried_over_bytes == trace.hidden_baseline
+        assert m.values["peak_allocated_bytes"] == expected["peak_allocated_bytes"] - trace.hidden_baseline
         assert m.values["peak_reserved_bytes"] is None
     else:
+        assert m.carried_over_bytes is None
+        assert m.values["peak_allocated_bytes"] == expected["peak_allocated_bytes"]
         assert m.values["peak_reserved_bytes"] == expected["peak_reserved_bytes"]
         assert m.values["fragmentation"] == expected["fragmentation"]
+        assert m.values["external_fragmentation"] == expected["external_fragmentation"]
     assert m.peak_t_ns == peak_moment(trace)
     assert sorted(map(tuple, profile.steps.astype("int64").to_numpy().tolist())) == sorted(trace.steps)
     facts = m.facts.components["allocator"]
@@ -435,8 +465,9 @@ def test_cli_inspect_on_a_written_gz_trace(tmp_path: Path) -> None:
     [dev] = json.loads(out.getvalue())["profiles"][0]["devices"]
     assert dev["device"] == "cuda:1"
     metrics = dev["metrics"]
-    assert metrics["step_growth_bytes"] == 4 << 20  # end of #8 -> end of #9: one more 4 MiB block
-    assert metrics["leaked_bytes"] == 8 << 20
+    assert metrics["step_growth_bytes"] is None  # 2 counted steps (#8, #9): too few to tell a jump from a trend
+    assert metrics["leaked_bytes"] == 4 << 20  # #8's block; #9's is within the leak horizon
+    assert metrics["leak_undetermined_bytes"] == 4 << 20
     assert metrics["peak_allocated_bytes"] == (3 << 20) + (8 << 20)  # after both leaks (1 MiB and 2 MiB gone)
     assert metrics["op_max_block_bytes"] == {"aten::mm": 1 << 20, "aten::empty": 4 << 20}
     assert dev["reconciliation"]["components"]["allocator"]["baseline_bytes"] == 3 << 20

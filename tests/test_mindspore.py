@@ -262,7 +262,8 @@ def _small_trace(device_id: int = 0) -> Trace:
                  blocks=(Block(3 << 20, t0, t0 + 20_000_000, "MatMul-op1"),
                          Block(5 << 20, t0 + 1_000, None, "Add-op2"),
                          Block(1 << 20, t0 + 2_000, t0 + 30_000_000, "cann::Conv", component="GE")),
-                 steps=((7, t0, t0 + 25_000_000), (8, t0 + 25_000_000, t0 + 50_000_000)))
+                 steps=((7, t0, t0 + 25_000_000), (8, t0 + 25_000_000, t0 + 40_000_000),
+                        (9, t0 + 40_000_000, t0 + 50_000_000)))
 
 
 def test_mindspore_dir_is_not_taken_for_torch_npu(tmp_path: Path) -> None:
@@ -287,6 +288,7 @@ def test_small_profile_values(tmp_path: Path) -> None:
     assert m.values["peak_reserved_bytes"] == (1 << 30) + (8 << 20) + (2 << 20)
     assert m.values["op_max_block_bytes"] == {"MatMul-op1": 3 << 20, "Add-op2": 5 << 20}
     assert m.values["leaked_bytes"] == 0  # Add-op2 was allocated in step 7, the warmup step
+    assert m.values["leak_undetermined_bytes"] == 0  # nothing allocated in step 9 stays
     assert (profile.rank, m.device, m.peak_step) == ("4", "npu:2", 7)
     dvpp = profile.devices[0].series["module:DVPP"].frame
     assert dvpp["reserved"].isna().all()  # -1: no level

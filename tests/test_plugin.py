@@ -169,7 +169,7 @@ def test_not_measurable_metric_is_an_error_not_a_pass(pytester: pytest.Pytester)
     pytester.makefile(".toml", memgate='[[budgets]]\nname = "leak"\nstep_growth = "1 MiB"\n')
     result = pytester.runpytest(f"--memgate={SAMPLE}")
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*step_growth is not measurable*needs at least 2 timed steps*"])
+    result.stdout.fnmatch_lines(["*step_growth is not measurable*needs at least 5 counted steps*active=6*"])
 
 
 # ---- markers -----------------------------------------------------------------------------------

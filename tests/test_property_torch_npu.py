@@ -26,10 +26,10 @@ from strategies import npu_options, traces
 from writers.torch_npu import NpuOptions, app_samples, write_profile
 
 from memgate.discover import discover, load
-from memgate.metrics import TOP_N, DeviceMetrics, profile_metrics
+from memgate.metrics import TOP_N, DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile
 
-COMPARED = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "step_growth_bytes", "leaked_bytes",
+COMPARED = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation", "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes",
             "op_max_block_bytes")
 
 
@@ -38,7 +38,7 @@ def _read(prof: Path, warmup: int = 1) -> tuple[Profile, DeviceMetrics]:
     assert [f.format.name for f in found] == ["torch_npu"]
     assert found[0].path == prof
     profile = load(found[0])
-    metrics = profile_metrics(profile, warmup_steps=warmup)
+    metrics = profile_metrics(profile, MetricOptions(warmup_steps=warmup))
     assert len(metrics) == 1
     return profile, metrics[0]
 
@@ -160,8 +160,10 @@ def test_cli_subprocess_inspect_json(tmp_path: Path) -> None:
     # Peak: after both 8 MiB leaks, the 513 B block and the 2 MiB GE block (3 MiB freed at 5 ms).
     peak = 4_514_000_000 + (1 << 20) + (16 << 20) + (2 << 20)
     assert m["peak_allocated_bytes"] == peak > base
-    assert m["leaked_bytes"] == 16 << 20  # steps 14 and 15 (13 is the warm-up step)
-    assert m["step_growth_bytes"] == 8 << 20  # end of 14 -> end of 15: one more 8 MiB block
+    assert m["leaked_bytes"] == 8 << 20  # step 14 (13 is the warm-up step; 15 is within the leak horizon)
+    assert m["leak_undetermined_bytes"] == 8 << 20  # step 15's block could still be freed after the window
+    assert m["step_growth_bytes"] is None  # 2 counted steps: a jump and a trend look alike
+    assert "needs at least 5 counted steps" in dev["not_measurable"]["step_growth_bytes"]
     assert m["op_max_block_bytes"] == {"aten::mm": 1 << 20, "aten::empty_strided": 8 << 20, "aten::add": 513,
                                        "cann::MatMulV2": 2 << 20}
     assert [b["size"] for b in m["top_at_peak"]] == [8 << 20, 8 << 20, 2 << 20, 1 << 20]

@@ -92,7 +92,7 @@ def test_record_outside_pytest_writes_a_trace_memgate_reads(tmp_path: Path) -> N
     x = torch.randn(16, 32)
     kept = []
     with record(tmp_path / "prof") as rec:
-        for _ in range(4):
+        for _ in range(6):  # 5 counted steps after the warm-up one: enough to measure growth
             model(x).sum().backward()
             kept.append(torch.empty(LEAK, dtype=torch.uint8))
             rec.step()
@@ -100,10 +100,11 @@ def test_record_outside_pytest_writes_a_trace_memgate_reads(tmp_path: Path) -> N
     assert rec.stop() == rec.files  # idempotent
     trace = json.loads((tmp_path / "prof" / TRACE_NAME).read_text())
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
-    assert steps == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+    assert steps == [f"ProfilerStep#{n}" for n in range(6)]
     [profile] = [load(found) for found in discover(tmp_path / "prof")]
     [m] = profile_metrics(profile)
     assert m.values["step_growth_bytes"] == LEAK
+    assert m.values["leaked_bytes"] == 4 * LEAK  # steps 1-4; step 5's tensor is within the leak horizon
     assert m.values["op_max_block_bytes"]["aten::empty"] == LEAK
     with pytest.raises(RuntimeError, match="not running"):
         rec.step()

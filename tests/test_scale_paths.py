@@ -21,11 +21,11 @@ from helpers import PTA21_L1, PTA271, SAMPLES
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memgate import csvtable, metrics
+from memgate import csvtable
 from memgate.cache import ProfileCache, open_profile
 from memgate.discover import discover, load
 from memgate.errors import InputError
-from memgate.metrics import profile_metrics
+from memgate.metrics import MetricOptions, persistent_growth, profile_metrics
 from memgate.model import SERIES_COLUMNS, ProfileInfo, split_series
 from memgate.reconcile import _BlockArrays, _mode, _reconcile_blocks
 from memgate.report import profile_entry
@@ -58,21 +58,21 @@ def test_warm_run_judges_from_stored_results_without_loading(path: Path, tmp_pat
 def test_missing_result_loads_the_frames_once(tmp_path: Path) -> None:
     (found,) = discover(PTA21_L1)
     cache = ProfileCache(tmp_path / "cache")
-    open_profile(found, cache).get(None, 1)
+    open_profile(found, cache).get()
     warm = open_profile(found, cache)
-    assert warm.get(None, 1) is not None and warm._profile is None  # from the store
-    other = warm.get(None, 0)  # another warmup: not stored yet, computed from the cached frames
+    assert warm.get() is not None and warm._profile is None  # from the store
+    other = warm.get(MetricOptions(warmup_steps=0))  # another warmup: not stored yet, computed from the cached frames
     assert warm._profile is not None
-    assert [m.as_json() for m in other] == [m.as_json() for m in profile_metrics(load(found), warmup_steps=0)]
+    assert [m.as_json() for m in other] == [m.as_json() for m in profile_metrics(load(found), MetricOptions(warmup_steps=0))]
 
 
 def test_corrupt_result_file_is_recomputed(tmp_path: Path) -> None:
     (found,) = discover(PTA21_L1)
     cache = ProfileCache(tmp_path / "cache")
-    want = [m.as_json() for m in open_profile(found, cache).get(None, 1)]
+    want = [m.as_json() for m in open_profile(found, cache).get()]
     (result,) = list((tmp_path / "cache").glob("*/metrics-*.json"))
     result.write_text('{"key": "x", "devices": [')
-    assert [m.as_json() for m in open_profile(found, cache).get(None, 1)] == want
+    assert [m.as_json() for m in open_profile(found, cache).get()] == want
     assert json.loads(result.read_text())["devices"] == want  # written again, whole
 
 
@@ -188,16 +188,12 @@ def test_mode_is_np_unique_argmax(values: list[int], majority: int) -> None:
     assert _mode(array) == (int(uniques[np.argmax(counts)]), int(counts.max()))
 
 
-@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-50, 50)), min_size=2, max_size=60),
-       st.sampled_from([(1 << 20, 1 << 16, 1 << 16), (7, 4, 3)]))
-def test_theil_sen_matches_the_plain_median_of_slopes(points: list[tuple[int, int]], sizes: tuple[int, int, int]) -> None:
-    """Tiny chunks, bins and exact limits drive the histogram windows (both median ranks at once)."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    if len(set(xs)) < 2:
-        return
-    expected = groundtruth.theil_sen(xs, ys)
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in zip(("_PAIR_CHUNK", "_BINS", "_EXACT_LIMIT"), sizes, strict=True):
-            patch.setattr(metrics, name, value)
-        got = metrics.theil_sen(xs, ys)
-    assert got == (int(expected) if expected.denominator == 1 else float(expected))
+@given(st.lists(st.integers(0, 1 << 40), min_size=5, max_size=400))
+def test_persistent_growth_matches_the_plain_definition(floors: list[int]) -> None:
+    """The vectorized suffix minimum and run minimum against plain loops over the definition."""
+    assert persistent_growth(np.array(floors, dtype=np.int64)) == groundtruth.persistent_growth(floors)
+
+
+def test_persistent_growth_of_ten_thousand_steps_is_exact() -> None:
+    floors = np.arange(10_000, dtype=np.int64) * 300_007 + (np.arange(10_000) % 7) * 1_000
+    assert persistent_growth(floors) == groundtruth.persistent_growth(floors.tolist())

@@ -584,19 +584,20 @@ def test_ring_buffer_truncation_frees_without_allocs(tmp_path: Path, drop: int) 
 def test_profiler_step_annotations_are_steps(tmp_path: Path) -> None:
     data = raw(EORNN)
     times = sorted(e["time_us"] for e in data["device_traces"][0])
-    cuts = [times[0], times[len(times) // 4], times[len(times) // 2], times[3 * len(times) // 4], times[-1]]
+    cuts = [times[k * (len(times) - 1) // 6] for k in range(7)]  # six steps, 5 counted: growth is measurable
     data["external_annotations"] = [
         {"name": f"ProfilerStep#{10 + k}", "stage": stage, "device": 0, "time_us": t}
-        for k in range(4) for stage, t in (("START", cuts[k]), ("END", cuts[k + 1] - 1))
+        for k in range(6) for stage, t in (("START", cuts[k]), ("END", cuts[k + 1] - 1))
     ] + [{"name": "Optimizer.step#SGD.step", "stage": "START", "device": 0, "time_us": cuts[1]}]
     path = tmp_path / "steps.pickle"
     path.write_bytes(pickle.dumps(data))
     profile = snapshot.load(path)
-    assert profile.steps["step"].tolist() == [10, 11, 12, 13]
-    assert profile.steps["t_start"].tolist() == [c * 1000 for c in cuts[:4]]
+    assert profile.steps["step"].tolist() == list(range(10, 16))
+    assert profile.steps["t_start"].tolist() == [c * 1000 for c in cuts[:6]]
     assert profile.steps["t_end"].tolist() == [(c - 1) * 1000 for c in cuts[1:]]
     [m] = profile_metrics(profile)
-    assert m.values["step_growth_bytes"] is not None
+    assert isinstance(m.values["step_growth_bytes"], int)
+    assert m.values["leaked_bytes"] is not None and m.values["leak_undetermined_bytes"] is not None
 
 
 def test_cli_inspect_json_on_a_snapshot() -> None:
@@ -654,3 +655,205 @@ def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: Snapsho
         assert len(profile.steps) == 0 and m.values["step_growth_bytes"] is None
         assert profile.metadata["time_base"] == "trace_index"
 
+
+
+# ---- the pool at the dump (DeviceModel.dump_state) -----------------------------------------------
+
+
+def pool_reference(data: dict[str, Any], dev: int) -> dict[str, int]:
+    """The device's pool as its final segments record it, by plain loops over the raw pickle:
+    active_allocated blocks by requested size (active_pending_free ones were freed by the program),
+    reserved = the segments' total_size, free = inactive blocks by their block size."""
+    allocated = reserved = free_bytes = largest = 0
+    for seg in data["segments"]:
+        if seg["device"] != dev:
+            continue
+        reserved += seg["total_size"]
+        for block in seg["blocks"]:
+            if block["state"] == "active_allocated":
+                allocated += _requested(block)
+            elif block["state"] == "inactive":
+                free_bytes += block["size"]
+                largest = max(largest, block["size"])
+    return {"allocated": allocated, "reserved": reserved, "free_bytes": free_bytes, "largest_free_block": largest}
+
+
+def _pool(model: Any) -> dict[str, int]:
+    state = model.dump_state
+    assert state is not None, model.device
+    return {"allocated": state.allocated, "reserved": state.reserved, "free_bytes": state.free_bytes,
+            "largest_free_block": state.largest_free_block}
+
+
+def test_the_samples_cover_every_era_of_the_pool_state() -> None:
+    assert len(PICKLES) >= 6  # every pickle sample is checked below
+    datas = {p.name: raw(p) for p in PICKLES}
+    assert any(not has_history(_as_dict(d)) for d in datas.values())
+    assert any(has_history(_as_dict(d)) for d in datas.values())
+    assert len(_devices(datas[MULTI.name])) == 2 and not has_history(datas[MULTI.name])
+    assert any(s["is_expandable"] for s in datas[MULTI.name]["segments"])
+    assert any("history" in b for s in datas[LEGACY.name]["segments"] for b in s["blocks"])
+
+
+@pytest.mark.parametrize("path", PICKLES, ids=lambda p: p.name)
+def test_real_sample_dump_state_equals_the_segments(path: Path) -> None:
+    data = _as_dict(raw(path))
+    profile = snapshot.load(path)
+    assert [d.device for d in profile.devices] == [f"cuda:{d}" for d in _devices(data)]
+    for dev, model in zip(_devices(data), profile.devices):
+        assert _pool(model) == pool_reference(data, dev), model.device
+        assert model.dump_state is not None
+        assert model.dump_state.size_basis == "requested" == profile.metadata["size_basis"]
+        assert model.dump_state.source == str(path)
+        assert 0 <= model.dump_state.largest_free_block <= model.dump_state.free_bytes
+        assert model.dump_state.allocated + model.dump_state.free_bytes <= model.dump_state.reserved
+
+
+@pytest.mark.parametrize("path", [p for p in PICKLES if has_history(_as_dict(raw(p)))], ids=lambda p: p.name)
+def test_dump_state_ends_the_series_where_there_is_history(path: Path) -> None:
+    """The pool at the dump is where the allocated and reserved series end: the same basis."""
+    for model in snapshot.load(path).devices:
+        frame = model.series["allocator"].frame
+        assert model.dump_state is not None
+        assert model.dump_state.allocated == int(frame["allocated"].iloc[-1])
+        assert model.dump_state.reserved == int(frame["reserved"].iloc[-1])
+
+
+def test_no_history_keeps_history_metrics_unmeasurable_and_not_the_pool_state() -> None:
+    for path in (MULTI, LEGACY):
+        not_measurable = snapshot.load(path).metadata["not_measurable"]
+        assert set(not_measurable) == set(snapshot.HISTORY_METRICS) >= {
+            "peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes", "leaked_bytes", "top_at_peak"}
+        assert not set(not_measurable) & {"allocated_at_dump_bytes", "reserved_at_dump_bytes",
+                                          "largest_free_block_bytes", "free_block_fragmentation"}
+        assert all("_record_memory_history" in why for why in not_measurable.values())
+    assert "not_measurable" not in snapshot.load(MODERN).metadata
+
+
+def _block(size: int, state: str, requested: int | None = None) -> dict[str, Any]:
+    return {"size": size, "state": state, "requested_size": size if requested is None else requested}
+
+
+def _segment(device: int, address: int, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    at = address
+    for block in blocks:
+        block["address"] = at
+        at += block["size"]
+    return {"device": device, "address": address, "total_size": at - address, "stream": 0,
+            "segment_type": "large", "blocks": blocks}
+
+
+def _write(tmp_path: Path, data: Any, name: str = "snap.pickle") -> Path:
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(data))
+    return path
+
+
+def test_dump_state_without_free_blocks(tmp_path: Path) -> None:
+    data = {"segments": [_segment(0, 1 << 20, [_block(1024, "active_allocated", 1000),
+                                               _block(512, "active_pending_free", 500)])],
+            "device_traces": []}
+    [model] = snapshot.load(_write(tmp_path, data)).devices
+    assert model.dump_state is not None
+    assert (model.dump_state.allocated, model.dump_state.reserved) == (1000, 1536)
+    assert (model.dump_state.largest_free_block, model.dump_state.free_bytes) == (0, 0)
+    assert int(model.series["allocator"].frame["allocated"].iloc[-1]) == 1000  # the pending free is not allocated
+
+
+def test_dump_state_of_a_segment_all_free(tmp_path: Path) -> None:
+    """A segment whose one block is free: nothing allocated, the whole segment is one free block.
+    The free block's stale requested_size does not count."""
+    data = [_segment(0, 1 << 21, [_block(2 << 20, "inactive", 7)])]  # a bare list of segments
+    [model] = snapshot.load(_write(tmp_path, data)).devices
+    assert model.dump_state is not None
+    assert (model.dump_state.allocated, model.dump_state.reserved) == (0, 2 << 20)
+    assert (model.dump_state.largest_free_block, model.dump_state.free_bytes) == (2 << 20, 2 << 20)
+
+
+def test_dump_state_per_device(tmp_path: Path) -> None:
+    """Two devices: each device's pool from its own segments only; a device with a trace and no
+    segment left (all released) has an empty pool."""
+    segments = [
+        _segment(0, 1 << 20, [_block(4096, "active_allocated", 4000), _block(8192, "inactive"),
+                              _block(2048, "inactive")]),
+        _segment(1, 1 << 22, [_block(1024, "inactive"), _block(3072, "active_allocated", 3000)]),
+        _segment(1, 1 << 23, [_block(16384, "inactive")]),
+    ]
+    trace2 = [{"action": "segment_alloc", "addr": 1 << 24, "size": 4096, "stream": 0},
+              {"action": "segment_free", "addr": 1 << 24, "size": 4096, "stream": 0}]
+    data = {"segments": segments, "device_traces": [[], [], trace2]}
+    profile = snapshot.load(_write(tmp_path, data))
+    states = {m.device: _pool(m) for m in profile.devices}
+    assert states == {
+        "cuda:0": {"allocated": 4000, "reserved": 14336, "free_bytes": 10240, "largest_free_block": 8192},
+        "cuda:1": {"allocated": 3000, "reserved": 4096 + 16384, "free_bytes": 17408, "largest_free_block": 16384},
+        "cuda:2": {"allocated": 0, "reserved": 0, "free_bytes": 0, "largest_free_block": 0},
+    }
+    for dev, model in enumerate(profile.devices):
+        assert _pool(model) == pool_reference(data, dev)
+
+
+def test_legacy_history_blocks_count_their_real_size(tmp_path: Path) -> None:
+    block = {"size": 1536, "state": "active_allocated", "history": [{"addr": 1 << 20, "real_size": 1500}]}
+    data = {"segments": [{"device": 0, "address": 1 << 20, "total_size": 2048, "stream": 0, "segment_type": "small",
+                          "blocks": [block, {"size": 512, "state": "inactive"}]}], "device_traces": []}
+    [model] = snapshot.load(_write(tmp_path, data)).devices
+    assert _pool(model) == {"allocated": 1500, "reserved": 2048, "free_bytes": 512, "largest_free_block": 512}
+
+
+# ---- torch_npu snapshots: device label ------------------------------------------------------------
+
+
+def _labelled(tmp_path: Path, filenames: list[str], *, where: str = "trace") -> str:
+    frames = [{"name": "f", "filename": f, "line": 1} for f in filenames]
+    block = _block(1024, "active_allocated", 1000)
+    data: dict[str, Any] = {"segments": [_segment(0, 1 << 20, [block])], "device_traces": [[]]}
+    if where == "trace":
+        data["device_traces"] = [[{"action": "alloc", "addr": 1 << 20, "size": 1000, "stream": 0, "frames": frames}]]
+    elif where == "block":
+        block["frames"] = frames
+    elif where == "history":  # legacy (<= 2.0): the block's frames are in its history
+        block.pop("address")
+        block["history"] = [{"addr": 1 << 20, "real_size": 1000, "frames": frames}]
+    else:
+        data["segments"][0]["frames"] = frames
+    [model] = snapshot.load(_write(tmp_path, data)).devices
+    return model.device
+
+
+NPU_PATHS = ["/usr/local/lib/python3.9/site-packages/torch_npu/npu/memory.py",
+             "C:\\Python310\\Lib\\site-packages\\torch_npu\\utils\\_tensor.py",
+             "/home/ci/build/torch_npu/csrc/core/npu/NPUCachingAllocator.cpp"]
+NOT_NPU_PATHS = ["/usr/local/lib/python3.9/site-packages/torch/nn/modules/module.py",
+                 "/home/me/torch_npu_helper/train.py", "/home/me/my_torch_npu/x.py", "/home/me/torch_npu.py",
+                 "torch_npu", "??", ""]
+
+
+@pytest.mark.parametrize("path", NPU_PATHS)
+@pytest.mark.parametrize("where", ["trace", "block", "history", "segment"])
+def test_frames_in_torch_npu_make_an_npu_snapshot(tmp_path: Path, path: str, where: str) -> None:
+    assert _labelled(tmp_path, ["/work/train.py", path], where=where) == "npu:0"
+
+
+@pytest.mark.parametrize("path", NOT_NPU_PATHS)
+def test_other_frames_leave_a_cuda_snapshot(tmp_path: Path, path: str) -> None:
+    assert _labelled(tmp_path, ["/work/train.py", path]) == "cuda:0"
+
+
+def test_npu_frames_deep_in_a_shared_stack(tmp_path: Path) -> None:
+    """torch shares frame dicts among entries; a torch_npu frame at the far end of a long stack counts."""
+    shared = [{"name": f"f{i}", "filename": f"/usr/lib/python3/site-packages/torch/m{i}.py", "line": i}
+              for i in range(300)]
+    npu = {"name": "malloc", "filename": "/opt/site-packages/torch_npu/npu/memory.py", "line": 1}
+    entries: list[dict[str, Any]] = [{"action": "alloc", "addr": 1 << 20, "size": 1000, "stream": 0,
+                                      "frames": list(shared)} for _ in range(50)]
+    entries[-1]["frames"].append(npu)
+    data = {"segments": [_segment(0, 1 << 20, [_block(1024, "active_allocated", 1000)])], "device_traces": [entries]}
+    assert [m.device for m in snapshot.load(_write(tmp_path, data)).devices] == ["npu:0"]
+    entries[-1]["frames"].pop()
+    assert [m.device for m in snapshot.load(_write(tmp_path, data)).devices] == ["cuda:0"]
+
+
+def test_real_cuda_samples_stay_cuda() -> None:
+    for path in PICKLES:
+        assert all(m.device.startswith("cuda:") for m in snapshot.load(path).devices), path.name

@@ -836,7 +836,9 @@ def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.
             "active": missing_int64(len(rows)),
         })
         series[COMPONENT] = Series(COMPONENT, frame, str(path))
-    return DeviceModel(device=label, series=series, blocks=blocks, blocks_source=str(path))
+    # torch's CPU reporter counts only what was allocated while a profiler ran, and never forgets
+    # bytes freed while none ran: its totals are window-relative (see FORMATS.md §5).
+    return DeviceModel(device=label, series=series, blocks=blocks, blocks_source=str(path), window_relative=cpu)
 
 
 def _attribute(path: Path, got: _Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:

@@ -4,7 +4,8 @@ Eras read: a bare list of segments (oldest); legacy ``history`` blocks without `
 the address is derived from the segment address and the sizes before the block); trace entries
 without ``time_us`` (< 2.2); ``time_us`` entries; ``allocator_settings`` / ``external_annotations``;
 ``compile_context``; several devices; expandable segments; snapshots recorded without history
-(empty ``device_traces``); torch_npu files (workspace entries inserted at the *front* of a trace).
+(empty ``device_traces``); torch_npu files (workspace entries inserted at the *front* of a trace;
+labelled ``npu:N``, see :func:`_is_npu`).
 
 What one device becomes:
 - **blocks**: one per ``alloc`` entry (freed at the matching ``free_requested``, or never), one per
@@ -17,6 +18,8 @@ What one device becomes:
   ``torch.cuda.memory_allocated``), ``active`` (drops at ``free_completed``) and ``reserved``
   (``segment_alloc``/``segment_map`` up, ``segment_free``/``segment_unmap`` down), each rebuilt
   backwards from the final ``segments`` so the level at the window start is exact.
+- **dump_state**: the pool the final ``segments`` record (allocated, reserved, free blocks), with or
+  without history; a snapshot without history measures only this (HISTORY_METRICS are not measurable).
 - **steps**: ``external_annotations`` named ``ProfilerStep#N`` (START/END).
 
 Sizes are the *requested* sizes the trace records (what the memory viewer plots); the allocator
@@ -34,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,7 @@ import pyarrow.compute as pc
 from memgate import discover, limits, safepickle
 from memgate.errors import InputError
 from memgate.memory import collector_paused
-from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
+from memgate.model import BLOCK_COLUMNS, DeviceModel, PoolState, Profile, Series, empty_steps
 from memgate.pyrecords import check_records, missing_int64, nullable_int64
 from memgate.schemas import load_schema
 
@@ -54,7 +57,13 @@ FORMAT = "torch_snapshot"
 SCHEMA = "torch_snapshot"
 SUFFIXES = (".pickle", ".pkl")
 COMPONENT = "allocator"
+SIZE_BASIS = "requested"  # the trace's alloc/free sizes, what the memory viewer plots
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# Metrics that need the allocation history (peaks, growth of reserved or per step, leaks, the peak's
+# holders): not measurable from a snapshot without one. A one-sample series would otherwise read as
+# a peak, and as "reserved never grew" (external_fragmentation 0).
+HISTORY_METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation",
+                   "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "top_at_peak")
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom", "annotate", "user_defined", "workspace_snapshot")
@@ -124,9 +133,11 @@ class _Segments:
     device: np.ndarray  # int64, the block's segment device
     stream: np.ndarray  # int64, the segment's stream
     address: np.ndarray  # int64
+    size: np.ndarray  # int64, the allocator's (rounded) block size
     requested: np.ndarray  # int64, requested size (history real_size for legacy blocks)
     active: np.ndarray  # bool, state active_allocated or active_pending_free
     allocated: np.ndarray  # bool, state active_allocated
+    inactive: np.ndarray  # bool, state inactive (free, reusable by the pool)
     frames: list[Any]  # per block, the frames of its allocation ([] when unknown)
     seg_device: np.ndarray  # per segment
     seg_total: np.ndarray  # per segment
@@ -196,7 +207,7 @@ def build_profile(path: Path, data: Any) -> Profile:
     metadata: dict[str, Any] = {
         "era": era,
         "time_base": {"time_us": "time_us", "none": "none"}.get(time_base, "trace_index"),
-        "size_basis": "requested",
+        "size_basis": SIZE_BASIS,
         "devices": notes,
     }
     settings = snapshot.get("allocator_settings")
@@ -209,11 +220,13 @@ def build_profile(path: Path, data: Any) -> Profile:
         metadata["steps_note"] = step_note
     markers = ("snapshot", "workspace_snapshot")  # mark the dump, record no allocation
     if not any(isinstance(e, dict) and e.get("action") not in markers for t in traces for e in t):
-        # Only the final state: no history to find a peak, a growth or a leak in.
+        # Only the final state: no history to find a peak, a growth or a leak in. The pool state at
+        # the dump (DeviceModel.dump_state) needs none, so its metrics are never marked here.
         why = ("the snapshot has no allocation history (device_traces are empty): record with "
                "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()")
-        metadata["not_measurable"] = {k: why for k in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation",
-                                                         "step_growth_bytes", "leaked_bytes", "top_at_peak")}
+        metadata["not_measurable"] = {
+            k: why + ("; free_block_fragmentation judges the pool at the dump" if k.endswith("fragmentation") else "")
+            for k in HISTORY_METRICS}
     return Profile(
         path=str(path),
         format=FORMAT,
@@ -266,6 +279,7 @@ def _read_segments(path: Path, segments: Sequence[Any], schema: dict[str, Any]) 
         else np.zeros(0, dtype=bool)
     allocated = np.asarray(pc.equal(state, "active_allocated"), dtype=bool) if len(blocks) \
         else np.zeros(0, dtype=bool)
+    inactive = np.asarray(pc.equal(state, "inactive"), dtype=bool) if len(blocks) else np.zeros(0, dtype=bool)
     requested_col = bcols.get("requested_size")
     requested = np.where(np.asarray(requested_col.is_valid()), _ints(requested_col, len(blocks), fill=0), size) \
         if requested_col is not None and len(blocks) else size.copy()
@@ -285,8 +299,8 @@ def _read_segments(path: Path, segments: Sequence[Any], schema: dict[str, Any]) 
                 frames[i] = first[k].get("frames")
     frames = [f if f is not None else [] for f in frames]
     return _Segments(
-        device=np.repeat(seg_device, counts), stream=np.repeat(seg_stream, counts), address=address,
-        requested=requested, active=active, allocated=allocated, frames=frames,
+        device=np.repeat(seg_device, counts), stream=np.repeat(seg_stream, counts), address=address, size=size,
+        requested=requested, active=active, allocated=allocated, inactive=inactive, frames=frames,
         seg_device=seg_device, seg_total=seg_total, where=where,
     )
 
@@ -459,8 +473,29 @@ def _device_model(
         series={COMPONENT: Series(COMPONENT, frame.reset_index(drop=True), str(path))},
         blocks=blocks.reset_index(drop=True),
         blocks_source=str(path),
+        dump_state=_pool_state(segs, mine, segs.seg_device == dev, path),
     )
     return model, facts
+
+
+def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, path: Path) -> PoolState:
+    """The device's pool at the dump, from the final segments alone (so with or without history).
+
+    ``allocated`` counts ``active_allocated`` blocks by requested size, as the allocated series does:
+    an ``active_pending_free`` block was freed by the program (``free_requested``, where the series
+    and ``torch.cuda.memory_allocated`` drop) and only waits for its stream's events before reuse.
+    Free blocks count by their block size: theirs is what the pool can hand out (their
+    ``requested_size`` is stale).
+    """
+    free = segs.size[mine & segs.inactive]
+    return PoolState(
+        allocated=int(segs.requested[mine & segs.allocated].sum()),
+        reserved=int(segs.seg_total[mine_segments].sum()),
+        largest_free_block=int(free.max()) if len(free) else 0,
+        free_bytes=int(free.sum()),
+        size_basis=SIZE_BASIS,
+        source=str(path),
+    )
 
 
 def _attribution(path: Path, trace: _Trace, allocs: np.ndarray) -> tuple[pa.Array, pa.Array]:
@@ -551,13 +586,68 @@ def _steps(ann: dict[str, pa.Array | None]) -> pd.DataFrame:
 
 
 def _is_npu(snapshot: dict[str, Any]) -> bool:
-    """torch_npu's snapshots name their allocator conf PYTORCH_NPU_ALLOC_CONF and add workspace entries."""
+    """Whether torch_npu wrote the snapshot (the same format as torch's, labelled ``npu:N``).
+
+    Its signs: an allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries, or a stack frame
+    from a file inside a ``torch_npu`` directory (its Python package, its C++ sources) — the only
+    sign a snapshot without either carries. Each is looked for in the first entries only.
+    """
     settings = snapshot.get("allocator_settings")
     if isinstance(settings, dict) and any("NPU" in str(k) for k in settings):
         return True
-    traces = snapshot.get("device_traces") or []
-    return any(isinstance(e, dict) and e.get("action") == "workspace_snapshot"
-               for t in traces if isinstance(t, list) for e in t[:1000])
+    traces = [t for t in snapshot.get("device_traces") or [] if isinstance(t, (list, tuple))]
+    heads = [[e for e in t[:_SCAN_ENTRIES] if isinstance(e, dict)] for t in traces]
+    if any(e.get("action") == "workspace_snapshot" for head in heads for e in head):
+        return True
+    return _has_npu_frames(chain(
+        (e.get("frames") for head in heads for e in head),
+        islice(_segment_frames(snapshot.get("segments")), _SCAN_ENTRIES)))
+
+
+_SCAN_ENTRIES = 1000  # per trace, and blocks and segments in all: torch_npu's frames are in every stack
+_SCAN_FRAMES = 20_000  # distinct frame dicts read at most (torch shares them among entries)
+# A path component exactly ``torch_npu`` followed by a separator (POSIX or Windows): a file inside the
+# package (…/site-packages/torch_npu/npu/memory.py) or its sources (…/torch_npu/csrc/…), not a
+# user's ``torch_npu_helper/`` nor a ``torch_npu.py`` script.
+_NPU_PATH = re.compile(r"(?:^|[/\\])torch_npu[/\\]")
+
+
+def _segment_frames(segments: Any) -> Any:
+    """The frames lists of the segments and their blocks (a legacy block's in its history), lazily."""
+    for seg in segments if isinstance(segments, (list, tuple)) else ():
+        if not isinstance(seg, dict):
+            continue
+        yield seg.get("frames")
+        for block in seg.get("blocks") or ():
+            if isinstance(block, dict):
+                yield block.get("frames")
+                history = block.get("history")
+                if isinstance(history, (list, tuple)) and history and isinstance(history[0], dict):
+                    yield history[0].get("frames")
+
+
+def _has_npu_frames(stacks: Any) -> bool:
+    """Whether a frame of ``stacks`` (frames lists, None where absent) lies in a torch_npu directory.
+
+    Frames lists and frame dicts are read once each by identity: torch shares the dicts among
+    entries, so a thousand entries hold a few hundred distinct frames.
+    """
+    seen_lists: set[int] = set()
+    seen: set[int] = set()
+    for frames in stacks:
+        if not isinstance(frames, (list, tuple)) or id(frames) in seen_lists:
+            continue
+        seen_lists.add(id(frames))
+        for frame in frames:
+            if id(frame) in seen:
+                continue
+            seen.add(id(frame))
+            filename = frame.get("filename") if isinstance(frame, dict) else None
+            if isinstance(filename, str) and "torch_npu" in filename and _NPU_PATH.search(filename):
+                return True
+            if len(seen) >= _SCAN_FRAMES:
+                return False
+    return False
 
 
 _RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)

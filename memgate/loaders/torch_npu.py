@@ -106,16 +106,19 @@ def _load(profile_dir: Path) -> Profile:
         trace = read_trace_view(path)
         if len(trace.steps):
             steps, steps_source = trace.steps, str(path)
-        if trace.counters:
-            # NPU MEM counters carry no device id; they belong to this rank's only device.
-            targets = list(devices) or [_device_from_info(info)]
-            if len(targets) == 1:
-                for name, frame in trace.counters.items():
-                    series_frame = empty_series().reindex(range(len(frame)))
-                    series_frame["t_ns"] = frame["t_ns"].to_numpy()
-                    series_frame["reserved"] = frame["reserved"].to_numpy()
-                    series_frame = series_frame.astype("Int64")
-                    slot(targets[0])["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", series_frame, str(path))
+        # NPU MEM counters: the device their process id names (trace_view.device_of_pid), each its
+        # own device; a pid that names none belongs to this rank's only device, if it has one.
+        targets = list(devices) or [_device_from_info(info)]
+        for device_id, counters in trace.counters.items():
+            if device_id is None and len(targets) != 1:
+                continue
+            device = targets[0] if device_id is None else f"npu:{device_id}"
+            for name, frame in counters.items():
+                series_frame = empty_series().reindex(range(len(frame)))
+                series_frame["t_ns"] = frame["t_ns"].to_numpy()
+                series_frame["reserved"] = frame["reserved"].to_numpy()
+                series_frame = series_frame.astype("Int64")
+                slot(device)["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", series_frame, str(path))
     if steps_source is None and (out / "kernel_details.csv").exists():
         path = out / "kernel_details.csv"
         kernel_steps = read_kernel_steps(path)

@@ -19,11 +19,40 @@ STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 I64_MAX = (1 << 63) - 1
 MEMORY_COUNTERS = ("APP/DDR", "APP/HBM", "APP/Memory", "Device/DDR", "Device/HBM", "Device/Memory")
 
+# The NPU MEM process's pid says which device it is. torch_npu merges CANN msprof's timeline, whose
+# TraceViewManager.get_format_pid packs a device-level process's pid as
+#     format_pid = (pid << 10) | (sort_index << 5) | device_id        (device_id 31 = the host)
+# since msprof's fix of Dec 2023 for pids that overflowed uint32, and before it as
+#     format_pid = pid * 10000 + sort_index * 100 + device_id          (device_id 64 = unknown)
+# sort_index being the layer's, which msprof also writes as the process's ``process_sort_index``.
+# So a layout is the pid's when its sort_index field equals that metadata (the real level0 sample:
+# pid 3089232480 = 3016828 << 10 | 19 << 5 | 0, sort index 19, the Python process 3016828, device 0);
+# without the metadata the current layout is assumed.
+_PID_INDEX_SHIFT = 5
+_PID_FIELD = (1 << _PID_INDEX_SHIFT) - 1  # 5 bits each: device_id, sort_index
+_HOST_DEVICE = 31
+_DECIMAL_UNKNOWN_DEVICE = 64
+
+
+def device_of_pid(pid: Any, sort_index: Any) -> int | None:
+    """The device id msprof packed into a timeline process id; None where the pid names none."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
+        return None
+    known = isinstance(sort_index, int) and not isinstance(sort_index, bool)
+    if not known or (pid >> _PID_INDEX_SHIFT) & _PID_FIELD == sort_index:
+        device = pid & _PID_FIELD
+        return device if device != _HOST_DEVICE else None
+    if (pid // 100) % 100 == sort_index:
+        device = pid % 100
+        return device if device < _DECIMAL_UNKNOWN_DEVICE else None
+    return None
+
 
 @dataclass
 class TraceView:
     steps: pd.DataFrame = field(default_factory=empty_steps)
-    counters: dict[str, pd.DataFrame] = field(default_factory=dict)  # name -> (t_ns, reserved)
+    # device id (None: the pid names none) -> counter name -> (t_ns, reserved)
+    counters: dict[int | None, dict[str, pd.DataFrame]] = field(default_factory=dict)
 
 
 def us_to_ns(value: Any, path: Path, where: str) -> int:
@@ -52,6 +81,7 @@ def read_trace_view(path: Path) -> TraceView:
     steps: list[tuple[int, int, int]] = []
     samples: dict[tuple[Any, str], list[tuple[int, int]]] = {}
     mem_pids: set[Any] = set()
+    sort_index: dict[Any, Any] = {}  # pid -> its process_sort_index
     for index, event in enumerate(iter_array(path)):
         if not isinstance(event, dict):
             raise InputError("event is not an object", file=path, column=f"[{index}]", expected="a JSON object",
@@ -80,6 +110,10 @@ def read_trace_view(path: Path) -> TraceView:
             args = event.get("args")
             if isinstance(args, dict) and args.get("name") == "NPU MEM":
                 mem_pids.add(event.get("pid"))
+        elif ph == "M" and name == "process_sort_index":
+            args = event.get("args")
+            if isinstance(args, dict):
+                sort_index[event.get("pid")] = args.get("sort_index")
     result = TraceView()
     if steps:
         frame = pd.DataFrame(steps, columns=["step", "t_start", "t_end"]).astype("Int64")
@@ -88,6 +122,8 @@ def read_trace_view(path: Path) -> TraceView:
         if mem_pids and pid not in mem_pids:
             continue  # a counter of the same name from another process is not device memory
         frame = pd.DataFrame(rows, columns=["t_ns", "reserved"]).astype("Int64").sort_values("t_ns", kind="stable")
-        previous = result.counters.get(name)
-        result.counters[name] = frame if previous is None else pd.concat([previous, frame]).sort_values("t_ns")
+        # Keyed by device: counters of different devices are never merged into one series.
+        counters = result.counters.setdefault(device_of_pid(pid, sort_index.get(pid)), {})
+        previous = counters.get(name)
+        counters[name] = frame if previous is None else pd.concat([previous, frame]).sort_values("t_ns", kind="stable")
     return result

@@ -1,0 +1,263 @@
+"""Real torch CPU training loops recorded with torch.profiler (profile_memory=True) as Kineto traces.
+
+Each loop's memory behaviour is known by construction: a small ``nn.Sequential`` of Linear layers
+with odd sizes (no tensor is a multiple of 512 bytes) trained on one fixed batch, plus a *pattern*
+that plants ``torch.empty(n_bytes, dtype=torch.uint8)`` buffers (exactly ``n_bytes`` bytes each,
+odd by default) or changes when the optimizer state and the gradients come and go.
+
+Iteration ``i`` (0-based) of the loop is ``ProfilerStep#i`` in the trace: ``prof.step()`` is called
+after every iteration, and ``schedule(wait=W, warmup=WU, active=A)`` records iterations
+``W + WU .. W + WU + A - 1``. One more iteration runs after the window (the profiler is stopped by
+then, as in the scripts of tests/data/samples/torch/PROVENANCE.md): nothing it does is in the trace.
+
+The optimizer is SGD with momentum 0.9 (its momentum buffers are created in iteration 0, before
+any window), plain SGD without state (``optimizer="sgd_plain"``), or Adam (``adam_lazy``); all with
+foreach off, so that no multi-tensor kernels add temporaries.
+
+Patterns (what the loop does besides forward / loss / backward / optimizer step):
+
+- ``none``: nothing; zero_grad(set_to_none=True) before each backward frees the previous
+  iteration's gradients, rebinding ``out`` / ``loss`` frees the previous ones.
+- ``leak``: every iteration appends a new buffer to a Python list (never freed).
+- ``leak_every_other``: the same on even iterations only.
+- ``hold``: every iteration appends a buffer to ``deque(maxlen=hold_steps)``: the buffer of
+  iteration ``i`` is freed during iteration ``i + hold_steps`` (when the append pushes it out;
+  the new buffer is allocated first).
+- ``adam_lazy``: Adam whose first ``opt.step()`` runs at iteration ``first_opt_step``: its state
+  (``exp_avg``, ``exp_avg_sq`` like each parameter, plus a 0-dim float32 ``step`` tensor per
+  parameter) is allocated then and kept.
+- ``cache``: a dict gets one buffer at each iteration in ``cache_iterations``, kept forever.
+- ``grad_accum``: no per-iteration zero_grad; every ``accum_steps`` iterations (at the end of
+  iterations with ``(i + 1) % accum_steps == 0``) the optimizer steps and
+  ``zero_grad(set_to_none=True)`` frees the gradients. Gradients are allocated by the first
+  backward of a cycle and accumulated in place by the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PATTERNS = ("none", "leak", "leak_every_other", "hold", "adam_lazy", "cache", "grad_accum")
+
+# Odd layer sizes: 4-byte floats times odd counts, never a multiple of 512 bytes.
+IN_FEATURES, HIDDEN, CLASSES, BATCH = 61, 127, 11, 33
+N_BYTES = 300_007  # default planted buffer: odd, so a sum of them is recognisable
+
+
+@dataclass(frozen=True)
+class Loop:
+    pattern: str = "none"
+    wait: int = 1
+    warmup: int = 1
+    active: int = 6
+    n_bytes: int = N_BYTES
+    hold_steps: int = 3
+    first_opt_step: int = 3
+    cache_iterations: tuple[int, ...] = (3, 4)
+    accum_steps: int = 2
+    optimizer: str = "sgd"  # "sgd" (momentum 0.9), "sgd_plain" (no state), "adam"
+    record_shapes: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"unknown pattern {self.pattern!r}; one of {PATTERNS}")
+
+    @property
+    def first_active(self) -> int:
+        """The iteration (and ProfilerStep number) of the first recorded step."""
+        return self.wait + self.warmup
+
+    @property
+    def active_iterations(self) -> list[int]:
+        return list(range(self.first_active, self.first_active + self.active))
+
+    @property
+    def iterations(self) -> int:
+        return self.wait + self.warmup + self.active + 1
+
+
+def param_shapes() -> list[tuple[int, ...]]:
+    """The model's parameters in ``model.parameters()`` order."""
+    return [(HIDDEN, IN_FEATURES), (HIDDEN,), (CLASSES, HIDDEN), (CLASSES,)]
+
+
+def param_bytes() -> int:
+    """Bytes of all parameters (float32) = bytes of all gradients."""
+    total = 0
+    for shape in param_shapes():
+        n = 1
+        for d in shape:
+            n *= d
+        total += 4 * n
+    return total
+
+
+def adam_state_bytes() -> int:
+    """Adam's lazily created state on CPU: exp_avg + exp_avg_sq per parameter, and a 0-dim float32
+    ``step`` tensor per parameter (torch.optim.Adam, capturable=False, fused/foreach off on CPU)."""
+    return 2 * param_bytes() + 4 * len(param_shapes())
+
+
+def planted(loop: Loop) -> dict[int, int]:
+    """Iteration -> bytes of the buffer the pattern allocates in it (by construction)."""
+    its = range(loop.iterations)
+    if loop.pattern in ("leak", "hold"):
+        return {i: loop.n_bytes for i in its}
+    if loop.pattern == "leak_every_other":
+        return {i: loop.n_bytes for i in its if i % 2 == 0}
+    if loop.pattern == "cache":
+        return {i: loop.n_bytes for i in its if i in loop.cache_iterations}
+    return {}
+
+
+def record(path: str | Path, loop: Loop, *, seed: int = 0) -> Path:
+    """Run ``loop`` under torch.profiler in this process and write its Chrome trace to ``path``.
+
+    Prefer :func:`record_isolated` in tests: torch's CPU memory reporter keeps state across
+    profiling sessions of one process (see there).
+    """
+    import torch
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path = Path(path)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    assert [tuple(p.shape) for p in model.parameters()] == param_shapes()
+    optimizer = "adam" if loop.pattern == "adam_lazy" else loop.optimizer
+    if optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    elif optimizer == "sgd_plain":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=False)
+    x = torch.randn(BATCH, IN_FEATURES)
+    y = torch.randint(0, CLASSES, (BATCH,))
+    kept: list[Any] = []
+    held: collections.deque[Any] = collections.deque(maxlen=loop.hold_steps)
+    cache: dict[int, Any] = {}
+
+    def plant() -> Any:
+        return torch.empty(loop.n_bytes, dtype=torch.uint8)
+
+    def ready(p: Any) -> None:
+        p.export_chrome_trace(str(path))
+
+    sched = schedule(wait=loop.wait, warmup=loop.warmup, active=loop.active, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=loop.record_shapes,
+                 with_stack=False, schedule=sched, on_trace_ready=ready) as prof:
+        for i in range(loop.iterations):
+            out = model(x)
+            loss = nn.functional.cross_entropy(out, y)
+            if loop.pattern != "grad_accum":
+                opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if loop.pattern == "grad_accum":
+                if (i + 1) % loop.accum_steps == 0:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            elif loop.pattern != "adam_lazy" or i >= loop.first_opt_step:
+                opt.step()
+            if loop.pattern == "leak" or (loop.pattern == "leak_every_other" and i % 2 == 0):
+                kept.append(plant())
+            elif loop.pattern == "hold":
+                held.append(plant())
+            elif loop.pattern == "cache" and i in loop.cache_iterations:
+                cache[i] = plant()
+            prof.step()
+    if not path.is_file():
+        raise RuntimeError(f"torch.profiler wrote no trace to {path} (on_trace_ready not called)")
+    return path
+
+
+def record_isolated(jobs: Sequence[tuple[str | Path, Loop]], *, timeout: float = 300) -> None:
+    """Record each ``(path, loop)`` in a process of its own that never profiled before.
+
+    Why: torch's CPU allocator reporter (c10 ProfiledCPUMemoryReporter) remembers the size of every
+    block allocated while memory profiling is on, and forgets it only when the block is freed while
+    profiling is on. Blocks freed after the profiler stopped (the last step's gradients, a leak
+    list) stay in its table and in its running total: a second recording in the same process starts
+    with a ``Total Allocated`` baseline holding them (the committed cpu_train_leak sample starts at
+    39724 B, exactly the clean run's last-step gradients + output + loss), and when the address of
+    such a stale entry is reused by a block allocated before the next window (wait / warmup),
+    freeing that block inside the window is reported as a free of the stale size, with no
+    allocation. A fresh process has neither: ``Total Allocated`` starts at 0 and frees of blocks
+    allocated before the window are not reported at all.
+
+    One helper interpreter imports torch once (and torch._dynamo, which the first optimizer
+    construction imports lazily: 1.6 s), then forks a child per job where fork exists (Linux,
+    macOS); elsewhere each job gets its own interpreter.
+    """
+    payload = json.dumps([[str(path), asdict(loop)] for path, loop in jobs])
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve())], input=payload, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"recording failed (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+
+
+def _loop_from_json(doc: dict[str, Any]) -> Loop:
+    return Loop(**{**doc, "cache_iterations": tuple(doc["cache_iterations"])})
+
+
+def _main(argv: list[str]) -> int:
+    jobs = [(path, _loop_from_json(doc)) for path, doc in json.loads(sys.stdin.read())]
+    if argv[1:2] == ["--here"]:  # one interpreter per job (no fork)
+        for path, loop in jobs:
+            record(path, loop)
+        return 0
+    # Imported once here; each fork starts with them loaded.
+    import torch
+    import torch._dynamo
+    import torch.nn
+    import torch.optim
+    import torch.profiler  # noqa: F401
+
+    for path, loop in jobs:
+        if not hasattr(os, "fork"):
+            one = json.dumps([[path, asdict(loop)]])
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--here"], input=one, text=True, check=True)
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: record, and leave without running the parent's cleanup
+            code = 0
+            try:
+                record(path, loop)
+            except BaseException:  # noqa: BLE001  (whatever happens, the child must not return into the loop)
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            print(f"recording {path} ({loop}) failed", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))
+
+
+def bare_trace_name(path: str | Path) -> None:
+    """Rewrite ``traceName`` (the path given to export_chrome_trace) to the bare file name, as the
+    committed samples have it (tests/data/samples/torch/PROVENANCE.md, section A). A text edit of
+    that one value: every other byte of the trace stays as torch wrote it."""
+    path = Path(path)
+    text = path.read_text()
+    pattern = re.compile(r'"traceName": "(?:[^"\\]|\\.)*"')
+    assert len(pattern.findall(text)) == 1, "expected exactly one traceName"
+    path.write_text(pattern.sub(lambda _: f'"traceName": {json.dumps(path.name)}', text))
