@@ -120,7 +120,7 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
         op = time.perf_counter() - started
         extra = {"rows": rows}
     elif task == "csv-text":  # memgate's own first step: the files parsed to text columns, nothing checked
-        from memgate import csvtable
+        from memgate.readers import csvtable
 
         started = time.perf_counter()
         rows = 0

@@ -1,4 +1,4 @@
-"""memgate.loaders.ascend_db + memgate.sqlitetable: the real torch_npu db sample, the writers'
+"""memgate.loaders.ascend_db + memgate.readers.sqlitetable: the real torch_npu db sample, the writers'
 round trip, and bad input.
 
 Expected values are derived here from the raw file with sqlite3 (and csv for the text export),

@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from strategies import secondary_examples, traces
 from writers.cann import STATIC_GRAPH, STATIC_TOTAL, CannOptions, app_samples, raw_name, write_prof
 
-from memgate.csvtable import read_csv, rows_as_dicts
 from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.metrics import profile_metrics
 from memgate.model import Profile
+from memgate.readers.csvtable import read_csv, rows_as_dicts
 from memgate.schemas import load_schema, schema_names
 
 KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation")

@@ -33,11 +33,11 @@ from helpers import in_process, one_stderr_line, run_cli_all
 from writers.torch_npu import NpuOptions
 from writers.torch_npu import write_profile as write_npu_profile
 
-from memgate import limits
 from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.metrics import profile_metrics
 from memgate.model import Profile
+from memgate.readers import limits
 
 BUDGETS = '[[budgets]]\nname = "gate"\npeak_allocated = "64 GiB"\n'
 FORMATS = {c.format for c in CASES}
@@ -297,7 +297,7 @@ def _write_memo_bomb(root: Path) -> Path:
     pytest.param(_write_huge_string, id="json-one-huge-string"),
     pytest.param(_write_memo_bomb, id="pickle-memo-bomb"),  # refused by the address-space cap (256 MiB)
     pytest.param(_write_deep, id="json-deep-nesting"),
-    pytest.param(_write_list_bomb, id="pickle-list-bomb"),  # 8M one-byte lists: refused at ~1M (memgate.limits)
+    pytest.param(_write_list_bomb, id="pickle-list-bomb"),  # 8M one-byte lists: refused at ~1M (memgate.readers.limits)
 ])
 def test_peak_rss_stays_bounded(make: Callable[[Path], Path], tmp_path: Path) -> None:
     path = make(tmp_path)
@@ -310,7 +310,7 @@ def test_peak_rss_stays_bounded(make: Callable[[Path], Path], tmp_path: Path) ->
     assert int(extra) < 300 << 20, f"{int(extra) >> 20} MiB extra"
 
 
-# ---- size and row caps (memgate.limits) -------------------------------------------------------------------
+# ---- size and row caps (memgate.readers.limits) -------------------------------------------------------------------
 
 def test_default_limits_are_generous(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (limits.FILE_BYTES_ENV, limits.ROWS_ENV, limits.PICKLE_BYTES_ENV):
@@ -334,8 +334,8 @@ CAPPED: dict[str, Callable[[Path], Path]] = {
     "snapshot": corpus.snapshot_file,
     "kineto": corpus.kineto_file,
 }
-UNCAPPED: dict[str, Callable[[Path], Path]] = {}  # every loader calls memgate.limits now
-NO_LIMITS = "memgate/loaders/{} does not call memgate.limits (file size before reading, events after)"
+UNCAPPED: dict[str, Callable[[Path], Path]] = {}  # every loader calls memgate.readers.limits now
+NO_LIMITS = "memgate/loaders/{} does not call memgate.readers.limits (file size before reading, events after)"
 
 
 def _capped_params() -> list[Any]:

@@ -1,10 +1,10 @@
 """The vectorized CSV validator agrees with jsonschema validating the same rows one by one.
 
-``memgate.csvtable.read_csv`` checks whole columns with pyarrow compute; the reference is
+``memgate.readers.csvtable.read_csv`` checks whole columns with pyarrow compute; the reference is
 ``jsonschema.Draft202012Validator`` over each row as the ``csv`` module reads it (cells as text,
 empty = null). jsonschema evaluates ``pattern`` with Python's ``re.search``, so ``$`` also matches
 before one final newline: ``"12\\n"`` matches ``^[0-9]+$`` there, and must in memgate too.
-Plus unit tests of the exact text conversions in ``memgate.convert``.
+Plus unit tests of the exact text conversions in ``memgate.readers.convert``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from memgate.convert import ns_text_to_ns, unit_text_to_bytes, us_text_to_ns
-from memgate.csvtable import read_csv
 from memgate.errors import InputError
+from memgate.readers.convert import ns_text_to_ns, unit_text_to_bytes, us_text_to_ns
+from memgate.readers.csvtable import read_csv
 from memgate.schemas import load_schema, schema_names
 
 TORCH_NPU = [n for n in schema_names() if n.startswith("torch_npu.")]

@@ -25,10 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memgate.errors import InputError
-from memgate.loaders import jsonstream, kineto
-from memgate.loaders.jsonstream import guard
+from memgate.loaders import kineto
 from memgate.metrics import profile_metrics
-from memgate.pyrecords import check_column, resolve
+from memgate.readers import jsonstream
+from memgate.readers.jsonstream import guard
+from memgate.readers.pyrecords import check_column, resolve
 from memgate.schemas import load_schema
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"

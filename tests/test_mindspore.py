@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from strategies import secondary_examples, traces
 from writers.mindspore import MsOptions, app_samples, write_memory_block, write_profile, write_tracker_dump
 
-from memgate.csvtable import read_csv, rows_as_dicts
 from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.loaders import mindspore
 from memgate.metrics import TOP_N, profile_metrics
 from memgate.model import Profile
+from memgate.readers.csvtable import read_csv, rows_as_dicts
 from memgate.schemas import load_schema, schema_names
 
 SERIES_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation")

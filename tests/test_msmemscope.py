@@ -24,10 +24,10 @@ from hypothesis import assume, given
 from strategies import secondary_examples, traces
 from writers.msmemscope import as_written, write_csv, write_db
 
-from memgate.csvtable import read_csv, rows_as_dicts
 from memgate.errors import InputError
 from memgate.loaders import msmemscope
 from memgate.metrics import device_metrics
+from memgate.readers.csvtable import read_csv, rows_as_dicts
 from memgate.schemas import load_schema
 
 MS = SAMPLES / "msmemscope"

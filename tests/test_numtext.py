@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memgate import convert
-from memgate.numtext import _FLOAT_TEXT, _PATTERNS, fixed_column, proven_valid
+from memgate.readers import convert
+from memgate.readers.numtext import _FLOAT_TEXT, _PATTERNS, fixed_column, proven_valid
 
 SCHEMAS = Path(__file__).parents[1] / "memgate" / "schemas"
 

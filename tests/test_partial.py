@@ -229,7 +229,7 @@ def test_snapshot_without_record_memory_history(limit: dict[str, str], tmp_path:
 def test_the_no_trace_sample_really_has_no_trace() -> None:
     import pickle
 
-    from memgate import safepickle
+    from memgate.readers import safepickle
 
     data = safepickle.load(NO_TRACE_SNAPSHOT)
     assert data["segments"] and not any(data["device_traces"])

@@ -1,4 +1,4 @@
-"""memgate.safepickle: the object cap (pickle bombs), and the metered input it reads through.
+"""memgate.readers.safepickle: the object cap (pickle bombs), and the metered input it reads through.
 
 The class-refusing side (REDUCE, EXT*, persistent ids) and the size cap are tested with the
 snapshot loader in test_snapshot.py; peak RSS on the list bomb in test_corpus.py.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from memgate import limits, safepickle
 from memgate.errors import ConfigError, InputError
+from memgate.readers import limits, safepickle
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"
 LEGACY = TORCH / "snapshot_legacy_history_flexgen.pickle"  # the densest sample: 6,803 containers in 110 kB

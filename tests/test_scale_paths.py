@@ -21,12 +21,12 @@ from helpers import PTA21_L1, PTA271, SAMPLES
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memgate import csvtable
 from memgate.cache import ProfileCache, open_profile
 from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.metrics import MetricOptions, persistent_growth, profile_metrics
 from memgate.model import SERIES_COLUMNS, ProfileInfo, split_series
+from memgate.readers import csvtable
 from memgate.reconcile import _BlockArrays, _mode, _reconcile_blocks
 from memgate.report import profile_entry
 from memgate.session import process_profile

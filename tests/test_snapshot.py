@@ -33,12 +33,13 @@ from writers.snapshot import (
     write_snapshot,
 )
 
-from memgate import cli, safepickle
+from memgate import cli
 from memgate.discover import discover, load
 from memgate.errors import InputError, MemgateError
 from memgate.loaders import snapshot
 from memgate.metrics import profile_metrics
-from memgate.pyrecords import check_records
+from memgate.readers import safepickle
+from memgate.readers.pyrecords import check_records
 from memgate.schemas import load_schema
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"

@@ -3,7 +3,7 @@
 FORMATS.md §1 (db part) and §3: every value is bytes or ns, missing is NULL, and text lives in
 ``STRING_IDS`` (ids) / ``ENUM_MODULE``. Each table read is validated first against its schema
 ``memgate/schemas/ascend_db.<table>.schema.json`` (one SQL scan per table, see
-:mod:`memgate.sqlitetable`); the file is opened read-only and nothing is written next to it.
+:mod:`memgate.readers.sqlitetable`); the file is opened read-only and nothing is written next to it.
 
 What is read, per device (``deviceId`` → ``npu:N``):
 
@@ -47,8 +47,7 @@ from memgate.model import (
     split_series,
     typed_blocks,
 )
-from memgate.schemas import load_schema
-from memgate.sqlitetable import (
+from memgate.readers.sqlitetable import (
     INVALID_ID,
     Database,
     open_db,
@@ -57,6 +56,7 @@ from memgate.sqlitetable import (
     sqlite_or_unreadable,
     validate_table,
 )
+from memgate.schemas import load_schema
 
 FORMAT = "ascend_db"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"

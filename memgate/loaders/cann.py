@@ -39,11 +39,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import convert, discover
-from memgate.csvtable import CsvTable
+from memgate import discover
 from memgate.errors import InputError, cannot_read
-from memgate.limits import read_csv
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks
+from memgate.readers import convert
+from memgate.readers.csvtable import CsvTable
+from memgate.readers.limits import read_csv
 from memgate.schemas import load_schema
 
 FORMAT = "cann"

@@ -53,14 +53,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import convert, discover, limits
-from memgate.csvtable import check_readable
+from memgate import discover
 from memgate.errors import InputError
-from memgate.loaders.jsonstream import GuardedReader, JsonLimitError, guard, syntax_error
 from memgate.loaders.snapshot import pair_allocs
-from memgate.memory import collector_paused
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
-from memgate.pyrecords import check_column, check_records, missing_int64, nullable_int64, resolve
+from memgate.readers import convert, limits
+from memgate.readers.csvtable import check_readable
+from memgate.readers.jsonstream import GuardedReader, JsonLimitError, guard, syntax_error
+from memgate.readers.memory import collector_paused
+from memgate.readers.pyrecords import check_column, check_records, missing_int64, nullable_int64, resolve
 from memgate.schemas import load_schema
 
 FORMAT = "kineto"

@@ -42,12 +42,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memgate import convert, discover
-from memgate.csvtable import CsvTable, read_header
+from memgate import discover
 from memgate.errors import InputError, MemgateError, cannot_read
-from memgate.limits import read_csv
 from memgate.loaders.torch_npu import read_profiler_info
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
+from memgate.readers import convert
+from memgate.readers.csvtable import CsvTable, read_header
+from memgate.readers.limits import read_csv
 from memgate.schemas import load_schema
 
 FORMAT = "mindspore"

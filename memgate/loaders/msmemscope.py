@@ -52,14 +52,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import convert, discover
-from memgate.csvtable import describe, re2_pattern
+from memgate import discover
 from memgate.errors import InputError, cannot_read
-from memgate.limits import check_rows, read_csv
 from memgate.model import DeviceModel, Profile, Series, empty_steps, typed_blocks
-from memgate.numtext import offsets_and_text
+from memgate.readers import convert
+from memgate.readers.csvtable import describe, re2_pattern
+from memgate.readers.limits import check_rows, read_csv
+from memgate.readers.numtext import offsets_and_text
+from memgate.readers.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
 from memgate.schemas import load_schema
-from memgate.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
 
 FORMAT = "msmemscope"
 TABLE = "memscope_dump"

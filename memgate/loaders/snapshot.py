@@ -46,11 +46,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover, limits, safepickle
+from memgate import discover
 from memgate.errors import InputError
-from memgate.memory import collector_paused
 from memgate.model import BLOCK_COLUMNS, DeviceModel, PoolState, Profile, Series, empty_steps
-from memgate.pyrecords import check_records, missing_int64, nullable_int64
+from memgate.readers import limits, safepickle
+from memgate.readers.memory import collector_paused
+from memgate.readers.pyrecords import check_records, missing_int64, nullable_int64
 from memgate.schemas import load_schema
 
 FORMAT = "torch_snapshot"

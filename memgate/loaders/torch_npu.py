@@ -17,12 +17,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import convert
-from memgate.csvtable import Converter, CsvTable, check_readable, keep_text
 from memgate.errors import InputError, cannot_read
-from memgate.limits import check_file_size, read_csv
 from memgate.loaders.trace_view import read_trace_view
-from memgate.memory import release_free_memory
 from memgate.model import (
     BLOCK_COLUMNS,
     DeviceModel,
@@ -34,6 +30,10 @@ from memgate.model import (
     split_columns,
     split_series,
 )
+from memgate.readers import convert
+from memgate.readers.csvtable import Converter, CsvTable, check_readable, keep_text
+from memgate.readers.limits import check_file_size, read_csv
+from memgate.readers.memory import release_free_memory
 from memgate.schemas import load_schema
 
 FORMAT = "torch_npu"

@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 
 from memgate.errors import InputError
-from memgate.loaders.jsonstream import iter_array, top_level_kind
 from memgate.model import empty_steps
+from memgate.readers.jsonstream import iter_array, top_level_kind
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 I64_MAX = (1 << 63) - 1

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError
-from memgate.numtext import fixed_column
+from memgate.readers.numtext import fixed_column
 
 ArrowColumn = pa.Array | pa.ChunkedArray
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
@@ -23,7 +23,7 @@ _INT64_MAX = 2**63 - 1
 class OutOfRange(InputError):
     """A number that passed its pattern but does not fit int64 bytes / ns (1e400 MB, 25-digit µs).
 
-    Carries the 0-based row; :class:`memgate.csvtable.CsvTable` turns it into file, line and column.
+    Carries the 0-based row; :class:`memgate.readers.csvtable.CsvTable` turns it into file, line and column.
     """
 
     def __init__(self, row: int, value: object, expected: str) -> None:
@@ -75,7 +75,7 @@ def _decimal_text_to_int(col: ArrowColumn, decimals: int) -> ArrowColumn:
 
 
 def _fixed_decimal(col: ArrowColumn, decimals: int) -> ArrowColumn | None:
-    """The usual case: every cell printed with one layout (:mod:`memgate.numtext`)."""
+    """The usual case: every cell printed with one layout (:mod:`memgate.readers.numtext`)."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     done = []
     for chunk in chunks:

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from memgate import convert
 from memgate.errors import InputError
-from memgate.numtext import proven_valid
+from memgate.readers import convert
+from memgate.readers.numtext import proven_valid
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
 _ARROW_ROW = re.compile(r"Row #(\d+)")

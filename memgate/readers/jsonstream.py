@@ -21,9 +21,9 @@ from typing import IO, Any
 import ijson
 import numpy as np
 
-from memgate import limits
-from memgate.csvtable import check_readable
 from memgate.errors import InputError
+from memgate.readers import limits
+from memgate.readers.csvtable import check_readable
 
 # Past this size a syntax error names the element index only: locating it means json.loads of the
 # whole file, whose objects take ~10x the file's size.

@@ -18,7 +18,7 @@ environment (the CLI's ``--max-file-size`` and the plugin's ``--memgate-max-file
   for an 8 GiB memo. Enforced on Linux (``RLIMIT_AS`` while the pickle loads).
 
 Loaders check the file size before reading (:func:`check_file_size`) and the row count after
-parsing (:func:`check_rows`); :func:`read_csv` does both around :func:`memgate.csvtable.read_csv`.
+parsing (:func:`check_rows`); :func:`read_csv` does both around :func:`memgate.readers.csvtable.read_csv`.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memgate.csvtable import Converter, CsvTable
-from memgate.csvtable import read_csv as _read_csv
 from memgate.errors import ConfigError, InputError
+from memgate.readers.csvtable import Converter, CsvTable
+from memgate.readers.csvtable import read_csv as _read_csv
 from memgate.sizes import format_size, parse_size
 
 FILE_BYTES_ENV = "MEMGATE_MAX_FILE_BYTES"
 ROWS_ENV = "MEMGATE_MAX_ROWS"
-PICKLE_BYTES_ENV = "MEMGATE_MAX_PICKLE_BYTES"  # the same variable memgate.safepickle reads
+PICKLE_BYTES_ENV = "MEMGATE_MAX_PICKLE_BYTES"  # the same variable memgate.readers.safepickle reads
 DEFAULT_MAX_FILE_BYTES = 64 << 30
 DEFAULT_MAX_ROWS = 2_000_000_000
 DEFAULT_MAX_PICKLE_BYTES = 2 << 30
@@ -142,7 +142,7 @@ def check_rows(path: Path, rows: int, *, what: str = "rows", column: str | None 
 
 
 def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None) -> CsvTable:
-    """:func:`memgate.csvtable.read_csv` between the size check and the row check."""
+    """:func:`memgate.readers.csvtable.read_csv` between the size check and the row check."""
     check_file_size(path)
     table = _read_csv(path, schema, columns)
     check_rows(path, table.num_rows)

@@ -34,8 +34,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate.csvtable import re2_pattern
 from memgate.errors import InputError
+from memgate.readers.csvtable import re2_pattern
 
 Where = Callable[[int], str]  # record index -> JSON path of the record, e.g. "device_traces[0][12]"
 

@@ -12,7 +12,7 @@ container per 16 to 270 bytes. What no count of objects sees is the unpickler's 
 array as long as the largest index a ``PUT`` names, so ``LONG_BINPUT 2**29`` in a 9-byte file zero-fills
 8 GiB. The address space the load may add is therefore capped too (Linux), and an allocation past it
 is an InputError. Each cap has an override for legitimately huge or unusual snapshots
-(:mod:`memgate.limits`).
+(:mod:`memgate.readers.limits`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import pickle
 from pathlib import Path
 from typing import Any, cast
 
-from memgate import limits
 from memgate.errors import InputError, cannot_read
-from memgate.memory import address_space_capped, collector_paused
+from memgate.readers import limits
+from memgate.readers.memory import address_space_capped, collector_paused
 from memgate.sizes import format_size
 
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB: a snapshot with 10^6 trace entries and full stacks is ~1 GiB

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from memgate.csvtable import check_readable
 from memgate.errors import InputError, cannot_read
-from memgate.limits import check_file_size, check_rows
+from memgate.readers.csvtable import check_readable
+from memgate.readers.limits import check_file_size, check_rows
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_SIZE = 100
