@@ -147,7 +147,8 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
             allocated = allocated - carried
     elif component is not None:
         raise_missing = f"no {component!r} series on {device.device} (has: {', '.join(sorted(device.series)) or 'none'})"
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes"):
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes", "fragmentation",
+                    "external_fragmentation"):
             missing[key] = raise_missing
         times = allocated = reserved = np.array([], dtype=np.int64)
         source = None
@@ -183,7 +184,8 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     elif "peak_reserved_bytes" not in missing:
         missing["peak_reserved_bytes"] = f"the {name or 'framework'} data has no reserved totals"
 
-    pools = {pool: measured for pool in pool_components(device, component)
+    judged_pools = [] if component is not None and name is None else pool_components(device, component)
+    pools = {pool: measured for pool in judged_pools
              if (measured := pool_metrics(device.series[pool].frame)) is not None}
     pool_of: dict[str, str] = {}
     for key in ("fragmentation", "external_fragmentation"):
@@ -194,8 +196,9 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
             if judged[worst] > 0:  # a pool is named only where one is worse than the others
                 pool_of[key] = worst
         elif key not in missing:
-            missing[key] = ("no allocator pool with both allocated and reserved totals (fragmentation is judged per "
-                            "pool: PTA, GE, MindSpore, the caching allocator, an msMemScope pool)")
+            missing[key] = (f"the {component!r} series has no allocated and reserved totals" if component is not None
+                            else "no allocator pool with both allocated and reserved totals (fragmentation is judged "
+                                 "per pool: PTA, GE, MindSpore, the caching allocator, an msMemScope pool)")
     if "fragmentation" in pool_of and pools[pool_of["fragmentation"]].reserved_before_window:
         notes["fragmentation"] = (f"{pool_of['fragmentation']} reserved is at its maximum from its first sample: "
                                   "the value reflects memory reserved before the window")

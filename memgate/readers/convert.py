@@ -7,6 +7,8 @@ exactly (torch_npu writes ``bytes / 1024**2``), so ``round(value * unit)`` recov
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -15,7 +17,7 @@ import pyarrow.compute as pc
 from memgate.errors import InputError
 from memgate.readers.numtext import fixed_column
 
-ArrowColumn = pa.Array | pa.ChunkedArray
+ArrowColumn: TypeAlias = "pa.Array | pa.ChunkedArray"
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
 _INT64_MAX = 2**63 - 1
 

@@ -31,7 +31,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
         trim = ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         return None
-    return trim  # type: ignore[no-any-return]
+    return trim
 
 
 def release_free_memory() -> None:
