@@ -205,11 +205,194 @@ def record_isolated(jobs: Sequence[tuple[str | Path, Loop]], *, timeout: float =
         raise RuntimeError(f"recording failed (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
 
 
+# Two profiling sessions in one process (see record_two_sessions): odd sizes, none a multiple of 512,
+# none equal to a tensor of the model, so each is recognisable in a trace; their sum is 357_350.
+STALE_SIZES = (100_003, 7_001, 333, 250_013)
+HOLD_BYTES = 123_457  # the second session's one in-window buffer
+
+
+def record_two_sessions(first: str | Path, second: str | Path, stale_sizes: Sequence[int] = STALE_SIZES,
+                        hold_bytes: int = HOLD_BYTES, *, seed: int = 0) -> None:
+    """Profile the same training loop twice, one session after the other, in this process.
+
+    Each iteration is self-contained: ``train_step`` runs forward, loss, backward and the optimizer
+    step, then ``zero_grad(set_to_none=True)`` and returns, so that nothing it allocated outlives
+    it; only the SGD momentum buffers, created in iteration 0 of the first session (a wait
+    iteration, before any window), and what the loop below keeps on purpose survive an iteration.
+
+    First session, ``schedule(wait=1, warmup=1, active=3)``: ProfilerStep#2..#4. The last active
+    iteration (#4) also allocates one ``torch.empty(n, dtype=torch.uint8)`` per ``stale_sizes``
+    entry and keeps them in a list, which is dropped after the profiler stopped: the reporter never
+    hears of those frees, so its running total keeps ``sum(stale_sizes)`` and its table keeps their
+    addresses (freed memory, not live). One unprofiled iteration follows (training goes on).
+
+    Second session, a new profiler object, ``schedule(wait=1, warmup=1, active=4)``: its steps are
+    numbered from 0 again, ProfilerStep#2..#5. Iteration 3 allocates a ``hold_bytes`` buffer before
+    its train_step and drops it after: the window's peak is in #3, ``hold_bytes`` above the peak
+    of a plain step. No block allocated before this window is freed inside it (every iteration
+    frees what it allocates), so no free in the window can hit a stale address of the table.
+    """
+    import torch
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=False)
+    x = torch.randn(BATCH, IN_FEATURES)
+    y = torch.randint(0, CLASSES, (BATCH,))
+
+    def train_step() -> float:
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.item())
+
+    def session(path: Path, active: int, body: Any) -> None:
+        def ready(p: Any) -> None:
+            p.export_chrome_trace(str(path))
+
+        sched = schedule(wait=1, warmup=1, active=active, repeat=1)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=False, schedule=sched,
+                     on_trace_ready=ready) as prof:
+            for i in range(2 + active):
+                body(i)
+                prof.step()
+        if not path.is_file():
+            raise RuntimeError(f"torch.profiler wrote no trace to {path} (on_trace_ready not called)")
+
+    kept: list[Any] = []
+
+    def first_body(i: int) -> None:
+        train_step()
+        if i == 4:  # the last active iteration
+            kept.extend(torch.empty(n, dtype=torch.uint8) for n in stale_sizes)
+
+    def second_body(i: int) -> None:
+        held = torch.empty(hold_bytes, dtype=torch.uint8) if i == 3 else None
+        train_step()
+        del held
+
+    session(Path(first), 3, first_body)
+    kept.clear()  # freed while no profiler records
+    train_step()  # unprofiled: the reporter neither adds nor forgets anything
+    session(Path(second), 4, second_body)
+
+
+# record_stale_reuse: a buffer above glibc's largest mmap threshold (32 MiB on 64-bit), so that malloc
+# always maps it on its own and unmaps it on free: the next block of (about) its size gets its address.
+BIG_STALE = 40_000_003
+BIG_REUSE = BIG_STALE + 2  # the block that gets the stale address: not the same size
+SMALL_STALE = 1_001
+WINDOW_BUFFER = 5_003
+
+
+def record_stale_reuse(first: str | Path, second: str | Path) -> bool:
+    """Two sessions in this process where a block allocated between them lands on a stale address.
+
+    First session (no schedule): keeps ``BIG_STALE`` and ``SMALL_STALE`` byte buffers, dropped after
+    it stopped (both stay in the reporter's table and total). Between the sessions, unprofiled, a
+    ``BIG_REUSE`` byte buffer is allocated: it gets the big stale buffer's address (returns whether
+    it did). Second session: allocates ``WINDOW_BUFFER`` bytes, drops the pre-window buffer, drops
+    its own buffer. The reporter finds the pre-window buffer's address in its table and reports
+    its free, with the size the table holds for that address: ``-BIG_STALE``.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def session(path: Path, body: Any) -> None:
+        def ready(p: Any) -> None:
+            p.export_chrome_trace(str(path))
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, on_trace_ready=ready):
+            body()
+
+    kept: list[Any] = []
+    session(Path(first), lambda: kept.extend(torch.empty(n, dtype=torch.uint8) for n in (BIG_STALE, SMALL_STALE)))
+    stale_address = kept[0].data_ptr()
+    kept.clear()
+    pre = [torch.empty(BIG_REUSE, dtype=torch.uint8)]
+    reused = pre[0].data_ptr() == stale_address
+
+    def second_body() -> None:
+        own = torch.empty(WINDOW_BUFFER, dtype=torch.uint8)
+        pre.clear()
+        del own
+
+    session(Path(second), second_body)
+    return reused
+
+
+CALLS: dict[str, Any] = {"record_two_sessions": record_two_sessions, "record_stale_reuse": record_stale_reuse}
+
+
+def call_isolated(calls: Sequence[tuple[str, dict[str, Any]]], *, timeout: float = 300) -> list[Any]:
+    """Run each ``(name, kwargs)`` of :data:`CALLS` in a process of its own that never profiled before
+    (a fork of one helper interpreter that imported torch once, as :func:`record_isolated` does);
+    their results (JSON values), in order."""
+    payload = json.dumps([[name, kwargs] for name, kwargs in calls])
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calls"], input=payload,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"recording failed (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    results = [json.loads(line[len(_RESULT):]) for line in done.stdout.splitlines() if line.startswith(_RESULT)]
+    if len(results) != len(calls):
+        raise RuntimeError(f"{len(results)} results for {len(calls)} calls:\n{done.stdout}\n{done.stderr}")
+    return results
+
+
+_RESULT = "torchloops-result: "
+
+
+def _call_forked(name: str, kwargs: dict[str, Any]) -> int:
+    """Run one call of :data:`CALLS` in a forked child (where fork exists, else in an interpreter of
+    its own); the child prints its result. The child's exit code."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not hasattr(os, "fork"):
+        one = json.dumps([[name, kwargs]])
+        return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calls"], input=one, text=True,
+                              check=False).returncode
+    pid = os.fork()
+    if pid == 0:  # the child: run, and leave without running the parent's cleanup
+        code = 0
+        try:
+            print(_RESULT + json.dumps(CALLS[name](**kwargs)))
+        except BaseException:  # noqa: BLE001  (whatever happens, the child must not return into the loop)
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
 def _loop_from_json(doc: dict[str, Any]) -> Loop:
     return Loop(**{**doc, "cache_iterations": tuple(doc["cache_iterations"])})
 
 
 def _main(argv: list[str]) -> int:
+    if argv[1:2] == ["--calls"]:
+        calls = json.loads(sys.stdin.read())
+        if len(calls) == 1:  # a process of its own already
+            [[name, kwargs]] = calls
+            print(_RESULT + json.dumps(CALLS[name](**kwargs)))
+            return 0
+        # Imported once here; each fork starts with them loaded.
+        import torch
+        import torch._dynamo
+        import torch.optim
+        import torch.profiler
+
+        for name, kwargs in calls:
+            if _call_forked(name, kwargs) != 0:
+                print(f"{name}({kwargs}) failed", file=sys.stderr)
+                return 1
+        return 0
     jobs = [(path, _loop_from_json(doc)) for path, doc in json.loads(sys.stdin.read())]
     if argv[1:2] == ["--here"]:  # one interpreter per job (no fork)
         for path, loop in jobs:
