@@ -398,29 +398,31 @@ def _step_growth(
         numbers = ", ".join(str(int(n)) for n in timed["step"])
         return None, (f"no allocator sample falls inside any step ({numbers}): the memory rows and the step "
                       "records do not overlap (were both recorded in the same run and profiling window?)")
-    floors = step_floors(counted, times, allocated)
-    floors = floors[floors >= 0]
+    floors, sampled = step_floors(counted, times, allocated)
+    floors = floors[sampled]
     if len(floors) < MIN_GROWTH_STEPS:
         return None, (f"only {len(floors)} of {len(counted)} counted steps have an allocator sample in or before "
                       f"them; step_growth needs {MIN_GROWTH_STEPS}")
     return persistent_growth(floors), None
 
 
-def step_floors(steps: pd.DataFrame, times: np.ndarray, allocated: np.ndarray) -> np.ndarray:
+def step_floors(steps: pd.DataFrame, times: np.ndarray, allocated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each step's floor: the lowest allocated level during it, counting the level it starts at.
 
     Levels are taken after every event of an instant (rows between the events of one instant are in
-    an order the writer chose, no real moment). -1 for a step with no sample in or before it.
+    an order the writer chose, no real moment). Returns (floors, sampled): a step with no sample in or
+    before it has no floor.
     """
     last_of_instant = np.append(times[1:] != times[:-1], True)
     times, allocated = times[last_of_instant], allocated[last_of_instant]
     first = np.searchsorted(times, steps["t_start"].to_numpy(dtype=np.int64), side="right") - 1
     stop = np.searchsorted(times, steps["t_end"].to_numpy(dtype=np.int64), side="right")
-    floors = np.full(len(first), -1, dtype=np.int64)
+    floors = np.zeros(len(first), dtype=np.int64)
+    sampled = np.zeros(len(first), dtype=bool)
     for i, (lo, hi) in enumerate(zip(np.maximum(first, 0).tolist(), stop.tolist())):
         if hi > lo:
-            floors[i] = int(allocated[lo:hi].min())
-    return floors
+            floors[i], sampled[i] = int(allocated[lo:hi].min()), True
+    return floors, sampled
 
 
 def persistent_growth(floors: np.ndarray) -> int:
