@@ -1,7 +1,7 @@
 """Budget markers next to model tests.
 
-`pytest --memgate=profiles` (from this folder) also gates every profile under ./profiles with the
-budgets of ./memgate.toml; the markers below gate single tests.
+`pytest --memgate` (from this folder) also gates every profile under ./profiles (`profiles` in
+./memgate.toml) with the budgets of ./memgate.toml; the markers below gate single tests.
 """
 
 from __future__ import annotations

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
+import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import jsonschema
 
-from memgate.errors import ConfigError, NotMeasurable
+from memgate.errors import ConfigError, NotMeasurable, NotSelected
 from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile, ProfileInfo
 from memgate.schemas import load_schema
 from memgate.sizes import format_size, parse_size
+from memgate.toml_lines import key_lines, line_of
 
 # Budget key → (metric key in the report, kind)
 LIMITS: dict[str, tuple[str, str]] = {
@@ -62,39 +65,72 @@ class Budget:
                    for g in self.ranks.split(","))
 
 
+class BudgetKeyError(ConfigError):
+    """A ConfigError about one key of a budget entry or marker; ``key`` lets a caller point at its line."""
+
+    def __init__(self, message: str, *, key: str | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.key = key
+
+
+def closest_key(key: str, valid: Iterable[str]) -> str | None:
+    """The valid key a misspelled ``key`` most likely means (difflib), or None."""
+    match = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def unknown_keys_message(unknown: Sequence[str], valid: Iterable[str], what: str = "budget key") -> str:
+    """``unknown budget key 'peak_alocated' (did you mean 'peak_allocated'?)``, one clause per key."""
+    valid = list(valid)
+    parts = []
+    for key in unknown:
+        guess = closest_key(key, valid)
+        parts.append(repr(key) + (f" (did you mean {guess!r}?)" if guess else ""))
+    return f"unknown {what}{'s' if len(parts) > 1 else ''} {', '.join(parts)}"
+
+
 def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str | None = None,
-                        default_leak_horizon: int = 1) -> Budget:
-    """Build a Budget from a budget-file entry or marker keywords, validating every value."""
-    unknown = sorted(set(raw) - MARKER_KEYS)
+                        default_leak_horizon: int = 1, extra_keys: Iterable[str] = ()) -> Budget:
+    """Build a Budget from a budget-file entry or marker keywords, validating every value.
+
+    ``extra_keys``: keys the caller handles itself (a marker's ``profile``): accepted, ignored here.
+    Errors are :class:`BudgetKeyError` naming ``origin`` and the offending key.
+    """
+    known = MARKER_KEYS | set(extra_keys)
+    unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"unknown budget key(s) {', '.join(map(repr, unknown))}", file=origin,
-                          expected="one of " + ", ".join(sorted(MARKER_KEYS)))
+        guessed = all(closest_key(k, known) for k in unknown)  # "did you mean" says it; else list them all
+        raise BudgetKeyError(unknown_keys_message(unknown, known), key=unknown[0], file=origin,
+                             expected=None if guessed else "one of " + ", ".join(sorted(known)))
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name:
-        raise ConfigError("a budget needs a non-empty 'name'", file=origin)
+        raise BudgetKeyError("a budget needs a non-empty 'name'", key="name", file=origin)
     limits: dict[str, int | float] = {}
     for key, (_, kind) in LIMITS.items():
         if key not in raw:
             continue
         value = raw[key]
         if kind == "size":
-            limits[key] = parse_size(value, what=f"{name}.{key}")
+            limits[key] = _parse_size_in(origin, value, f"{name}.{key}", key)
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise ConfigError(f"invalid {name}.{key} {value!r}", file=origin, expected="a ratio between 0 and 1")
+                raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
+                                     expected="a ratio between 0 and 1")
             limits[key] = float(value)
     caps_raw = raw.get("op_caps", {})
     if not isinstance(caps_raw, dict):
-        raise ConfigError(f"invalid {name}.op_caps", file=origin, expected="a table of op-name glob = size")
-    caps = {str(glob): parse_size(size, what=f"{name}.op_caps[{glob!r}]") for glob, size in caps_raw.items()}
+        raise BudgetKeyError(f"invalid {name}.op_caps", key="op_caps", file=origin,
+                             expected="a table of op-name glob = size")
+    caps = {str(glob): _parse_size_in(origin, size, f"{name}.op_caps[{glob!r}]", "op_caps")
+            for glob, size in caps_raw.items()}
     warmup = _steps_count(raw, "warmup_steps", name, origin, default=1, least=0)
     horizon = _steps_count(raw, "leak_horizon_steps", name, origin, default=default_leak_horizon, least=1)
     for key in ("ranks", "devices", "component"):
         if key in raw and not isinstance(raw[key], str):
-            raise ConfigError(f"invalid {name}.{key} {raw[key]!r}", file=origin, expected="a string")
+            raise BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin, expected="a string")
     if not limits and not caps:
-        raise ConfigError(f"budget {name!r} sets no limit", file=origin,
-                          expected="at least one of " + ", ".join([*LIMITS, "op_caps"]))
+        raise BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
+                             expected="at least one of " + ", ".join([*LIMITS, "op_caps"]))
     return Budget(
         name=name,
         limits=limits,
@@ -111,15 +147,16 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
 def _steps_count(raw: dict[str, Any], key: str, name: str, origin: str, *, default: int, least: int) -> int:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"invalid {name}.{key} {value!r}", file=origin, expected=f"an integer >= {least}")
+        raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
+                             expected=f"an integer >= {least}")
     return value
 
 
-def _parse_size_in(origin: str, value: object, what: str) -> int:
+def _parse_size_in(origin: str, value: object, what: str, key: str | None = None) -> int:
     try:
         return parse_size(value, what=what)
     except ConfigError as exc:
-        raise ConfigError(exc.message, file=origin, expected=exc.expected, found=exc.found) from None
+        raise BudgetKeyError(exc.message, key=key, file=origin, expected=exc.expected, found=exc.found) from None
 
 
 @dataclass(frozen=True)
@@ -127,49 +164,104 @@ class BudgetFile:
     path: str | None
     profiles: str | None
     budgets: tuple[Budget, ...]
+    # budget name → budget key (or "" for the entry itself) → 1-based line in the file, where known
+    lines: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def line_of(self, budget: str, key: str = "") -> int | None:
+        """The line declaring ``key`` of budget ``budget`` (an op cap: its glob's line), else the entry's."""
+        declared = self.lines.get(budget, {})
+        return declared.get(key, declared.get(key.split("[")[0], declared.get("")))
 
 
-def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horizon: int = 1) -> BudgetFile:
+Locate = Callable[[Sequence[str | int]], int | None]
+
+
+def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horizon: int = 1,
+                       locate: Locate | None = None) -> BudgetFile:
+    """Validate a budget table; ``locate`` maps a key path in ``table`` to its line for the errors."""
+    def line(*path: str | int) -> int | None:
+        return locate(path) if locate is not None else None
+
+    entries = table.get("budgets", []) if isinstance(table.get("budgets"), list) else []
     # Sizes first: parse_size's message lists the accepted units, the schema's regex would not.
-    for raw in table.get("budgets", []) if isinstance(table.get("budgets"), list) else []:
-        if isinstance(raw, dict):
-            name = raw.get("name", "budget")
-            for key, (_, kind) in LIMITS.items():
-                if kind == "size" and key in raw:
-                    _parse_size_in(origin, raw[key], f"{name}.{key}")
-            if isinstance(raw.get("op_caps"), dict):
-                for glob, size in raw["op_caps"].items():
-                    _parse_size_in(origin, size, f"{name}.op_caps[{glob!r}]")
+    for index, raw in enumerate(entries):
+        if not isinstance(raw, dict):
+            continue
+        name = raw.get("name", "budget")
+        sizes: list[tuple[tuple[str, ...], Any, str]] = [
+            ((key,), raw[key], f"{name}.{key}") for key, (_, kind) in LIMITS.items() if kind == "size" and key in raw]
+        if isinstance(raw.get("op_caps"), dict):
+            sizes += [(("op_caps", glob), size, f"{name}.op_caps[{glob!r}]") for glob, size in raw["op_caps"].items()]
+        for keys, value, what in sizes:
+            try:
+                parse_size(value, what=what)
+            except ConfigError as exc:
+                raise BudgetKeyError(exc.message, key=str(keys[0]), file=origin, line=line("budgets", index, *keys),
+                                     expected=exc.expected, found=exc.found) from None
     validator = jsonschema.Draft202012Validator(load_schema("budgets"))
     error = jsonschema.exceptions.best_match(validator.iter_errors(table))
     if error is not None:
+        path = list(error.absolute_path)
+        message = error.message
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = set(error.schema.get("properties", {}))
+            extra = sorted(k for k in error.instance if k not in allowed)
+            if extra:
+                path.append(extra[0])
+                message = unknown_keys_message(extra, allowed, "key" if len(path) == 1 else "budget key")
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ConfigError(f"invalid budget file at {where}: {error.message}", file=origin)
-    budgets = tuple(budget_from_mapping(raw, origin=origin, default_leak_horizon=default_leak_horizon)
-                    for raw in table.get("budgets", []))
+        raise ConfigError(f"invalid budget file at {where}: {message}", file=origin, line=line(*path))
+    budgets = []
+    for index, raw in enumerate(table.get("budgets", [])):
+        try:
+            budgets.append(budget_from_mapping(raw, origin=origin, default_leak_horizon=default_leak_horizon))
+        except BudgetKeyError as exc:
+            at = line("budgets", index, exc.key) if exc.key is not None else line("budgets", index)
+            raise BudgetKeyError(exc.message, key=exc.key, file=origin, line=at, expected=exc.expected,
+                                 found=exc.found) from None
     names = [b.name for b in budgets]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
+        second = [i for i, n in enumerate(names) if n == duplicates[0]][1]
         raise ConfigError(f"duplicate budget name(s) {', '.join(map(repr, duplicates))}", file=origin,
-                          expected="unique names")
-    return BudgetFile(path=origin, profiles=table.get("profiles"), budgets=budgets)
+                          line=line("budgets", second, "name"), expected="unique names")
+    lines: dict[str, dict[str, int]] = {}
+    for index, (budget, raw) in enumerate(zip(budgets, table.get("budgets", []))):
+        declared = {"": line("budgets", index)}
+        declared.update({key: line("budgets", index, key) for key in raw})
+        declared.update({f"op_caps[{glob}]": line("budgets", index, "op_caps", glob) for glob in budget.op_caps})
+        lines[budget.name] = {k: v for k, v in declared.items() if v is not None}
+    return BudgetFile(path=origin, profiles=table.get("profiles"), budgets=tuple(budgets), lines=lines)
+
+
+_TOML_POSITION = re.compile(r"\(at line (?P<line>[0-9]+), column (?P<column>[0-9]+)\)")
 
 
 def load_budget_file(path: str | os.PathLike[str], *, pyproject_table: bool | None = None,
                      default_leak_horizon: int = 1) -> BudgetFile:
-    """Read budgets from a TOML file: ``[tool.memgate]`` in a pyproject.toml, else the top level."""
+    """Read budgets from a TOML file: ``[tool.memgate]`` in a pyproject.toml, else the top level.
+
+    Every error names the file and, where the offending key is written, its line.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError("budget file not found", file=path)
     try:
-        data = tomllib.loads(path.read_text("utf-8"))
+        text = path.read_text("utf-8")
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML: {exc}", file=path) from None
+        at = _TOML_POSITION.search(str(exc))
+        raise ConfigError(f"invalid TOML: {_TOML_POSITION.sub('', str(exc)).strip()}", file=path,
+                          line=int(at.group("line")) if at else None,
+                          column=f"char {at.group('column')}" if at else None) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read budget file: {exc}", file=path) from None
     is_pyproject = path.name == "pyproject.toml" if pyproject_table is None else pyproject_table
     table = data.get("tool", {}).get("memgate", {}) if is_pyproject else data
-    return parse_budget_table(table, str(path), default_leak_horizon=default_leak_horizon)
+    prefix: tuple[str, ...] = ("tool", "memgate") if is_pyproject else ()
+    declared = key_lines(text)
+    return parse_budget_table(table, str(path), default_leak_horizon=default_leak_horizon,
+                              locate=lambda keys: line_of(declared, (*prefix, *keys)))
 
 
 def find_budget_file(rootdir: Path, *, default_leak_horizon: int = 1) -> BudgetFile | None:
@@ -209,6 +301,8 @@ class Outcome:
                 what = block.get("op") or block.get("owner") or "(no op)"
                 stream = f"  stream {block['stream']}" if block.get("stream") else ""
                 lines.append(f"  {format_size(block['size']):>12}  {what}{stream}")
+                if block.get("stack"):  # the Python functions running at the allocation, innermost first
+                    lines.append(f"  {'':>12}  in {' <- '.join(str(f) for f in block['stack'])}")
         lines.append(self.where)
         return "\n".join(lines)
 
@@ -263,9 +357,8 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     devices = [m for m in cache.get(budget.options)
                if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
     if not devices:
-        raise NotMeasurable(f"no device matches devices={budget.devices!r} (has: "
-                            f"{', '.join(d.device for d in cache.get(budget.options)) or 'none'})",
-                            file=profile.path)
+        raise NotSelected(f"not selected: budget {budget.name!r} selects devices={budget.devices!r}, the profile has "
+                          f"{', '.join(d.device for d in cache.get(budget.options)) or 'none'}", file=profile.path)
     if metric.startswith("op_caps["):
         glob = metric[len("op_caps["):-1]
         limit: int | float = budget.op_caps[glob]

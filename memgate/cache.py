@@ -79,13 +79,20 @@ class InputFile:
 
 
 def input_files(profile_path: Path) -> list[InputFile]:
-    """The files a loader may read: the file itself, or every regular file under the directory.
+    """The files a loader may read: the file itself (and a sqlite db's ``-wal`` / ``-journal``, whose
+    pending changes the db reader applies), or every regular file under the directory.
 
     Symlinks are followed (as discovery follows them), loops are cut, the order is stable.
     """
     st = os.stat(profile_path)
     if not stat.S_ISDIR(st.st_mode):
-        return [InputFile("", profile_path, st.st_size, st.st_mtime_ns, st.st_ino)]
+        single = [InputFile("", profile_path, st.st_size, st.st_mtime_ns, st.st_ino)]
+        for suffix in ("-wal", "-journal"):
+            log = Path(str(profile_path) + suffix)
+            if log.is_file():
+                lst = log.stat()
+                single.append(InputFile(suffix, log, lst.st_size, lst.st_mtime_ns, lst.st_ino))
+        return single
     found: list[InputFile] = []
     seen: set[tuple[int, int]] = set()
     for current, dirs, files in os.walk(profile_path, followlinks=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from memgate.budgets import LIMITS
@@ -13,14 +14,29 @@ def _escape_annotation(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
-def github_annotations(outcomes: list[dict[str, Any]]) -> list[str]:
-    """``::error`` lines for failed and erroring items (GitHub shows them on the run and the PR)."""
+def _property(text: str) -> str:
+    # Workflow-command properties also escape ':' and ','.
+    return _escape_annotation(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotations(outcomes: list[dict[str, Any]], errors: Iterable[dict[str, Any]] = (),
+                       path_of: Callable[[str], str] | None = None) -> list[str]:
+    """``::error`` lines for failed and erroring checks and for errors of their own (a bad marker),
+    on the line that declared them (``declared_in``: the test, or the budget's key in its file)
+    and titled with the test; ``path_of`` makes a declared file relative to the repository."""
     lines = []
-    for o in outcomes:
-        if o.get("passed") is False or o.get("error"):
-            title = f"memgate {o['budget']}::{o['metric']} (rank {o.get('rank', '?')})"
-            lines.append(f"::error title={_escape_annotation(title).replace(',', '%2C').replace(':', '%3A')}::"
-                         f"{_escape_annotation(o.get('error') or o['message'])}")
+    for o in [*[o for o in outcomes if o.get("passed") is False or o.get("error")], *errors]:
+        where = ""
+        declared = o.get("declared_in") or {}
+        if declared.get("file"):
+            where = f"file={_property(path_of(declared['file']) if path_of else declared['file'])},"
+            if declared.get("line"):
+                where += f"line={declared['line']},"
+        if o.get("test"):  # a marker's checks share their test's id: the metric tells them apart
+            title = f"memgate {o['test']}" + (f" {o['metric']}" if o.get("budget") == o["test"] else "")
+        else:
+            title = f"memgate {o.get('budget', '?')}::{o.get('metric', '?')} (rank {o.get('rank', '?')})"
+        lines.append(f"::error {where}title={_property(title)}::{_escape_annotation(o.get('error') or o['message'])}")
     return lines
 
 
@@ -42,21 +58,54 @@ def _cell(metric: str, value: Any) -> str:
     return f"{value:.3f}" if metric_kind(metric) == "ratio" else format_size(value)
 
 
-def step_summary_markdown(outcomes: list[dict[str, Any]]) -> str:
-    """A Markdown table for ``$GITHUB_STEP_SUMMARY``: measured vs limit per rank."""
+PYTEST_ORDER = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """``1 failed, 2 passed, 1 error``: pytest's words, order and plurals, zero counts left out."""
+    parts = []
+    for word in PYTEST_ORDER:
+        n = counts.get(word, 0)
+        if n:
+            parts.append(f"{n} {word}{'s' if word == 'error' and n > 1 else ''}")
+    return ", ".join(parts) or "no tests ran"
+
+
+def step_summary_markdown(outcomes: list[dict[str, Any]], errors: Iterable[dict[str, Any]] = (),
+                          counts: dict[str, int] | None = None) -> str:
+    """A Markdown table for ``$GITHUB_STEP_SUMMARY``: one row per check (measured vs limit), with its
+    test; the heading counts tests as pytest does (``counts``), else checks."""
+    errors = list(errors)
     failed = sum(1 for o in outcomes if o.get("passed") is False)
-    errors = sum(1 for o in outcomes if o.get("error"))
-    head = f"### memgate: {len(outcomes) - failed - errors} passed, {failed} failed, {errors} errors\n\n"
-    rows = ["| result | rank | device | budget | metric | measured | limit |", "|---|---|---|---|---|---|---|"]
+    broken = sum(1 for o in outcomes if o.get("error"))
+    if counts is not None:
+        head = f"### memgate: {counts_text(counts)} ({len(outcomes)} checks)\n\n"
+    else:
+        head = f"### memgate: {len(outcomes) - failed - broken} passed, {failed} failed, {broken} errors\n\n"
+    rows = ["| result | test | rank | device | budget | metric | measured | limit |",
+            "|---|---|---|---|---|---|---|---|"]
     order = {"error": 0, "FAIL": 1, "pass": 2}
+
     def result(o: dict[str, Any]) -> str:
         return "error" if o.get("error") else ("FAIL" if o.get("passed") is False else "pass")
-    for o in sorted(outcomes, key=lambda o: (order[result(o)], str(o.get("rank")), o["budget"], o["metric"])):
+
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|")
+
+    for o in sorted(outcomes, key=lambda o: (order[result(o)], str(o.get("test", "")), str(o.get("rank")),
+                                               o["budget"], o["metric"])):
         icon = {"error": "⚠️ error", "FAIL": "❌ FAIL", "pass": "✅ pass"}[result(o)]
-        metric = o["metric"].replace("|", "\\|")
-        rows.append(f"| {icon} | {o.get('rank', '?')} | {o.get('device') or '–'} | {o['budget']} | `{metric}` | "
-                    f"{_cell(o['metric'], o.get('value'))} | {_cell(o['metric'], o.get('limit'))} |")
-    return head + "\n".join(rows) + "\n"
+        test = f"`{cell(o['test'])}`" if o.get("test") else "–"
+        budget = "marker" if o.get("test") and o["budget"] == o["test"] else o["budget"]
+        rows.append(f"| {icon} | {test} | {o.get('rank', '?')} | {o.get('device') or '–'} | {cell(budget)} | "
+                    f"`{cell(o['metric'])}` | {_cell(o['metric'], o.get('value'))} | {_cell(o['metric'], o.get('limit'))} |")
+    for e in errors:
+        rows.append(f"| ⚠️ error | `{cell(e.get('test') or e.get('item', '?'))}` | – | – | – | – | – | – |")
+    table = "\n".join(rows) + "\n"
+    if errors:
+        table += "\n" + "\n".join(f"- `{cell(e.get('test') or e.get('item', '?'))}`: {e.get('error', '')}"
+                                    for e in errors) + "\n"
+    return head + table
 
 
 def benchmark_export(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from memgate import __version__
 from memgate.errors import ConfigError, MemgateError
 
 if TYPE_CHECKING:
+    from memgate.compare import Regression
     from memgate.metrics import MetricOptions
     from memgate.session import ProfileResult
 
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 # --help and --version answer at once.
 
 EXIT_OK, EXIT_EXCEEDED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+PATH_HELP = "a profile (a *_ascend_pt folder, PROF_* folder, snapshot, trace, dump...) or a folder holding profiles"
+RUN_HELP = "a profile or folder of profiles, or a JSON report / baseline memgate saved"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,36 +51,39 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show progress of loads over ~2 s even when stderr is not a terminal")
     shown.add_argument("--no-progress", action="store_false", dest="progress", help="never show progress")
     p = sub.add_parser("inspect", parents=[loading], help="print the metrics of every profile under PATH")
-    p.add_argument("path")
+    p.add_argument("path", help=PATH_HELP)
     p.add_argument("--json", action="store_true", help="print the JSON report instead of text")
     p.add_argument("--warmup-steps", type=int, default=1, metavar="N",
                    help="timed steps dropped before step_growth and leaked are measured (default 1)")
     p.add_argument("--leak-horizon-steps", type=int, default=1, metavar="N",
                    help="last counted steps whose live blocks count as leak_undetermined, not leaked (default 1)")
     p = sub.add_parser("check", parents=[loading], help="judge every profile under PATH against the budgets")
-    p.add_argument("path", nargs="?", help="profile root (default: 'profiles' from the budget file)")
+    p.add_argument("path", nargs="?", help=PATH_HELP + " (default: 'profiles' of the budget file, relative to it)")
     p.add_argument("--budgets", metavar="FILE", help="memgate.toml or pyproject.toml (default: ./memgate.toml, ./pyproject.toml)")
-    p.add_argument("--json", metavar="FILE", dest="json_out", help="also write the JSON report here")
+    p.add_argument("--json", metavar="FILE", dest="json_out",
+                   help="also write the JSON report to FILE ('-': to stdout, the table then goes to stderr)")
     p = sub.add_parser("validate", parents=[loading], help="validate every profile file under PATH against its schema")
-    p.add_argument("path")
+    p.add_argument("path", help=PATH_HELP)
     p = sub.add_parser("report", parents=[loading], help="write the self-contained HTML report and/or a PNG/SVG of the curves")
-    p.add_argument("path")
-    p.add_argument("--html", metavar="FILE", help="the HTML report (opens offline: no external request)")
-    p.add_argument("--image", metavar="FILE", help="the memory curves as .png or .svg (needs memgate[plot])")
+    p.add_argument("path", help=PATH_HELP)
+    p.add_argument("--html", metavar="FILE", help="the HTML report (opens offline: no external request; '-': to stdout)")
+    p.add_argument("--image", metavar="FILE",
+                   help="the memory curves as .png or .svg (needs memgate[plot]); with several profiles one image "
+                        "each, FILE's name plus the profile's")
     p.add_argument("--budgets", metavar="FILE", help="draw these budgets' limits (default: ./memgate.toml, ./pyproject.toml)")
     p = sub.add_parser("diff", parents=[loading], help="metric and per-operator deltas between two runs (profiles, JSON reports or baselines)")
-    p.add_argument("base")
-    p.add_argument("current")
+    p.add_argument("base", help="the earlier run: " + RUN_HELP)
+    p.add_argument("current", help="the run to judge: " + RUN_HELP)
     p.add_argument("--fail", action="append", default=[], metavar="EXPR",
                    help="exit 1 when a metric grew past EXPR, e.g. peak_allocated:5%%, peak_allocated:2.5%%+256MiB")
-    p.add_argument("--json", action="store_true", help="print the diff as JSON")
-    p.add_argument("--top", type=int, default=10, help="operators listed per change kind (default 10)")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON (to stdout)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="operators listed per change kind (default 10)")
     p = sub.add_parser("suggest", parents=[loading], help="print a [tool.memgate] budget block from the measured values plus headroom")
-    p.add_argument("path")
+    p.add_argument("path", help=RUN_HELP)
     p.add_argument("--headroom", default="10%", metavar="PCT",
                    help="added to every measured value (default 10%%); sizes are rounded up and never below 1 MiB, "
                         "ratios never below 0.010 nor at 1 or more (a limit that cannot fail is left out)")
-    p.add_argument("--name", default="default", help="budget name (default 'default')")
+    p.add_argument("--name", default="default", metavar="NAME", help="budget name (default 'default')")
     return parser
 
 
@@ -151,7 +158,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     from memgate.budgets import find_budget_file, load_budget_file
-    from memgate.report import build_report, summary_table, write_json_atomic
+    from memgate.report import build_report, outcome_labels, outcome_order, profile_label, summary_table
 
     budget_file = load_budget_file(args.budgets) if args.budgets else find_budget_file(Path.cwd())
     if budget_file is None or not budget_file.budgets:
@@ -159,29 +166,47 @@ def _check(args: argparse.Namespace) -> int:
                           expected="[[budgets]] entries in --budgets FILE, ./memgate.toml or [tool.memgate] in ./pyproject.toml")
     root = args.path or budget_file.profiles
     if root is None:
-        raise ConfigError("no profile path", expected="PATH or 'profiles = ...' in the budget file")
+        raise ConfigError("no profile path", file=budget_file.path,
+                          expected="PATH, or 'profiles = \"DIR\"' in the budget file")
     if args.path is None and budget_file.path:
         root = str(Path(budget_file.path).parent / root)
     results = _run(args, root, budget_file.budgets)
-    outcomes = [o for r in results for o in r.outcomes]
+    outcomes = sorted((o for r in results for o in r.outcomes), key=outcome_order)
     errors = _report_errors(results)
+    # With the JSON report on stdout, what people read goes to stderr.
+    out = sys.stderr if args.json_out == "-" else sys.stdout
     for line in summary_table(outcomes):
-        print(line)
-    failed = [o for o in outcomes if o["passed"] is False]
-    for o in failed:
-        print(f"FAILED {o['budget']}::{o['metric']}: {o['message']}")
+        print(line, file=out)
+    labels = outcome_labels(outcomes)
+    for o in outcomes:  # every verdict that is not a pass, explained, in the table's order
+        word = "FAILED" if o["passed"] is False else "ERROR" if o.get("error") else "SKIPPED" if o.get("skipped") else None
+        if word is not None:
+            print(f"{word} {profile_label(o, labels)}::{o['budget']}::{o['metric']}: {o['message']}", file=out)
+    for e in errors:
+        print(f"ERROR {e['profile']}: {e['error']}", file=out)
     if args.json_out:
         entries = [r.entry for r in results if r.entry is not None]
-        try:
-            write_json_atomic(args.json_out, build_report(entries, outcomes, errors))
-        except OSError as exc:
-            raise ConfigError(f"cannot write the JSON report: {exc.strerror or exc}", file=args.json_out,
-                              expected="a writable file path for --json") from None
-    problems = errors + [o for o in outcomes if o.get("error")]
+        _write_json(args.json_out, build_report(entries, outcomes, errors), "the JSON report")
+    problems = [o["error"] for o in outcomes if o.get("error")] + [e["error"] for e in errors]  # as listed
     if problems:
-        print(f"memgate: error: {problems[0]['error']}", file=sys.stderr)
+        more = f" (and {len(problems) - 1} more error(s), each listed above)" if len(problems) > 1 else ""
+        print(f"memgate: error: {problems[0]}{more}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return EXIT_EXCEEDED if failed else EXIT_OK
+    return EXIT_EXCEEDED if any(o["passed"] is False for o in outcomes) else EXIT_OK
+
+
+def _write_json(target: str, data: Any, what: str) -> None:
+    """``-``: stdout; else the file, atomically."""
+    from memgate.report import write_json_atomic
+
+    if target == "-":
+        print(json.dumps(data, indent=2))
+        return
+    try:
+        write_json_atomic(target, data)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {what}: {exc.strerror or exc}", file=target,
+                          expected="a writable file path for --json") from None
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -209,26 +234,42 @@ def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from memgate.compare import baseline_from_entries, compare_entry, diff_entries, diff_text, parse_rule
+    from memgate.compare import compare_pair, diff_entries, diff_text, pair_entries, parse_rule
 
     rules = [parse_rule(r) for r in args.fail]
     base, current = _entries_of(args, args.base), _entries_of(args, args.current)
-    diff = diff_entries(base, current)
-    regressions = []
-    baseline = baseline_from_entries(base)
+    diff = diff_entries(base, current)  # pairs the profiles; an ambiguous pairing is an error here
+    pairs = pair_entries(base, current).pairs
+    labels = {r["profile"]: r["label"] for r in diff["ranks"]}
+    ranks = [e["rank"] for e in current]
+    regressions: list[tuple[dict[str, Any], Regression]] = []
+    errors: list[tuple[dict[str, Any], MemgateError]] = []
     for rule in rules:
-        for entry in current:
-            if entry["rank"] in baseline["profiles"]:
-                regressions.append(compare_entry(entry, baseline, rule))
+        for b, c in pairs:
+            try:
+                regressions.append((current[c], compare_pair(base[b], current[c], rule)))
+            except MemgateError as exc:  # every pair is judged; each error is listed
+                errors.append((current[c], exc))
+
+    def where(entry: dict[str, Any]) -> str:
+        return f"  [{labels[entry['path']]}]" if ranks.count(entry["rank"]) > 1 else ""
+
     if args.json:
-        diff["regressions"] = [r.__dict__ for r in regressions]
+        diff["regressions"] = [r.__dict__ for _, r in regressions]
+        diff["errors"] = [{"profile": e["path"], "error": problem.one_line()} for e, problem in errors]
         print(json.dumps(diff, indent=2))
     else:
         for line in diff_text(diff, top=args.top):
             print(line)
-        for r in regressions:
-            print(("FAILED " if not r.passed else "ok     ") + r.message)
-    return EXIT_EXCEEDED if any(not r.passed for r in regressions) else EXIT_OK
+        for entry, r in regressions:
+            print(("FAILED " if not r.passed else "ok     ") + r.message + where(entry))
+        for _, problem in errors:
+            print(f"ERROR  {problem.one_line()}")
+    if errors:
+        more = f" (and {len(errors) - 1} more error(s), each listed above)" if len(errors) > 1 else ""
+        print(f"memgate: error: {errors[0][1].one_line()}{more}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_EXCEEDED if any(not r.passed for _, r in regressions) else EXIT_OK
 
 
 def _suggest(args: argparse.Namespace) -> int:
@@ -262,19 +303,48 @@ def _report(args: argparse.Namespace) -> int:
     outcomes = [o for r in results for o in r.outcomes]
     # The pictures need the series themselves, not only the metrics: load again here (the first
     # pass may have run in other processes).
-    profiles = [load(found) for found in discover(args.path) if str(found.path) in {e["path"] for e in entries}]
+    paths = {e["path"] for e in entries}
+    profiles = [load(found) for found in discover(args.path) if str(found.path) in paths]
+    said = sys.stderr if "-" in (args.html, args.image) else sys.stdout
     if args.html:
-        write_text_atomic(args.html, render_html(entries, outcomes, profiles, errors=_report_errors(results)))
-        print(f"memgate: HTML report written to {args.html}")
+        page = render_html(entries, outcomes, profiles, errors=_report_errors(results))
+        if args.html == "-":
+            sys.stdout.write(page)
+        else:
+            write_text_atomic(args.html, page)
+            print(f"memgate: HTML report written to {args.html}", file=said)
     if args.image:
-        from memgate.plot import write_curve_image
-
-        if not profiles:
-            raise ConfigError("no loadable profile to draw", file=args.path)
-        by_path = {e["path"]: e for e in entries}
-        write_curve_image(profiles[0], by_path[profiles[0].path], Path(args.image), outcomes=outcomes)
-        print(f"memgate: curves of {profiles[0].path} written to {args.image}")
+        _write_images(Path(args.image), profiles, entries, outcomes, said)
+    for r in results:  # what no picture shows, said by name
+        if r.error is not None and args.image:
+            print(f"memgate: left out of the images: {r.path} (it could not be read)", file=said)
     return _exit_status(results)
+
+
+def _write_images(target: Path, profiles: list[Any], entries: list[dict[str, Any]], outcomes: list[dict[str, Any]],
+                  said: Any) -> None:
+    """One image of one profile at ``target``; of several, one each beside it, named
+    ``{stem}-{profile label}{suffix}``."""
+    from memgate.identity import profile_labels
+    from memgate.plot import write_curve_image
+
+    if not profiles:
+        raise ConfigError("no loadable profile to draw", file=str(target))
+    by_path = {e["path"]: e for e in entries}
+    if len(profiles) == 1:
+        targets = [target]
+    else:
+        labels = profile_labels([p.path for p in profiles])
+        names: list[str] = []
+        for label in labels:
+            name = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "profile"
+            while name in names:  # labels that clean up alike
+                name += "_"
+            names.append(name)
+        targets = [target.with_name(f"{target.stem}-{name}{target.suffix}") for name in names]
+    for profile, path in zip(profiles, targets):
+        write_curve_image(profile, by_path[profile.path], path, outcomes=outcomes)
+        print(f"memgate: curves of {profile.path} written to {path}", file=said)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ baseline saved before a metric existed lacks its key: that metric is left out of
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 from memgate import __version__
 from memgate.budgets import LIMITS
 from memgate.errors import ConfigError, InputError
+from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
 from memgate.sizes import format_size, parse_size
 
 BASELINE_FORMAT = 1
@@ -102,20 +104,43 @@ def parse_rule(text: str) -> CompareRule:
 def comparable_key(entry: dict[str, Any]) -> dict[str, Any]:
     """What must match for two profiles' numbers to be comparable."""
     meta = entry.get("metadata", {}) or {}
-    devices = sorted({d["device"].split(":")[0] for d in entry.get("devices", [])})
-    key: dict[str, Any] = {"format": entry.get("format"), "device_type": ",".join(devices) or None}
+    kinds = device_kinds(str(d["device"]) for d in entry.get("devices", []))
+    key: dict[str, Any] = {"format": entry.get("format"), "device_type": ",".join(kinds) or None}
     for name in COMPARABLE_KEYS[2:]:
         if meta.get(name) is not None:
             key[name] = meta[name]
     return key
 
 
+def pair_entries(base: list[dict[str, Any]], current: list[dict[str, Any]], *,
+                 current_is_whole_run: bool = True) -> Pairing:
+    """Which profile of ``base`` is which of ``current`` (:mod:`memgate.identity`)."""
+    return pair_profiles([ProfileId.of(e) for e in base], [ProfileId.of(e) for e in current],
+                         current_is_whole_run=current_is_whole_run)
+
+
+def _baseline_keys(entries: list[dict[str, Any]]) -> list[str]:
+    """A baseline's keys: the rank where one profile has it (readable, and what baselines of one
+    profile per rank always used), else rank and the profile's path below the others'."""
+    ranks = [str(e["rank"]) for e in entries]
+    labels = profile_labels([str(e["path"]) for e in entries])
+    keys: list[str] = []
+    for rank, label in zip(ranks, labels):
+        key = rank if ranks.count(rank) == 1 else f"{rank}:{label}"
+        while key in keys:  # the same path twice (two reports merged): never overwrite
+            key += "+"
+        keys.append(key)
+    return keys
+
+
 def baseline_from_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """Every metric of every device (all of LIMITS' keys, op_max_block_bytes), and the pool each
-    per-pool metric comes from; ``top_at_peak`` is left out (it is who held the peak, not a number)."""
+    per-pool metric comes from; ``top_at_peak`` is left out (it is who held the peak, not a number).
+    Each profile keeps its rank, format and path, by which a later run's profile finds it."""
     profiles: dict[str, Any] = {}
-    for entry in entries:
-        profiles[entry["rank"]] = {
+    for key, entry in zip(_baseline_keys(entries), entries):
+        profiles[key] = {
+            "rank": str(entry["rank"]),
             "path": entry["path"],
             "key": comparable_key(entry),
             "devices": {
@@ -130,18 +155,24 @@ def baseline_from_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratchet(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Keep, per rank/device/metric, the better (smaller) of the old and new baseline values.
+    """Keep, per profile/device/metric, the better (smaller) of the old and new baseline values.
 
-    A per-pool metric keeps the pool of the value kept. A key the old baseline lacks (saved before
-    memgate measured it) takes the new value.
+    Profiles pair as in every comparison (:mod:`memgate.identity`). A per-pool metric keeps the
+    pool of the value kept. A key the old baseline lacks (saved before memgate measured it) takes
+    the new value.
     """
     merged: dict[str, Any] = json.loads(json.dumps(new))
-    for rank, profile in merged["profiles"].items():
-        before = old.get("profiles", {}).get(rank)
-        if before is None or before.get("key") != profile.get("key"):
+    old_entries, new_entries = baseline_entries(old), baseline_entries(merged)
+    new_keys = list(merged["profiles"])
+    for b, c in pair_entries(old_entries, new_entries).pairs:
+        before, profile = old_entries[b]["baseline"], merged["profiles"][new_keys[c]]
+        if before.get("key") != profile.get("key"):
             continue
-        for device, values in profile["devices"].items():
-            old_device = before.get("devices", {}).get(device, {})
+        devices = list(profile["devices"])
+        for old_name, name in pair_devices(list(before.get("devices", {})), devices):
+            if old_name is None or name is None:
+                continue
+            values, old_device = profile["devices"][name], before["devices"][old_name]
             old_metrics = old_device.get("metrics", {})
             pools = values.setdefault("pool_of", {})
             for key, value in values["metrics"].items():
@@ -184,13 +215,22 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
 
 
 def baseline_entries(baseline: dict[str, Any]) -> list[dict[str, Any]]:
-    """A baseline's profiles as report-shaped entries (for :func:`diff_entries`), pools included."""
+    """A baseline's profiles as report-shaped entries (for :func:`diff_entries`), pools included.
+    ``key`` is the stored comparability key; ``baseline`` the stored record itself."""
     return [
-        {"rank": rank, "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
+        {"rank": str(p.get("rank", key)), "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
+         "key": p.get("key", {}), "baseline": p,
          "devices": [{"device": d, "metrics": v.get("metrics", {}), "pool_of": v.get("pool_of") or {}}
                      for d, v in p.get("devices", {}).items()]}
-        for rank, p in baseline["profiles"].items()
+        for key, p in baseline["profiles"].items()
     ]
+
+
+class NotInBaseline(ConfigError, KeyError):
+    """No profile of the baseline pairs with this one: the missing-baseline policy applies."""
+
+    def __str__(self) -> str:
+        return self.one_line()
 
 
 class MetricNotInBaseline(ConfigError, KeyError):
@@ -216,6 +256,7 @@ class Regression:
     message: str
     pool: str | None = None  # per-pool metrics: the pool of the current value
     base_pool: str | None = None  # and of the baseline value, when the baseline names it
+    profile: str | None = None  # the current profile's path
 
 
 def _fmt(metric: str, value: float) -> str:
@@ -231,53 +272,70 @@ def _pool_text(now: str | None, then: str | None) -> str:
 
 
 def compare_entry(entry: dict[str, Any], baseline: dict[str, Any], rule: CompareRule) -> Regression:
-    """Judge one profile entry against the baseline under ``rule``; raise on incomparable input.
+    """Judge one profile entry against its pair in the baseline under ``rule``; raise on
+    incomparable input.
 
-    KeyError: the rank is not in the baseline; :class:`MetricNotInBaseline`: the baseline predates
-    the rule's metric; ConfigError: the runs are not comparable or the metric is measured in
-    neither run on a common device.
+    :class:`NotInBaseline` (a KeyError): no baseline profile pairs with it; :class:`MetricNotInBaseline`:
+    the baseline predates the rule's metric; :class:`~memgate.errors.AmbiguousProfiles`: only pids or
+    timestamps tell the baseline's profiles apart; ConfigError: the runs are not comparable or the
+    metric is measured in neither run on a common device.
     """
+    base = baseline_entries(baseline)
+    pairing = pair_entries(base, [entry], current_is_whole_run=False)
+    if not pairing.pairs:
+        raise NotInBaseline(f"rank {entry['rank']} ({entry.get('format')}) has no profile in the baseline to compare "
+                            "with", file=entry.get("path"))
+    ((b, _),) = pairing.pairs
+    return compare_pair(base[b], entry, rule)
+
+
+def compare_pair(base: dict[str, Any], entry: dict[str, Any], rule: CompareRule) -> Regression:
+    """Judge ``entry`` against the baseline profile it pairs with (an entry of
+    :func:`baseline_entries`, or of a JSON report)."""
     rank = entry["rank"]
-    base_profile = baseline["profiles"].get(rank)
-    if base_profile is None:
-        raise KeyError(rank)
-    key_now, key_then = comparable_key(entry), base_profile.get("key", {})
+    key_now, key_then = comparable_key(entry), base.get("key") or comparable_key(base)
     mismatched = [k for k in sorted(set(key_now) | set(key_then)) if key_now.get(k) != key_then.get(k)]
     if mismatched:
         details = ", ".join(f"{k}: baseline {key_then.get(k)!r}, now {key_now.get(k)!r}" for k in mismatched)
         raise ConfigError(f"rank {rank}: not comparable with the baseline ({details}); save a new baseline "
                           "for this configuration")
     metric_key = LIMITS[rule.metric][0]
-    base_devices: dict[str, Any] = base_profile.get("devices", {})
-    common = [(device, base_devices[device["device"]]) for device in entry["devices"] if device["device"] in base_devices]
+    base_devices = {str(d["device"]): d for d in base.get("devices", [])}
+    now_devices = {str(d["device"]): d for d in entry["devices"]}
+    common = [(now_devices[now], base_devices[then])
+              for then, now in pair_devices(list(base_devices), list(now_devices)) if then is not None and now is not None]
     if common and all(metric_key not in (then.get("metrics") or {}) for _, then in common):
         raise MetricNotInBaseline(f"rank {rank}: the baseline has no {rule.metric} (saved by a memgate that did not "
                                   f"measure it); nothing compared — save a new baseline to compare {rule.metric}")
     worst: tuple[float, dict[str, Any], dict[str, Any], int | float, int | float] | None = None
     for device, then in common:
         value = device["metrics"].get(metric_key)
-        base = (then.get("metrics") or {}).get(metric_key)
-        if value is None or base is None:
+        then_value = (then.get("metrics") or {}).get(metric_key)
+        if value is None or then_value is None:
             continue
-        margin = value - rule.allowed(base)
+        margin = value - rule.allowed(then_value)
         if worst is None or margin > worst[0]:
-            worst = (margin, device, then, base, value)
+            worst = (margin, device, then, then_value, value)
     if worst is None:
-        raise ConfigError(f"rank {rank}: {rule.metric} is measured in neither run on a common device")
-    _, device, then, base, value = worst
-    allowed = rule.allowed(base)
+        why = next((d.get("not_measurable", {}).get(metric_key) for d, _ in common
+                    if d.get("not_measurable", {}).get(metric_key)), None)
+        raise ConfigError(f"rank {rank}: {rule.metric} is measured in neither run on a common device"
+                          + (f" (now: {why})" if why else ""), file=entry.get("path"))
+    _, device, then, base_value, value = worst
+    allowed = rule.allowed(base_value)
     passed = value <= allowed
-    growth = value - base
-    pct = f" ({growth / base * 100:+.1f}%)" if base else ""
+    growth = value - base_value
+    pct = f" ({growth / base_value * 100:+.1f}%)" if base_value else ""
     change = f"{_signed(metric_kind(rule.metric), growth)}{pct}"
     if passed:
-        head = f"{rule.metric} {_fmt(rule.metric, value)} vs baseline {_fmt(rule.metric, base)}: {change}"
+        head = f"{rule.metric} {_fmt(rule.metric, value)} vs baseline {_fmt(rule.metric, base_value)}: {change}"
     else:
-        head = f"{rule.metric} {_fmt(rule.metric, value)} exceeds baseline {_fmt(rule.metric, base)} by {change.lstrip('+')}"
+        head = f"{rule.metric} {_fmt(rule.metric, value)} exceeds baseline {_fmt(rule.metric, base_value)} by {change.lstrip('+')}"
     pool = (device.get("pool_of") or {}).get(metric_key)
     base_pool = (then.get("pool_of") or {}).get(metric_key)
     message = f"{head}, allowed {rule.describe()} — rank {rank} {device['device']}{_pool_text(pool, base_pool)}"
-    return Regression(rank, rule.metric, base, value, allowed, passed, device["device"], message, pool, base_pool)
+    return Regression(rank, rule.metric, base_value, value, allowed, passed, device["device"], message, pool, base_pool,
+                      profile=entry.get("path"))
 
 
 # ---- diff ---------------------------------------------------------------------------------------
@@ -302,39 +360,63 @@ def _metric_rows(before: dict[str, Any], now: dict[str, Any]) -> dict[str, dict[
     return rows
 
 
+def _device_diff(before: dict[str, Any], dev: dict[str, Any]) -> dict[str, Any]:
+    ops_a = before["metrics"].get("op_max_block_bytes") or {}
+    ops_b = dev["metrics"].get("op_max_block_bytes") or {}
+    grew = sorted(((op, ops_a[op], ops_b[op]) for op in ops_b if op in ops_a and ops_b[op] > ops_a[op]),
+                  key=lambda t: (t[1] - t[2], t[0]))
+    shrank = sorted(((op, ops_a[op], ops_b[op]) for op in ops_b if op in ops_a and ops_b[op] < ops_a[op]),
+                    key=lambda t: (t[2] - t[1], t[0]))
+    metrics = _metric_rows(before, dev)
+    out = {
+        "device": dev["device"],
+        "metrics": metrics,
+        "ops_grew": [{"op": o, "base": a, "current": b, "delta": b - a} for o, a, b in grew],
+        "ops_shrank": [{"op": o, "base": a, "current": b, "delta": b - a} for o, a, b in shrank],
+        "ops_new": [{"op": o, "current": ops_b[o]} for o in sorted(set(ops_b) - set(ops_a), key=lambda o: -ops_b[o])],
+        "ops_gone": [{"op": o, "base": ops_a[o]} for o in sorted(set(ops_a) - set(ops_b), key=lambda o: -ops_a[o])],
+    }
+    if before["device"] != dev["device"]:
+        out["base_device"] = before["device"]
+    out["changed"] = bool(out["ops_grew"] or out["ops_shrank"] or out["ops_new"] or out["ops_gone"]) or any(
+        row["base"] != row["current"] or row.get("base_pool") != row.get("current_pool") for row in metrics.values())
+    return out
+
+
 def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> dict[str, Any]:
-    """Metric and per-operator deltas of matching (rank, device) pairs."""
-    by_rank = {e["rank"]: e for e in base}
+    """Metric and per-operator deltas of the profiles and devices that pair (:mod:`memgate.identity`).
+
+    ``ranks``: one item per current profile, in its order (``status`` "new profile" where the base
+    has none to pair with); ``missing_profiles``: the base's unpaired ones; ``changed``: whether
+    anything differs at all.
+    """
+    pairing = pair_entries(base, current)
+    base_of = {c: b for b, c in pairing.pairs}
+    labels, base_labels = profile_labels([str(e["path"]) for e in current]), profile_labels([str(e["path"]) for e in base])
     ranks = []
-    for entry in current:
-        old = by_rank.get(entry["rank"])
-        if old is None:
-            ranks.append({"rank": entry["rank"], "status": "new rank", "devices": []})
+    for j, entry in enumerate(current):
+        item: dict[str, Any] = {"rank": entry["rank"], "profile": entry["path"], "label": labels[j]}
+        if j not in base_of:
+            ranks.append({**item, "status": "new profile", "devices": []})
             continue
-        old_devices = {d["device"]: d for d in old["devices"]}
-        devices = []
-        for dev in entry["devices"]:
-            before = old_devices.get(dev["device"])
-            if before is None:
-                devices.append({"device": dev["device"], "status": "new device"})
-                continue
-            ops_a = before["metrics"].get("op_max_block_bytes") or {}
-            ops_b = dev["metrics"].get("op_max_block_bytes") or {}
-            grew = sorted(((op, ops_a[op], ops_b[op]) for op in ops_b if op in ops_a and ops_b[op] > ops_a[op]),
-                          key=lambda t: (t[1] - t[2], t[0]))
-            shrank = sorted(((op, ops_a[op], ops_b[op]) for op in ops_b if op in ops_a and ops_b[op] < ops_a[op]),
-                            key=lambda t: (t[2] - t[1], t[0]))
-            devices.append({
-                "device": dev["device"],
-                "metrics": _metric_rows(before, dev),
-                "ops_grew": [{"op": o, "base": a, "current": b, "delta": b - a} for o, a, b in grew],
-                "ops_shrank": [{"op": o, "base": a, "current": b, "delta": b - a} for o, a, b in shrank],
-                "ops_new": [{"op": o, "current": ops_b[o]} for o in sorted(set(ops_b) - set(ops_a), key=lambda o: -ops_b[o])],
-                "ops_gone": [{"op": o, "base": ops_a[o]} for o in sorted(set(ops_a) - set(ops_b), key=lambda o: -ops_a[o])],
-            })
-        ranks.append({"rank": entry["rank"], "devices": devices})
-    missing = sorted(set(by_rank) - {e["rank"] for e in current})
-    return {"ranks": ranks, "missing_ranks": missing}
+        old = base[base_of[j]]
+        item["base_profile"] = old["path"]
+        old_devices = {str(d["device"]): d for d in old["devices"]}
+        now_devices = {str(d["device"]): d for d in entry["devices"]}
+        devices: list[dict[str, Any]] = []
+        for then, now in pair_devices(list(old_devices), list(now_devices)):
+            if then is None:
+                devices.append({"device": now, "status": "new device"})
+            elif now is None:
+                devices.append({"device": then, "status": "missing device"})
+            else:
+                devices.append(_device_diff(old_devices[then], now_devices[now]))
+        ranks.append({**item, "devices": devices})
+    missing = [{"rank": base[i]["rank"], "profile": base[i]["path"], "label": base_labels[i]} for i in pairing.base_only]
+    changed = bool(missing) or any(r.get("status") or any(d.get("status") or d["changed"] for d in r["devices"])
+                                   for r in ranks)
+    return {"ranks": ranks, "missing_ranks": sorted(m["rank"] for m in missing), "missing_profiles": missing,
+            "changed": changed}
 
 
 _KIND_OF_METRIC = {key: (budget_key, kind) for budget_key, (key, kind) in LIMITS.items()}
@@ -362,15 +444,23 @@ def diff_metric_line(key: str, row: dict[str, Any]) -> str:
 
 def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
     lines = []
+    # Where one rank has several profiles, each header also names its profile.
+    ranks = [r["rank"] for r in diff["ranks"]] + [m["rank"] for m in diff.get("missing_profiles", [])]
+    shared = {r for r in ranks if ranks.count(r) > 1}
+
+    def head(item: dict[str, Any], device: str | None = None) -> str:
+        text = f"rank {item['rank']}" + (f" {device}" if device else "")
+        return text + (f"  [{item['label']}]" if item["rank"] in shared and item.get("label") else "")
+
     for rank in diff["ranks"]:
         if rank.get("status"):
-            lines.append(f"rank {rank['rank']}: {rank['status']} (not in the base)")
+            lines.append(f"{head(rank)}: {rank['status']} (not in the base)")
             continue
         for dev in rank["devices"]:
             if dev.get("status"):
-                lines.append(f"rank {rank['rank']} {dev['device']}: {dev['status']}")
+                lines.append(f"{head(rank, dev['device'])}: {dev['status']}")
                 continue
-            lines.append(f"rank {rank['rank']} {dev['device']}")
+            lines.append(head(rank, dev["device"]))
             for key, m in dev["metrics"].items():
                 if m["base"] is None and m["current"] is None:
                     continue
@@ -381,8 +471,10 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
                 lines.append(f"  new op:  {o['op']} {format_size(o['current'])}")
             for o in dev["ops_gone"][:top]:
                 lines.append(f"  gone op: {o['op']} (was {format_size(o['base'])})")
-    for rank in diff["missing_ranks"]:
-        lines.append(f"rank {rank}: missing from the current run")
+    for missing in diff.get("missing_profiles", [{"rank": r} for r in diff["missing_ranks"]]):
+        lines.append(f"{head(missing)}: missing from the current run")
+    if not diff.get("changed", True):
+        lines.append(f"no change: {len(diff['ranks'])} profile(s) paired, every metric and operator equal")
     return lines
 
 
@@ -422,6 +514,17 @@ def _toml_string(text: str) -> str:
 def _glob_literal(name: str) -> str:
     """An op name as an op_caps glob that matches exactly that name (``*``, ``?``, ``[`` bracketed)."""
     return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
+
+
+_INSTANCE = re.compile(r"_[0-9]+\Z")  # cann::trans_TransData_24: the 24th instance of one kernel
+
+
+def op_globs(ops: dict[str, int]) -> dict[str, int]:
+    """Op caps to suggest: instances of one kernel (``cann::trans_TransData_0``, ``_24``) as one glob
+    (``cann::trans_TransData_*``), other names as themselves; each with the largest block of every
+    op the glob matches, so the cap holds on the profiles it came from."""
+    globs = {(_glob_literal(_INSTANCE.sub("", op)) + "_*") if _INSTANCE.search(op) else _glob_literal(op) for op in ops}
+    return {glob: max(size for op, size in ops.items() if fnmatch.fnmatchcase(op, glob)) for glob in globs}
 
 
 def suggested_size(measured: int, factor: Decimal) -> str:
@@ -489,9 +592,9 @@ def suggest_toml(entries: list[dict[str, Any]], headroom: Decimal, name: str = "
             elif ratio == RATIO_FLOOR:
                 note = f"; {RATIO_FLOOR} is the smallest suggested ratio"
             lines.append(f"{budget_key} = {ratio}  # {measured}{note}")
-    biggest = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    biggest = sorted(op_globs(ops).items(), key=lambda kv: (-kv[1], kv[0]))[:10]
     if biggest:
-        caps = ", ".join(f"{_toml_string(_glob_literal(op))} = \"{suggested_size(size, factor)}\"" for op, size in biggest)
+        caps = ", ".join(f"{_toml_string(glob)} = \"{suggested_size(size, factor)}\"" for glob, size in biggest)
         lines.append(f"op_caps = {{ {caps} }}")
     unmeasured = [k for k in LIMITS if k not in worst]
     if unmeasured:

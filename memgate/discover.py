@@ -2,13 +2,20 @@
 
 Detection goes by file name and header only (FORMATS.md), never by guessing from values.
 Each format registers a :class:`Format` with a ``claims`` test over a path and a ``load``.
+
+Several profiles of one rank under one root are normal (the profiling cycles of one run, jobs of a
+pipeline, runs side by side): each is its own profile, keyed by its path. Two that claim the same rank
+and format *and* whose profiling windows overlap (their profiler_info says when they recorded) look
+like one run's rank twice: a copied folder, or processes that all took the default rank. Both are
+kept and gated, and the collision is stated in each one's ``metadata["notes"]``, never resolved
+silently.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from memgate.errors import InputError, MemgateError, cannot_read
@@ -24,9 +31,13 @@ class Format:
     # The rank a load would report, cheaply (file names, a small JSON), or None when only a load
     # can tell: lets pytest generate items only for the budgets that select a profile's rank.
     rank_hint: Callable[[Path], str | None] | None = None
+    # When the profile recorded, (start, end) in ns since the epoch, cheaply (profiler_info), or None:
+    # two profiles of one rank whose windows overlap are stated as a collision (module docstring).
+    run_window: Callable[[Path], tuple[int, int] | None] | None = None
 
 
-TORCH_NPU = Format("torch_npu", lambda p: p.is_dir() and torch_npu.is_profile_dir(p), torch_npu.load, torch_npu.rank_hint)
+TORCH_NPU = Format("torch_npu", lambda p: p.is_dir() and torch_npu.is_profile_dir(p), torch_npu.load, torch_npu.rank_hint,
+                   torch_npu.run_window)
 FORMATS: list[Format] = [TORCH_NPU]
 
 
@@ -46,15 +57,16 @@ def register(fmt: Format, *, before: str | None = None) -> None:
 class Found:
     path: Path
     format: Format
+    notes: tuple[str, ...] = ()  # what discovery states about this profile (a rank collision)
 
-    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+    def __reduce__(self) -> tuple[object, tuple[str, str, tuple[str, ...]]]:
         # Formats hold plain functions and lambdas: send the name, look it up on the other side.
-        return _found_by_name, (str(self.path), self.format.name)
+        return _found_by_name, (str(self.path), self.format.name, self.notes)
 
 
-def _found_by_name(path: str, format_name: str) -> Found:
+def _found_by_name(path: str, format_name: str, notes: tuple[str, ...] = ()) -> Found:
     _load_plugins()
-    return Found(Path(path), next(f for f in FORMATS if f.name == format_name))
+    return Found(Path(path), next(f for f in FORMATS if f.name == format_name), notes)
 
 
 def _claim(path: Path) -> Format | None:
@@ -122,7 +134,38 @@ def _discover(root: Path) -> list[Found]:
             expected="a *_ascend_pt / *_ascend_ms / PROF_* directory, a snapshot pickle, a Kineto trace "
             "or an msMemScope dump",
         )
-    return found
+    return _note_rank_collisions(found)
+
+
+def _note_rank_collisions(found: list[Found]) -> list[Found]:
+    """Each profile whose rank and format another one claims over an overlapping profiling window gets
+    a note naming the other (module docstring)."""
+    claims: dict[tuple[str, str], list[tuple[int, tuple[int, int]]]] = {}
+    for index, entry in enumerate(found):
+        window = _quietly(entry.format.run_window, entry.path)
+        rank = rank_hint(entry) if window is not None else None
+        if window is not None and rank is not None:
+            claims.setdefault((entry.format.name, rank), []).append((index, window))
+    notes: dict[int, list[str]] = {}
+    for (name, rank), members in claims.items():
+        for i, (a, (a_lo, a_hi)) in enumerate(members):
+            for b, (b_lo, b_hi) in members[i + 1:]:
+                if a_lo <= b_hi and b_lo <= a_hi:
+                    for this, other in ((a, b), (b, a)):
+                        notes.setdefault(this, []).append(
+                            f"rank {rank} ({name}) is also claimed by {found[other].path}, recorded over an "
+                            "overlapping window (the same run's rank twice? a copied folder, or processes that "
+                            "all took the default rank): both are kept, each keyed by its path")
+    return [replace(entry, notes=tuple(notes[i])) if i in notes else entry for i, entry in enumerate(found)]
+
+
+def _quietly(fn: Callable[[Path], tuple[int, int] | None] | None, path: Path) -> tuple[int, int] | None:
+    if fn is None:
+        return None
+    try:
+        return fn(path)
+    except (MemgateError, OSError):
+        return None  # the load will report it
 
 
 def rank_hint(found: Found) -> str | None:
@@ -136,7 +179,11 @@ def rank_hint(found: Found) -> str | None:
 
 
 def load(found: Found) -> Profile:
-    return found.format.load(found.path)
+    profile = found.format.load(found.path)
+    if found.notes:
+        notes = [*profile.metadata.get("notes", []), *found.notes]
+        profile = replace(profile, metadata={**profile.metadata, "notes": notes})
+    return profile
 
 
 _PLUGINS_LOADED = False

@@ -6,6 +6,8 @@ CLI can render the same one-line message: ``memgate: error: FILE:LINE: ...``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from decimal import Decimal
 from pathlib import Path
 
 
@@ -20,14 +22,15 @@ class MemgateError(Exception):
         line: int | None = None,
         column: str | None = None,
         expected: str | None = None,
-        found: str | None = None,
+        found: object = None,
     ) -> None:
         self.message = message
         self.file = str(file) if file is not None else None
         self.line = line
         self.column = column
         self.expected = expected
-        self.found = found
+        # A value (not text) is shown with show(): bounded, and never an error of its own.
+        self.found: str | None = found if found is None or isinstance(found, str) else show(found)
         super().__init__(self.one_line())
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -70,13 +73,103 @@ class NotMeasurable(MemgateError):
     """A budget asks for a metric the profile has no data for."""
 
 
+class NotSelected(NotMeasurable):
+    """A budget selects none of a profile's devices: the check does not apply (a skip, not an error)."""
+
+
+class AmbiguousProfiles(ConfigError):
+    """Profiles of two runs cannot be paired: only pids or timestamps tell some of them apart."""
+
+
 def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, object]) -> MemgateError:
     return cls(message, **fields)
 
 
-def _clip(text: str, limit: int = 80) -> str:
-    text = repr(text) if not text.startswith("'") else text
+FOUND_CHARS = 80  # of a found value in the one-line message
+_BIG_INT_BITS = 256  # ints wider than this are described, not written out (77 digits)
+
+
+def _clip(text: str, limit: int = FOUND_CHARS) -> str:
+    text = show(text, limit) if not text.startswith("'") else text
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Token(str):
+    """Text show() writes as it is (brackets, separators), not a value to render."""
+
+
+def show(value: object, limit: int = FOUND_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a message, built in bounded time and memory
+    and never raising.
+
+    ``repr()`` itself can fail or run away on what a hostile file decodes to: an int of more than
+    4300 digits raises ValueError (``sys.int_max_str_digits``), a list nested a million deep raises
+    RecursionError, a pickle can build a list that contains itself, and a 4 GiB string is copied
+    whole before any cut. Here containers are walked with an explicit stack of iterators and the
+    walk stops once ``limit`` characters are written; a string is cut before it is quoted; an int
+    wider than 256 bits is described by its size.
+    """
+    parts: list[str] = []
+    used = 0
+    stack: list[Iterator[object]] = [iter((value,))]
+    while stack and used <= limit:
+        try:
+            item = next(stack[-1])
+        except StopIteration:
+            stack.pop()
+            continue
+        if type(item) is _Token:
+            text: str = item
+        elif isinstance(item, (set, frozenset)) and not item:
+            text = f"{type(item).__name__}()"
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            text, closing = ("[", "]") if isinstance(item, list) else ("(", ")") if isinstance(item, tuple) else ("{", "}")
+            stack.append(_members(item, ",)" if isinstance(item, tuple) and len(item) == 1 else closing))
+        elif isinstance(item, dict):
+            text = "{"
+            stack.append(_items(item))
+        else:
+            text = _scalar(item, limit)
+        parts.append(text)
+        used += len(text)
+    out = "".join(parts)
+    return out if len(out) <= limit and not stack else out[: max(limit - 3, 0)] + "..."
+
+
+def _members(items: Iterable[object], closing: str) -> Iterator[object]:
+    for i, item in enumerate(items):
+        if i:
+            yield _Token(", ")
+        yield item
+    yield _Token(closing)
+
+
+def _items(mapping: dict[object, object]) -> Iterator[object]:
+    for i, (key, item) in enumerate(mapping.items()):
+        if i:
+            yield _Token(", ")
+        yield key
+        yield _Token(": ")
+        yield item
+    yield _Token("}")
+
+
+def _scalar(value: object, limit: int) -> str:
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        bits = value.bit_length()
+        return repr(value) if bits <= _BIG_INT_BITS else f"<{'negative ' if value < 0 else ''}{bits}-bit integer>"
+    if isinstance(value, (str, bytes, bytearray)):
+        return repr(value[: limit + 1])
+    if isinstance(value, Decimal):
+        digits = len(value.as_tuple().digits)
+        return str(value) if digits <= limit else f"<decimal of {digits} digits>"  # a JSON number's text
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a message must never fail: say what it was instead
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit + 1 else text[: limit + 1]
 
 
 def cannot_read(exc: OSError, path: str | Path, **fields: str) -> InputError:

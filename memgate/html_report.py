@@ -16,6 +16,7 @@ import html
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -185,10 +186,57 @@ def _relative(t_ns: int, t0: int) -> str:
     return f"+{d / factor:.3f} {unit}" if d >= 0 else f"{d / factor:.3f} {unit}"
 
 
+# Times between 2000 and 2100 read as ns since the epoch; others are a writer's own clock (a
+# snapshot's trace index, a trace's relative microseconds).
+_EPOCH_RANGE = (946_684_800 * 10**9, 4_102_444_800 * 10**9)
+
+
+def absolute_time(t_ns: int) -> str:
+    """``2025-01-09 07:48:03.573957920 UTC (1736408883573957920 ns since the epoch)``."""
+    if _EPOCH_RANGE[0] <= t_ns < _EPOCH_RANGE[1]:
+        seconds, ns = divmod(t_ns, 10**9)
+        stamp = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return f"{stamp}.{ns:09d} UTC ({t_ns} ns since the epoch)"
+    return f"t = {t_ns} ns on the writer's clock"
+
+
+def _when(t_ns: int, t0: int | None) -> str:
+    """A time as the page shows it: relative to the profile start, the absolute time on hover."""
+    if t0 is None:
+        return f'<span title="{_e(absolute_time(t_ns))}">{_e(absolute_time(t_ns))}</span>'
+    return f'<span class="time" title="{_e(absolute_time(t_ns))}">{_e(_relative(t_ns, t0))}</span>'
+
+
 # ---- the chart ---------------------------------------------------------------------------------
 
 W, H = 1160, 380
-ML, MR, MT, MB = 84, 18, 30, 42  # margins: y labels left, step labels top, x labels bottom
+ML, MR, MT, MB = 84, 250, 30, 42  # margins: y labels left, budget labels right, step labels top, x labels bottom
+LABEL_X = W - MR + 14  # the budget label column, right of the plot: labels never cross a curve or a line
+LABEL_LINE = 13  # px per label line (11 px text)
+LABEL_CHARS = 33  # characters per label line that fit the column (at CHAR_W["label"])
+CHAR_W = {"label": 7.0, "tick": 7.6, "peak": 7.6}  # generous average glyph widths (px) of each text style
+
+
+def _fit(text: str, chars: int = LABEL_CHARS) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+def _stack(wanted: list[float], height: float, top: float, bottom: float, gap: float = 3.0) -> list[float] | None:
+    """Tops of boxes of ``height``, each as near its wanted top as the others allow, none
+    overlapping, all within [top, bottom]; None when they do not fit."""
+    if len(wanted) * (height + gap) - gap > bottom - top:
+        return None
+    order = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    placed = [0.0] * len(wanted)
+    floor = top
+    for i in order:  # downwards: no box above its predecessor's bottom
+        placed[i] = max(wanted[i], floor)
+        floor = placed[i] + height + gap
+    ceiling = bottom
+    for i in reversed(order):  # upwards: no box below the bottom or its successor's top
+        placed[i] = min(placed[i], ceiling - height)
+        ceiling = placed[i] - gap
+    return placed
 
 
 @dataclass(frozen=True)
@@ -212,6 +260,41 @@ def _step_path(xs: np.ndarray, ys: np.ndarray) -> str:
     return "".join(parts)
 
 
+def _budget_labels(drawn: list[BudgetLine], off: list[BudgetLine], axes: _Axes) -> list[str]:
+    """Two-line labels in the column right of the plot, each beside its line (a short leader joins
+    them where labels had to move apart); budgets off the scale at the top. Full text on hover."""
+    items = [(b, float(axes.y(b.limit)), False) for b in drawn] + [(b, float(MT), True) for b in off]
+    height = 2 * LABEL_LINE
+    placed = _stack([y - height / 2 for _, y, _ in items], height, 4.0, float(H - MB))
+    shown = len(items)
+    while placed is None:  # more labels than the column holds: the rest are in the legend
+        shown -= 1
+        placed = _stack([y - height / 2 for _, y, _ in items[:shown]], height, 4.0, float(H - MB - height - 3))
+    out = []
+    for (b, y, off_scale), top in zip(items[:shown], placed):
+        colour = RED if b.exceeded else GREY
+        verdict = "EXCEEDED" if b.exceeded else "within"
+        first = _fit(("↑ " if off_scale else "") + f"{b.budget}: {b.metric}")
+        second = _fit(f"≤ {format_size(b.limit)}" + (" (off scale)" if off_scale else "")
+                      + (" — EXCEEDED" if b.exceeded else ""))
+        base = top + LABEL_LINE - 3
+        leader = "" if off_scale else (
+            f'<line x1="{W - MR:.1f}" y1="{y:.1f}" x2="{LABEL_X - 3:.1f}" y2="{top + height / 2:.1f}" '
+            f'stroke="{colour}" class="leader"/>')
+        out.append(
+            f'<g class="budgetnote"><title>budget {_e(b.budget)}: {_e(b.metric)} limit {b.limit} B '
+            f'({_e(format_size(b.limit))}); this device {_e(_exact(b.value))} — {verdict}'
+            + (" (above the drawn range)" if off_scale else "") + f"</title>{leader}"
+            f'<text x="{LABEL_X}" y="{base:.1f}" fill="{colour}" class="budgetlabel">'
+            f'<tspan x="{LABEL_X}">{_e(first)}</tspan><tspan x="{LABEL_X}" dy="{LABEL_LINE}">{_e(second)}</tspan>'
+            "</text></g>"
+        )
+    if shown < len(items):
+        out.append(f'<text x="{LABEL_X}" y="{H - MB - 3}" class="budgetlabel more">+{len(items) - shown} more '
+                   "budget(s) in the legend</text>")
+    return out
+
+
 def _chart(
     curves: list[Curve],
     spans: list[StepSpan],
@@ -219,7 +302,9 @@ def _chart(
     device_entry: dict[str, Any],
     max_points: int,
 ) -> tuple[str, list[str]]:
-    """(svg markup, legend items)."""
+    """(svg markup, legend items). Every text label has a box of its own: tick labels in the
+    margins, step labels above the plot only where their band is wide enough, budget labels in the
+    column right of the plot, the peak label inside the plot."""
     metrics = device_entry.get("metrics", {})
     peak_value, peak_t = metrics.get("peak_allocated_bytes"), device_entry.get("peak_t_ns")
     times = [c.t_ns[[0, -1]] for c in curves if len(c.t_ns)]
@@ -239,18 +324,20 @@ def _chart(
          f'aria-label="memory curves of {_e(device_entry.get("device"))}">'),
         f'<rect x="{ML}" y="{MT}" width="{W - ML - MR}" height="{H - MT - MB}" class="plot"/>',
     ]
-    # Step bands, under everything else.
+    # Step bands, under everything else; a band's label only where it fits inside the band.
     visible = [s for s in spans if s.t_end >= t0 and s.t_start <= axes.t1]
     if len(visible) <= MAX_STEP_BANDS:
         for i, s in enumerate(visible):
             xa, xb = float(axes.x(max(s.t_start, t0))), float(axes.x(min(s.t_end, axes.t1)))
+            text = f"step {s.step}"
+            fits = xb - xa >= len(text) * CHAR_W["tick"] + 6
             out.append(
                 f'<g class="stepband"><title>step {s.step}: {_e(_relative(s.t_start, t0))} … '
-                f'{_e(_relative(s.t_end, t0))} ({(s.t_end - s.t_start) / 1e6:.3f} ms)</title>'
+                f'{_e(_relative(s.t_end, t0))} ({(s.t_end - s.t_start) / 1e6:.3f} ms) after the profile start; '
+                f'from {_e(absolute_time(s.t_start))} to {_e(absolute_time(s.t_end))}</title>'
                 f'<rect x="{xa:.1f}" y="{MT}" width="{max(xb - xa, 0.5):.1f}" height="{H - MT - MB}" '
                 f'class="band{i % 2}"/>'
-                + (f'<text x="{(xa + xb) / 2:.1f}" y="{MT - 8}" class="steplabel">step {s.step}</text>'
-                   if xb - xa >= 44 else "")
+                + (f'<text x="{(xa + xb) / 2:.1f}" y="{MT - 8}" class="steplabel">{_e(text)}</text>' if fits else "")
                 + "</g>"
             )
     # Grid and axes.
@@ -265,11 +352,14 @@ def _chart(
     tstep = _nice(span_ns / tf / 8)
     k = 0.0
     while k * tf <= span_ns * (1 + 1e-9):
-        x = float(axes.x(t0 + round(k * tf)))
+        t = t0 + round(k * tf)
+        x = float(axes.x(t))
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{H - MB}" y2="{H - MB + 5}" class="axis"/>'
-                   f'<text x="{x:.1f}" y="{H - MB + 18}" class="xlabel">{_tick_label(k, tstep)}</text>')
+                   f'<text x="{x:.1f}" y="{H - MB + 18}" class="xlabel"><title>{_e(absolute_time(t))}</title>'
+                   f"{_tick_label(k, tstep)}</text>")
         k += tstep
-    out.append(f'<text x="{(ML + W - MR) / 2:.0f}" y="{H - 6}" class="xtitle">time since the first sample ({tu})</text>')
+    out.append(f'<text x="{(ML + W - MR) / 2:.0f}" y="{H - 6}" class="xtitle"><title>profile start: '
+               f'{_e(absolute_time(t0))}</title>time since the profile start, its first memory sample ({tu})</text>')
     out.append(f'<line x1="{ML}" x2="{W - MR}" y1="{H - MB}" y2="{H - MB}" class="axis"/>')
     # Curves, step-after, downsampled for drawing only.
     legend: list[str] = []
@@ -280,9 +370,10 @@ def _chart(
         out.append(f'<path class="curve {c.kind}" d="{_step_path(xs, ys)}" stroke="{colour}">'
                    f'<title>{_e(c.label)}: {len(c.values)} samples, {len(idx)} drawn; max '
                    f'{int(c.values.max())} B ({_e(format_size(int(c.values.max())))})</title></path>')
-        legend.append(f'<span class="key"><i style="background:{colour}"></i>{_e(c.label)} '
-                      f'<small>({len(c.values):,} samples, {len(idx):,} drawn; from {_e(c.source or "-")})</small></span>')
-    # Budget lines.
+        legend.append(f'<span class="key" title="{_e(CURVE_HELP[c.kind])}"><i style="background:{colour}"></i>'
+                      f'{_e(c.label)} <small>({len(c.values):,} samples, {len(idx):,} drawn; from '
+                      f'{_e(c.source or "-")})</small></span>')
+    # Budget lines across the plot; their labels in the column to the right.
     for b in drawn_lines:
         y = float(axes.y(b.limit))
         colour = RED if b.exceeded else GREY
@@ -290,41 +381,122 @@ def _chart(
         out.append(
             f'<g class="budget {"exceeded" if b.exceeded else "ok"}"><title>budget {_e(b.budget)}: {_e(b.metric)} '
             f'limit {b.limit} B ({_e(format_size(b.limit))}); this device {_e(_exact(b.value))} — {verdict}</title>'
-            f'<line x1="{ML}" x2="{W - MR}" y1="{y:.1f}" y2="{y:.1f}" stroke="{colour}" class="budgetline"/>'
-            f'<text x="{W - MR - 6}" y="{y - 5:.1f}" fill="{colour}" class="budgetlabel">'
-            f'{_e(b.budget)}: {_e(b.metric)} ≤ {_e(format_size(b.limit))}{" — EXCEEDED" if b.exceeded else ""}</text></g>'
+            f'<line x1="{ML}" x2="{W - MR}" y1="{y:.1f}" y2="{y:.1f}" stroke="{colour}" class="budgetline"/></g>'
         )
-        legend.append(f'<span class="key"><i class="dash" style="border-color:{colour}"></i>budget {_e(b.budget)} '
-                      f'{_e(b.metric)} {_e(format_size(b.limit))}</span>')
-    for i, b in enumerate(off_lines):
+    for b in lines:
         colour = RED if b.exceeded else GREY
-        out.append(f'<text x="{W - MR - 6}" y="{MT + 14 + 14 * i}" fill="{colour}" class="budgetlabel">'
-                   f'<title>{b.limit} B</title>↑ {_e(b.budget)}: {_e(b.metric)} ≤ {_e(format_size(b.limit))} (off scale)</text>')
+        legend.append(f'<span class="key" title="a budget limit: the check fails when this device\'s value is above '
+                      f'it"><i class="dash" style="border-color:{colour}"></i>budget {_e(b.budget)} {_e(b.metric)} '
+                      f'≤ {_e(format_size(b.limit))}{" — EXCEEDED" if b.exceeded else ""}'
+                      + (" (off scale)" if b in off_lines else "") + "</span>")
+    out.extend(_budget_labels(drawn_lines, off_lines, axes))
     # The peak, at its exact value and time (LTTB keeps the argmax, so the curve passes through it).
     if peak_value is not None and peak_t is not None and t0 <= peak_t <= axes.t1:
         px, py = float(axes.x(peak_t)), float(axes.y(peak_value))
         step_no = device_entry.get("peak_step")
         text = f"peak {format_size(peak_value)}" + (f" · step {step_no}" if step_no is not None else "")
-        right = px < W - MR - 260
+        exact = f"({peak_value} B)"
+        width = (len(text) + 1 + len(exact)) * CHAR_W["peak"]
+        right = px + 9 + width <= W - MR or px - 9 - width < ML  # inside the plot, right of the point if it fits
         out.append(
             f'<g class="peak"><title>peak_allocated_bytes = {peak_value} B ({_e(format_size(peak_value))}) at '
-            f'{_e(_relative(peak_t, t0))}' + (f", step {step_no}" if step_no is not None else "") + "</title>"
+            f'{_e(_relative(peak_t, t0))} after the profile start' + (f", step {step_no}" if step_no is not None else "")
+            + f"; {_e(absolute_time(peak_t))}</title>"
             f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{py:.1f}" y2="{H - MB}" class="peakline"/>'
             f'<circle cx="{px:.1f}" cy="{py:.1f}" r="5"/>'
-            f'<text x="{px + (9 if right else -9):.1f}" y="{max(py - 8, MT + 12):.1f}" '
+            f'<text x="{px + (9 if right else -9):.1f}" y="{max(py - 8, MT + 14):.1f}" '
             f'text-anchor="{"start" if right else "end"}" class="peaklabel">{_e(text)} '
-            f'<tspan class="exact">({peak_value} B)</tspan></text></g>'
+            f'<tspan class="exact">{exact}</tspan></text></g>'
         )
     out.append("</svg>")
     return "".join(out), legend
+
+
+# ---- what every figure means (tooltips and notes) -------------------------------------------
+
+CURVE_HELP = {
+    "allocated": "bytes the framework allocator had handed out (the series peak_allocated is measured on)",
+    "reserved": "bytes the framework allocator held from the device, handed out or cached (peak_reserved)",
+    "app_reserved": "bytes the whole process held on the device, as the driver saw it (peak_app_reserved)",
+}
+METRIC_HELP = {
+    "peak_allocated_bytes": "max of the framework series' allocated bytes: what the run needed at its worst moment",
+    "peak_reserved_bytes": "max of the framework series' reserved bytes: what it took from the device",
+    "peak_app_reserved_bytes": "max of the whole-process (APP) reserved bytes: what the device saw the process hold",
+    "fragmentation": "per allocator pool 1 − peak allocated ÷ peak reserved; the worst pool (named)",
+    "external_fragmentation": "per pool, at each growth of reserved: the free share of the pool just before it "
+                              "grew ÷ reserved just after; the largest (0: the pool never grew with memory free)",
+    "step_growth_bytes": "bytes per step of persistent growth over the counted steps (one-time jumps and periodic "
+                         "patterns do not move it)",
+    "leaked_bytes": "bytes of blocks allocated in a counted step (except the last leak_horizon_steps) and never freed",
+    "leak_undetermined_bytes": "bytes allocated in the last leak_horizon_steps counted steps and still live at the end",
+    "allocated_at_dump_bytes": "snapshot: bytes of active blocks when it was dumped",
+    "reserved_at_dump_bytes": "snapshot: bytes of all segments when it was dumped",
+    "largest_free_block_bytes": "snapshot: the largest cached (inactive) block at the dump",
+    "free_block_fragmentation": "snapshot: 1 − largest inactive block ÷ all inactive bytes",
+    "op_max_block_bytes": "per operator, the largest single block it allocated (op_caps budgets it by glob)",
+}
+CONSISTENCY_NOTE = ("consistency: the share of the checked allocations (those the writer recorded an allocator "
+                    "total for) at which that total equals the pre-window baseline plus the bytes of the blocks live "
+                    "then; below 100% the totals count memory the block rows do not show (or the reverse), so a curve "
+                    "rebuilt from blocks alone is approximate — the peaks above come from the recorded series")
+SUM_CHECK_HELP = "a combined series (PTA+GE) checked row by row against the sum of its parts (PTA + GE)"
+COLUMN_HELP = {
+    # budgets
+    "rank": "the rank (process) the profile belongs to; the link goes to the profile",
+    "device": "the device whose value decided the verdict (a profile's value is its worst device)",
+    "budget": "the budget's name in the budget file, or the test's marker",
+    "metric": "the budget key judged (op_caps[glob]: the largest block of the operators matching glob)",
+    "measured": "the profile's value (exact on hover)",
+    "limit": "the budget's limit (exact on hover); a check passes when measured ≤ limit",
+    "headroom": "limit − measured: room left before the check fails (negative: over by that much)",
+    "result": "pass, FAIL, error (the value could not be measured: see the message) or not selected (the "
+              "budget's devices select none of the profile's)",
+    "message": "the verdict line, as pytest and memgate check print it",
+    # metrics
+    "value": "the value, in IEC units or as a ratio and a percentage",
+    "exact": "the exact value: bytes, or the ratio at full precision",
+    "pool": "the allocator pool a per-pool metric comes from (its worst pool)",
+    "note": "how to read the value, or why it could not be measured",
+    # pools
+    "peak allocated": "the pool's highest allocated bytes",
+    "peak reserved": "the pool's highest reserved bytes",
+    "fragmentation": "the pool's 1 − peak allocated ÷ peak reserved",
+    "external fragmentation": "the pool's largest free share just before its reserved grew",
+    "reserved at its peak from the first sample": "yes: the pool reserved its maximum before the window began, so "
+                                                  "its fragmentation reflects memory reserved before profiling",
+    # holders and operators
+    "#": "rank of the block by size among the blocks live at the peak",
+    "size": "the block's size (exact on hover)",
+    "bytes": "the exact size in bytes",
+    "op": "the operator that allocated the block",
+    "stream": "the stream the block was allocated on",
+    "owner": "the module, Python frame or owner tag that holds it, where the writer records one",
+    "component": "the allocator (series) the block belongs to",
+    "allocated at": "when the block was allocated, relative to the profile start (absolute time on hover)",
+    "largest block": "the operator's largest block (exact on hover)",
+    # reconciliation
+    "blocks": "block rows of this allocator in the window",
+    "allocated before window": "blocks freed in the window but allocated before it began",
+    "open at end": "blocks still live when the window ended",
+    "pre-window baseline": "allocator bytes at the window start that no block row accounts for (exact on hover)",
+    "baseline bytes": "the pre-window baseline in bytes",
+    "consistency": CONSISTENCY_NOTE,
+    "checked": "allocations with a recorded allocator total, checked against the baseline",
+    # errors
+    "profile": "the profile that could not be read",
+    "error": "what was wrong, where",
+}
 
 
 # ---- tables ------------------------------------------------------------------------------------
 
 
 def _table(head: Sequence[str], rows: Iterable[str], cls: str = "") -> str:
+    """A table whose every column heading explains its figures on hover (:data:`COLUMN_HELP`)."""
     body = "".join(rows)
-    return (f'<table class="{cls}"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head)
+    return (f'<table class="{cls}"><thead><tr>'
+            + "".join(f'<th title="{_e(COLUMN_HELP[h])}">{_e(h)}</th>' for h in head)
             + f"</tr></thead><tbody>{body}</tbody></table>")
 
 
@@ -339,7 +511,9 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str]) -> lis
     for o in outcomes:
         metric = str(o.get("metric", ""))
         value, limit = o.get("value"), o.get("limit")
-        if o.get("error") or o.get("passed") is None:
+        if o.get("skipped"):
+            result, cls = "not selected", "skipped"
+        elif o.get("error") or o.get("passed") is None:
             result, cls = "error", "error"
         else:
             result, cls = ("pass", "pass") if o["passed"] else ("FAIL", "fail")
@@ -357,7 +531,7 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str]) -> lis
             f'<td class="num" title="{_e(_exact(value))}">{_e(_metric_text(metric, value))}</td>'
             f'<td class="num" title="{_e(_exact(limit))}">{_e(_metric_text(metric, limit))}</td>'
             f'<td class="num">{_e(headroom)}</td><td class="result">{result}</td>'
-            f'<td class="msg">{_e(o.get("error") or o.get("message") or "")}</td></tr>'
+            f'<td class="msg">{_e(o.get("error") or o.get("skipped") or o.get("message") or "")}</td></tr>'
         )
     return rows
 
@@ -369,7 +543,7 @@ _DUMP_ROWS = ("allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free
 SNAPSHOT_FORMATS = frozenset({"torch_snapshot"})
 
 
-def _metrics_table(device_entry: dict[str, Any], profile_format: str | None = None) -> str:
+def _metrics_table(device_entry: dict[str, Any], profile_format: str | None = None, t0: int | None = None) -> str:
     metrics = device_entry.get("metrics", {})
     missing = device_entry.get("not_measurable", {})
     pool_of = device_entry.get("pool_of") or {}
@@ -387,24 +561,26 @@ def _metrics_table(device_entry: dict[str, Any], profile_format: str | None = No
             exact = _exact(value)
         pool = pool_of.get(key) if value is not None else None
         note = notes.get(key, "") if value is not None else "not measurable: " + missing.get(key, "no data")
-        rows.append(f'<tr><td>{_e(key)}</td><td class="num">{_e(shown)}</td><td class="num exact">{_e(exact)}</td>'
+        rows.append(f'<tr><td title="{_e(METRIC_HELP[key])}">{_e(key)}</td><td class="num">{_e(shown)}</td>'
+                    f'<td class="num exact">{_e(exact)}</td>'
                     f'<td class="pool">{_e(pool or "")}</td><td class="note">{_e(note)}</td></tr>')
     ops = metrics.get("op_max_block_bytes") or {}
     note = missing.get("op_max_block_bytes", "")
-    rows.append(f'<tr><td>op_max_block_bytes</td><td class="num">{len(ops)} ops</td><td></td><td></td>'
+    rows.append(f'<tr><td title="{_e(METRIC_HELP["op_max_block_bytes"])}">op_max_block_bytes</td>'
+                f'<td class="num">{len(ops)} ops</td><td></td><td></td>'
                 f'<td class="note">{_e("not measurable: " + note if note else "")}</td></tr>')
     where = []
     if device_entry.get("peak_t_ns") is not None:
-        where.append(f"peak at t = {device_entry['peak_t_ns']} ns")
+        where.append("peak at " + _when(int(device_entry["peak_t_ns"]), t0) + (" after the profile start" if t0 is not None else ""))
     if device_entry.get("peak_step") is not None:
-        where.append(f"step {device_entry['peak_step']}")
-    caption = f"series {device_entry.get('component') or '-'}" + (f"; {', '.join(where)}" if where else "")
+        where.append(f"step {_e(device_entry['peak_step'])}")
+    caption = f"series {_e(device_entry.get('component') or '-')}" + (f"; {', '.join(where)}" if where else "")
     facts = []
     if device_entry.get("window_relative"):
         carried = device_entry.get("carried_over_bytes")
         facts.append(f"window-relative totals (memory allocated before profiling started is not in them): "
                      f"carried_over_bytes = {carried} B ({format_size(carried or 0)}), left out of peak_allocated_bytes")
-    return (f'<h4>Metrics</h4><p class="caption">{_e(caption)}</p>'
+    return (f'<h4>Metrics</h4><p class="caption">{caption}</p>'
             + _table(("metric", "value", "exact", "pool", "note"), rows, "metrics")
             + "".join(f'<p class="fact">{_e(f)}</p>' for f in facts)
             + _pools_table(device_entry))
@@ -436,13 +612,12 @@ def _holders_table(device_entry: dict[str, Any], t0: int | None) -> str:
         return '<h4>Top holders at the peak</h4><p class="note">no per-block data at the peak</p>'
     rows = []
     for i, b in enumerate(holders, 1):
-        at = "before the window" if b.get("t_alloc") is None else (
-            _relative(b["t_alloc"], t0) if t0 is not None else f"{b['t_alloc']} ns")
+        at = "before the window" if b.get("t_alloc") is None else _when(int(b["t_alloc"]), t0)
         rows.append(
             f'<tr><td class="num">{i}</td>{_size_cell(b.get("size"))}<td class="num exact">{_e(b.get("size"))}</td>'
             f'<td class="op">{_e(b.get("op") or "-")}</td><td>{_e(b.get("stream") or "-")}</td>'
             f'<td class="owner">{_e(b.get("owner") or "-")}</td><td>{_e(b.get("component") or "-")}</td>'
-            f"<td>{_e(at)}</td></tr>"
+            f"<td>{at}</td></tr>"
         )
     return ("<h4>Top holders at the peak</h4>"
             + _table(("#", "size", "bytes", "op", "stream", "owner", "component", "allocated at"), rows, "holders"))
@@ -471,15 +646,18 @@ def _reconciliation(device_entry: dict[str, Any]) -> str:
                 f"<tr><td>{_e(name)}</td><td class=\"num\">{_e(f.get('blocks'))}</td>"
                 f"<td class=\"num\">{_e(f.get('pre_window_blocks'))}</td><td class=\"num\">{_e(f.get('open_blocks'))}</td>"
                 f"{_size_cell(f.get('baseline_bytes'))}<td class=\"num exact\">{_e(f.get('baseline_bytes'))}</td>"
-                f"<td class=\"num\">{'-' if consistency is None else f'{consistency:.2%}'}</td>"
+                f"<td class=\"num\" title=\"{_e(COLUMN_HELP['consistency'])}\">"
+                f"{'-' if consistency is None else f'{consistency:.2%}'}</td>"
                 f"<td class=\"num\">{_e(f.get('checked_blocks'))}</td></tr>"
             )
         parts.append(_table(("component", "blocks", "allocated before window", "open at end", "pre-window baseline",
                              "baseline bytes", "consistency", "checked"), rows, "recon"))
+        parts.append(f'<p class="note">{_e(CONSISTENCY_NOTE)}</p>')
     else:
         parts.append('<p class="note">no per-block data to reconcile</p>')
     for total, share in (rec.get("sum_checks") or {}).items():
-        parts.append(f'<p class="fact">{_e(total)} equals the sum of its parts on {share:.2%} of its rows</p>')
+        parts.append(f'<p class="fact" title="{_e(SUM_CHECK_HELP)}">{_e(total)} equals the sum of its parts on '
+                     f"{share:.2%} of its rows</p>")
     return "".join(parts)
 
 
@@ -503,6 +681,7 @@ td.owner{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:11px;white-
 td.note{color:var(--muted);max-width:460px}td.msg{max-width:520px}
 tr.fail td{background:#fdecec}tr.fail td.result{color:var(--red);font-weight:700}
 tr.pass td.result{color:var(--green);font-weight:600}tr.error td.result{color:#a15c00;font-weight:700}
+tr.skipped td{color:var(--muted)}th[title],td[title],.key[title]{cursor:help}
 .legend{display:flex;flex-wrap:wrap;gap:6px 18px;margin:6px 0}
 .key{display:inline-flex;align-items:center;gap:6px}.key small{color:var(--muted)}
 .key i{display:inline-block;width:18px;height:3px}.key i.dash{height:0;border-top:2px dashed}
@@ -516,7 +695,7 @@ svg .xtitle{text-anchor:middle;fill:var(--muted)}svg .steplabel{text-anchor:midd
 svg .curve{fill:none;stroke-width:1.6;stroke-linejoin:round}
 svg .budgetline{stroke-width:1.6;stroke-dasharray:7 4}
 svg .budgetlabel,svg .peaklabel,svg .steplabel{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
-svg .budgetlabel{text-anchor:end;font-weight:600}
+svg .budgetlabel{text-anchor:start;font-weight:600;font-size:11px}svg .leader{stroke-width:1;opacity:.6}
 svg .peak circle{fill:var(--red);stroke:#fff;stroke-width:1.5}svg .peakline{stroke:var(--red);stroke-dasharray:2 3}
 svg .peaklabel{fill:var(--red);font-weight:700}svg .peaklabel .exact{font-weight:400}
 nav ul{margin:4px 0;padding-left:20px}
@@ -542,14 +721,17 @@ def render_html(
     """
     by_path = {p.path: p for p in profiles or []}
     anchors = {str(e.get("path")): f"p{i}" for i, e in enumerate(entries)}
-    judged = [o for o in outcomes if o.get("passed") is not None and not o.get("error")]
+    skipped = [o for o in outcomes if o.get("skipped")]
+    checks = [o for o in outcomes if not o.get("skipped")]
+    judged = [o for o in checks if o.get("passed") is not None and not o.get("error")]
     failed = sum(1 for o in judged if not o["passed"])
-    broken = len(outcomes) - len(judged) + len(errors or [])
+    broken = len(checks) - len(judged) + len(errors or [])
+    aside = f", {len(skipped)} not selected" if skipped else ""
     if failed or broken:
-        status = (f'<span class="status bad">{failed} of {len(outcomes)} budget checks failed'
-                  + (f", {broken} error(s)" if broken else "") + "</span>")
-    elif outcomes:
-        status = f'<span class="status ok">all {len(outcomes)} budget checks passed</span>'
+        status = (f'<span class="status bad">{failed} of {len(checks)} budget checks failed'
+                  + (f", {broken} error(s)" if broken else "") + aside + "</span>")
+    elif checks:
+        status = f'<span class="status ok">all {len(checks)} budget checks passed{aside}</span>'
     else:
         status = '<span class="status none">no budgets judged</span>'
     out = [
@@ -611,7 +793,7 @@ def _profile_section(i: int, entry: dict[str, Any], outcomes: list[dict[str, Any
         else:
             out.append('<p class="note">' + ("the normalized profile was not given: no curves"
                                              if not profiles_given else "no curves for this device") + "</p>")
-        out.append(f'<div class="cols"><div>{_metrics_table(dev, entry.get("format"))}{_reconciliation(dev)}</div>'
+        out.append(f'<div class="cols"><div>{_metrics_table(dev, entry.get("format"), t0)}{_reconciliation(dev)}</div>'
                    f"<div>{_holders_table(dev, t0)}{_ops_table(dev)}</div></div></section>")
     out.append("</section>")
     return "".join(out)

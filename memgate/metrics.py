@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from memgate import hints
 from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile
 from memgate.reconcile import DeviceFacts, reconcile
 from memgate.sizes import format_size
@@ -164,7 +165,7 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     else:
         times = allocated = reserved = np.array([], dtype=np.int64)
         source = None
-        why = "no allocator series and no blocks (record with profile_memory=True)"
+        why = hints.no_memory_data(profile.format, profile.metadata)
         for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes"):
             missing[key] = why
 
@@ -212,11 +213,11 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
 
     counted = _counted_steps(profile.steps, warmup_steps)
     if len(allocated):
-        growth, growth_gap = _step_growth(counted, times, allocated, warmup_steps, profile.steps)
+        growth, growth_gap = _step_growth(counted, times, allocated, warmup_steps, profile.steps, profile)
         values["step_growth_bytes"] = growth
         if growth_gap:
             missing["step_growth_bytes"] = growth_gap
-    leaks, leak_gap = _leaked(device, counted, options, profile.steps, block_components(device, name))
+    leaks, leak_gap = _leaked(device, counted, options, profile.steps, block_components(device, name), profile)
     values["leaked_bytes"], values["leak_undetermined_bytes"] = leaks
     if leak_gap:
         missing["leaked_bytes"] = missing["leak_undetermined_bytes"] = leak_gap
@@ -374,20 +375,19 @@ def _describe_steps(all_steps: pd.DataFrame) -> str:
     return f"{len(numbers)} step(s){' (' + listed + ')' if numbers else ''}, {timed} with start/end times"
 
 
-def _record_more(needed: int, warmup: int) -> str:
-    return (f"record at least {needed + warmup} active steps (torch.profiler / torch_npu: "
-            f"schedule(wait=1, warmup=1, active={needed + warmup}); memgate_record: {needed + warmup} "
-            "memgate_record.step() calls), or lower warmup_steps")
+def _record_more(needed: int, warmup: int, profile: Profile) -> str:
+    return hints.record_more_steps(profile.format, profile.metadata, needed, warmup)  # in the recording tool's words
 
 
 def _step_growth(
-    counted: pd.DataFrame, times: np.ndarray, allocated: np.ndarray, warmup: int, all_steps: pd.DataFrame
+    counted: pd.DataFrame, times: np.ndarray, allocated: np.ndarray, warmup: int, all_steps: pd.DataFrame,
+    profile: Profile,
 ) -> tuple[int | None, str | None]:
     if len(counted) < MIN_GROWTH_STEPS:
         return None, (
             f"needs at least {MIN_GROWTH_STEPS} counted steps (timed steps after {warmup} warmup step(s)) to tell "
             f"steady growth from a one-time jump; the profile has {_describe_steps(all_steps)}: "
-            + _record_more(MIN_GROWTH_STEPS, warmup))
+            + _record_more(MIN_GROWTH_STEPS, warmup, profile))
     # Memory rows and step records that never overlap come from different windows (or runs): a
     # quiet step is fine, but not a profile whose every sample lies outside every step.
     timed = all_steps.dropna(subset=["t_start", "t_end"])
@@ -441,7 +441,7 @@ def persistent_growth(floors: np.ndarray) -> int:
 
 def _leaked(
     device: DeviceModel, counted: pd.DataFrame, options: MetricOptions, all_steps: pd.DataFrame,
-    components: tuple[str, ...] | None,
+    components: tuple[str, ...] | None, profile: Profile,
 ) -> tuple[tuple[int | None, int | None], str | None]:
     """(leaked, undetermined) bytes of blocks allocated in counted steps and live at the window's end."""
     blocks = device.blocks
@@ -454,7 +454,7 @@ def _leaked(
         return (None, None), (
             f"needs at least {horizon + 1} counted steps (leak_horizon_steps={horizon}, plus one whose blocks had "
             f"{horizon} step(s) to be freed) after {options.warmup_steps} warmup step(s); the profile has "
-            f"{_describe_steps(all_steps)}: " + _record_more(horizon + 1, options.warmup_steps))
+            f"{_describe_steps(all_steps)}: " + _record_more(horizon + 1, options.warmup_steps, profile))
     open_blocks = blocks[blocks["t_free"].isna() & blocks["t_alloc"].notna()]
     t = open_blocks["t_alloc"].to_numpy(dtype=np.int64)
     size = open_blocks["size"].to_numpy(dtype=np.int64)

@@ -7,12 +7,15 @@ profiling window has no ``t_alloc``; an APP sample has no ``allocated``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from memgate.errors import InputError
 
 SERIES_COLUMNS = ("t_ns", "allocated", "reserved", "active")
 BLOCK_COLUMNS = ("size", "t_alloc", "t_free", "op", "stream", "owner", "component", "alloc_total")
@@ -68,13 +71,13 @@ def split_columns(device: pd.Series, component: pd.Series,
     del device_codes, component_codes
     present = np.flatnonzero(np.bincount(pair[pair >= 0], minlength=1))
     t_ns, t_missing = take("t_ns")
-    groups = []  # (pair code, its rows in series order)
-    for code in present:
-        rows = np.flatnonzero(pair == code)
+    groups: list[tuple[int, np.ndarray]] = []  # (pair code, its rows in series order)
+    for pair_code in present:
+        rows = np.flatnonzero(pair == pair_code)
         times = np.where(t_missing[rows], np.iinfo(np.int64).max, t_ns[rows])  # missing times last
         if (np.diff(times) < 0).any():
             rows = rows[np.argsort(times, kind="stable")]
-        groups.append((int(code), rows))
+        groups.append((int(pair_code), rows))
     del pair
     taken = {"t_ns": (t_ns, t_missing)}
     del t_ns, t_missing
@@ -112,6 +115,47 @@ def _data_and_mask(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 def empty_steps() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([], dtype="Int64") for c in STEP_COLUMNS})
+
+
+def check_steps(steps: pd.DataFrame, file: str | Path, *, column: str | None = None,
+                where: Sequence[str] | None = None) -> None:
+    """Steps a writer recorded are distinct numbers whose spans do not overlap; InputError naming the
+    file and both steps otherwise.
+
+    A step number twice, or a step starting before the one before it ended, would put the same
+    memory in two steps and move step growth and leaked bytes. Steps may touch (one ends at the ns
+    the next starts). ``where``: for each row of ``steps``, where it is in the file (``line 12``,
+    ``rowid 3``), named in the error.
+    """
+    if len(steps) < 2:
+        return
+    numbers = steps["step"].to_numpy(dtype=np.int64, na_value=-1)
+    place = list(where) if where is not None else None
+
+    def at(i: int) -> str:
+        return f" ({place[i]})" if place is not None else ""
+
+    repeated = pd.Series(numbers).duplicated(keep="first").to_numpy() & (numbers >= 0)
+    if repeated.any():
+        second = int(np.flatnonzero(repeated)[0])
+        first = int(np.flatnonzero(numbers == numbers[second])[0])
+        raise InputError(f"step {numbers[second]} appears twice", file=file, column=column,
+                         expected="each step once", found=f"step {numbers[first]}{at(first)} and again{at(second)}")
+    timed = np.flatnonzero((steps["t_start"].notna() & steps["t_end"].notna()).to_numpy())
+    if len(timed) < 2:
+        return
+    start = steps["t_start"].to_numpy(dtype=np.int64, na_value=0)[timed]
+    end = steps["t_end"].to_numpy(dtype=np.int64, na_value=0)[timed]
+    order = np.lexsort((end, start))
+    start, end, rows = start[order], end[order], timed[order]
+    overlap = np.flatnonzero(start[1:] < end[:-1])
+    if len(overlap):
+        k = int(overlap[0])
+        a, b = int(rows[k]), int(rows[k + 1])
+        raise InputError(f"steps {numbers[a]} and {numbers[b]} overlap", file=file, column=column,
+                         expected="steps one after another (each starts at or after the end of the one before)",
+                         found=f"step {numbers[a]}{at(a)} {start[k]}..{end[k]} ns, step {numbers[b]}{at(b)} "
+                               f"{start[k + 1]}..{end[k + 1]} ns")
 
 
 @dataclass(frozen=True)

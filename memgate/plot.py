@@ -131,7 +131,7 @@ def _panel(ax: Any, profile: Profile, entry: dict[str, Any], dev: dict[str, Any]
     ax.set_ylim(0, top * 1.1 / factor)
     ax.set_xlim(0, span / scale)
     ax.yaxis.set_major_formatter(formatter(lambda v, _pos: f"{v:g} {unit}"))
-    ax.set_xlabel(f"time since the first sample ({tunit})")
+    ax.set_xlabel(f"time since the profile start, its first memory sample ({tunit})")
     ax.grid(True, axis="y", color="#e6e9ee", zorder=1)
     # Below the axes: inside, it would hide part of a curve.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8, frameon=False)

@@ -2,14 +2,22 @@
 
 - ``--memgate=PATH`` generates one item per (profile, budget, metric), and with
   ``--memgate-baseline`` one item per (profile, compare rule).
-- ``@pytest.mark.memgate(...)`` gates a test's own profile after its body.
+- ``@pytest.mark.memgate(...)`` gates a test's own profile after its body; its checks are named
+  after the test everywhere (rows, JSON, JUnit, HTML, step summary, annotations). A bad marker is
+  found at collection and fails that test alone, at setup.
+- ``--memgate-autosave`` / ``--memgate-compare[=ID]`` keep and compare runs under ``.memgate/``
+  (:mod:`memgate.autosave`); ``memgate_load`` returns metrics for a test's own assertions.
 - Results travel on reports (``report.memgate``, plain JSON), so under pytest-xdist the controller
   alone prints the summary table and writes the JSON report, baseline and CI outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
+import re
+import shutil
 import warnings
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +27,7 @@ from typing import Any
 import pytest
 from _pytest._code.code import ExceptionChainRepr, ReprEntryNative, ReprFileLocation, ReprTraceback
 
+from memgate.autosave import check_run_id, find_run, git_commit, missing_run, save_run
 from memgate.budgets import (
     Budget,
     BudgetFile,
@@ -34,14 +43,20 @@ from memgate.ci import benchmark_export, github_annotations, step_summary_markdo
 from memgate.compare import (
     CompareRule,
     Regression,
+    baseline_entries,
     baseline_from_entries,
+    comparable_key,
     compare_entry,
+    diff_entries,
+    diff_text,
     load_baseline,
     parse_rule,
     ratchet,
 )
 from memgate.discover import Found, discover, load, rank_hint
-from memgate.errors import ConfigError, MemgateError
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.hints import RECORDED_BY_FIXTURE
+from memgate.metrics import MetricOptions
 from memgate.model import Profile
 from memgate.report import (
     build_report,
@@ -51,31 +66,56 @@ from memgate.report import (
     write_json_atomic,
     write_text_atomic,
 )
-from memgate.session import error_outcome
+from memgate.session import Measured, error_outcome, measure
 
-# option dest → (ini name, ini type, help); every option has an ini twin of the same name.
-OPTIONS: dict[str, tuple[str, str, str]] = {
-    "memgate": ("memgate", "string", "profile root to gate: every profile under it is judged against the budgets"),
-    "memgate_budgets": ("memgate_budgets", "string", "budget file (memgate.toml or pyproject.toml)"),
-    "memgate_json": ("memgate_json", "string", "write the JSON report (schemas/report.schema.json) to this file"),
-    "memgate_baseline": ("memgate_baseline", "string", "compare each profile with this baseline (or JSON report)"),
-    "memgate_save_baseline": ("memgate_save_baseline", "string", "save this run's metrics as a baseline file"),
-    "memgate_compare_fail": ("memgate_compare_fail", "linelist",
-                             ("regression rule, repeatable: peak_allocated:5%, peak_allocated:+256MiB, "
-                              "peak_allocated:2.5%+256MiB (fails only when both are exceeded)")),
-    "memgate_baseline_missing": ("memgate_baseline_missing", "string",
-                                 "when the baseline or a rank in it is missing: skip, warn (default) or fail"),
-    "memgate_ratchet": ("memgate_ratchet", "bool",
-                        "with --memgate-save-baseline: keep the smaller of the old and new value per metric"),
-    "memgate_benchmark_json": ("memgate_benchmark_json", "string",
-                               "write github-action-benchmark customSmallerIsBetter JSON to this file"),
-    "memgate_html": ("memgate_html", "string", "write the self-contained HTML report to this file"),
-    "memgate_cache_dir": ("memgate_cache_dir", "string",
-                          "cache of loaded profiles keyed on file content (default: pytest's cache dir)"),
-    "memgate_leak_horizon_steps": ("memgate_leak_horizon_steps", "string",
-                                   ("default leak_horizon_steps of budgets and markers: the last N counted steps "
-                                    "whose live blocks may still be freed later (default 1)")),
-}
+
+@dataclass(frozen=True)
+class _Option:
+    """A command-line option and its ini twin of the same name (``dest``)."""
+
+    dest: str
+    kind: str  # the ini type: string, linelist (repeatable), bool (a flag, no value)
+    metavar: str | None
+    help: str
+    optional_value: bool = False  # --memgate[=PATH], --memgate-compare[=ID]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+
+OPTIONS: tuple[_Option, ...] = (
+    _Option("memgate", "string", "PATH", "profile root to gate: every profile under it is judged against the "
+            "budgets (a bare --memgate uses 'profiles' from the budget file)", optional_value=True),
+    _Option("memgate_budgets", "string", "FILE", "budget file (memgate.toml or pyproject.toml)"),
+    _Option("memgate_json", "string", "FILE", "write the JSON report (schemas/report.schema.json) to this file"),
+    _Option("memgate_baseline", "string", "FILE", "compare each profile with this baseline (or JSON report)"),
+    _Option("memgate_save_baseline", "string", "FILE", "save this run's metrics as a baseline file"),
+    _Option("memgate_autosave", "bool", None, "save this run's metrics under the storage folder "
+            "(.memgate/v1/<configuration>/<NNNN>_<commit>.json)"),
+    _Option("memgate_compare", "string", "ID", "compare each profile with a saved run of its configuration: "
+            "the latest (no ID), run number ID, or the latest run of a git commit prefix", optional_value=True),
+    _Option("memgate_storage", "string", "DIR", "where --memgate-autosave saves runs and --memgate-compare finds "
+            "them (default: .memgate in the rootdir)"),
+    _Option("memgate_compare_fail", "linelist", "RULE",
+            "regression rule, repeatable: peak_allocated:5%, peak_allocated:+256MiB, peak_allocated:2.5%+256MiB "
+            "(fails only when both are exceeded)"),
+    _Option("memgate_baseline_missing", "string", "skip|warn|fail",
+            "when the baseline or a rank in it is missing: skip, warn (default) or fail"),
+    _Option("memgate_ratchet", "bool", None,
+            "with --memgate-save-baseline: keep the smaller of the old and new value per metric"),
+    _Option("memgate_benchmark_json", "string", "FILE",
+            "write github-action-benchmark customSmallerIsBetter JSON to this file"),
+    _Option("memgate_html", "string", "FILE", "write the self-contained HTML report to this file"),
+    _Option("memgate_keep_traces", "string", "DIR",
+            "copy what memgate_record recorded to DIR/<test> (a CI artifact)"),
+    _Option("memgate_cache_dir", "string", "DIR",
+            "cache of loaded profiles keyed on file content (default: pytest's cache dir)"),
+    _Option("memgate_leak_horizon_steps", "string", "N",
+            "default leak_horizon_steps of budgets and markers: the last N counted steps whose live blocks may "
+            "still be freed later (default 1)"),
+)
+OPTION = {o.dest: o for o in OPTIONS}
 MISSING_POLICIES = ("skip", "warn", "fail")
 DETAIL_TOP = 5  # holders shown under a failure line; each -v adds as many again
 
@@ -96,18 +136,27 @@ class _Settings:
     json_path: Path | None = None
     baseline_path: Path | None = None
     save_baseline: Path | None = None
+    autosave: bool = False
+    compare_id: str | None = None  # None: no --memgate-compare; "": the latest saved run
+    storage: Path = Path(".memgate")
     rules: list[CompareRule] = field(default_factory=list)
     missing_policy: str = "warn"
     leak_horizon_steps: int = 1
     ratchet: bool = False
     benchmark_json: Path | None = None
     html_path: Path | None = None
+    keep_traces: Path | None = None
     cache_dir: Path | None = None
+
+    @property
+    def compares(self) -> bool:
+        return self.baseline_path is not None or self.compare_id is not None
 
     @property
     def wants_profiles(self) -> bool:
         """Whether the controller needs every profile's metrics (not only the verdicts)."""
-        return any(p is not None for p in (self.json_path, self.save_baseline, self.benchmark_json, self.html_path))
+        return self.autosave or self.compare_id is not None or any(
+            p is not None for p in (self.json_path, self.save_baseline, self.benchmark_json, self.html_path))
 
 
 class _State:
@@ -117,8 +166,7 @@ class _State:
         self.settings = settings
         self.profiles: dict[str, MetricCache | MemgateError] = {}
         self.reported_profiles: set[str] = set()  # attach each profile entry to one report per process
-        self._baseline: dict[str, Any] | None = None
-        self._baseline_error: MemgateError | None = None
+        self._baselines: dict[Path, dict[str, Any] | MemgateError] = {}
         self.cache = ProfileCache(settings.cache_dir) if settings.cache_dir is not None else None
 
     def load(self, found: Found) -> MetricCache:
@@ -134,43 +182,59 @@ class _State:
             raise loaded
         return loaded
 
-    def baseline(self) -> dict[str, Any] | None:
-        """The baseline, or None when its file is missing (the missing-baseline policy decides)."""
-        path = self.settings.baseline_path
-        if path is None or (self._baseline is None and self._baseline_error is None and not path.exists()):
-            return None
-        if self._baseline is None and self._baseline_error is None:
+    def _read_baseline(self, path: Path) -> dict[str, Any]:
+        if path not in self._baselines:
             try:
-                self._baseline = load_baseline(path)
+                self._baselines[path] = load_baseline(path)
             except MemgateError as exc:
-                self._baseline_error = exc
-        if self._baseline_error is not None:
-            raise self._baseline_error
-        return self._baseline
+                self._baselines[path] = exc
+        loaded = self._baselines[path]
+        if isinstance(loaded, MemgateError):
+            raise loaded
+        return loaded
+
+    def baseline_for(self, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """(the baseline to compare ``entry`` with, where it is) — (None, why) when there is none,
+        for the missing-baseline policy: ``--memgate-baseline=FILE``, else the saved run
+        ``--memgate-compare`` picks for the profile's configuration."""
+        s = self.settings
+        if s.baseline_path is not None:
+            if not s.baseline_path.exists():
+                return None, f"baseline {s.baseline_path} does not exist"
+            return self._read_baseline(s.baseline_path), str(s.baseline_path)
+        assert s.compare_id is not None
+        key = comparable_key(entry)
+        run = find_run(s.storage, key, s.compare_id)
+        if run is None:
+            return None, missing_run(s.storage, key, s.compare_id)
+        return self._read_baseline(run.path), str(run.path)
 
 
 STATE = pytest.StashKey[_State]()
 OUTCOME = pytest.StashKey[Outcome]()
-REGRESSION = pytest.StashKey[Regression]()
-MARKER_OUTCOMES = pytest.StashKey[list[Outcome]]()
+REGRESSION = pytest.StashKey[tuple[Regression, str]]()
+MARKER_OUTCOMES = pytest.StashKey[list[dict[str, Any]]]()
+MARKER_BUDGET = pytest.StashKey[Budget]()
+MARKER_ERROR = pytest.StashKey[ConfigError]()
+MARKER_PROFILES = pytest.StashKey[list[dict[str, Any]]]()
+KEPT_TRACES = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("memgate", "memory budgets from profiler output")
-    group.addoption("--memgate", action="store", nargs="?", const="", default=None, metavar="PATH", dest="memgate",
-                    help=OPTIONS["memgate"][2] + " (a bare --memgate uses 'profiles' from the budget file)")
-    for dest, (ini, kind, help_text) in OPTIONS.items():
-        flag = "--" + dest.replace("_", "-")
-        if dest == "memgate":
-            pass
-        elif kind == "bool":
-            group.addoption(flag, action="store_true", default=None, dest=dest, help=help_text)
-        elif kind == "linelist":
-            group.addoption(flag, action="append", default=None, metavar="EXPR", dest=dest, help=help_text)
+    for opt in OPTIONS:
+        # argparse %-formats help text: a literal % (5%) must be doubled there, not in the ini help.
+        kwargs: dict[str, Any] = {"dest": opt.dest, "default": None, "help": opt.help.replace("%", "%%")}
+        if opt.kind == "bool":
+            group.addoption(opt.flag, action="store_true", **kwargs)
+        elif opt.kind == "linelist":
+            group.addoption(opt.flag, action="append", metavar=opt.metavar, **kwargs)
+        elif opt.optional_value:
+            group.addoption(opt.flag, action="store", nargs="?", const="", metavar=opt.metavar, **kwargs)
         else:
-            group.addoption(flag, action="store", default=None, metavar="VALUE", dest=dest, help=help_text)
-        parser.addini(ini, help=f"{help_text} (ini twin of {flag})", type=kind,  # type: ignore[arg-type]
-                      default=None if kind == "string" else ([] if kind == "linelist" else False))
+            group.addoption(opt.flag, action="store", metavar=opt.metavar, **kwargs)
+        parser.addini(opt.dest, help=f"{opt.help} (ini twin of {opt.flag})", type=opt.kind,  # type: ignore[arg-type]
+                      default=None if opt.kind == "string" else ([] if opt.kind == "linelist" else False))
 
 
 def _setting(config: pytest.Config, dest: str) -> tuple[Any, Path]:
@@ -178,7 +242,7 @@ def _setting(config: pytest.Config, dest: str) -> tuple[Any, Path]:
     value = config.getoption(dest)
     if value is not None:
         return value, Path(config.invocation_params.dir)
-    ini = config.getini(OPTIONS[dest][0])
+    ini = config.getini(OPTION[dest].dest)
     base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
     return (ini if ini not in ("", None, []) else None), base
 
@@ -214,8 +278,13 @@ def _read_settings(config: pytest.Config) -> _Settings:
     settings.json_path = _path_setting(config, "memgate_json")
     settings.baseline_path = _path_setting(config, "memgate_baseline")
     settings.save_baseline = _path_setting(config, "memgate_save_baseline")
+    settings.autosave = bool(_setting(config, "memgate_autosave")[0])
+    compare_id, _ = _setting(config, "memgate_compare")
+    settings.compare_id = None if compare_id is None else check_run_id(str(compare_id))
+    settings.storage = _path_setting(config, "memgate_storage") or Path(config.rootpath) / ".memgate"
     settings.benchmark_json = _path_setting(config, "memgate_benchmark_json")
     settings.html_path = _path_setting(config, "memgate_html")
+    settings.keep_traces = _path_setting(config, "memgate_keep_traces")
     settings.cache_dir = _path_setting(config, "memgate_cache_dir")
     if settings.cache_dir is None and config.pluginmanager.has_plugin("cacheprovider") and config.cache is not None:
         settings.cache_dir = config.cache.mkdir("memgate")  # shared by xdist workers; never the profile dir
@@ -226,10 +295,11 @@ def _read_settings(config: pytest.Config) -> _Settings:
         if policy not in MISSING_POLICIES:
             raise ConfigError(f"invalid --memgate-baseline-missing {policy!r}", expected=" or ".join(MISSING_POLICIES))
         settings.missing_policy = policy
-    ratchet_flag, _ = _setting(config, "memgate_ratchet")
-    settings.ratchet = bool(ratchet_flag)
-    if settings.rules and settings.baseline_path is None:
-        raise ConfigError("--memgate-compare-fail needs --memgate-baseline=PATH")
+    settings.ratchet = bool(_setting(config, "memgate_ratchet")[0])
+    if settings.baseline_path is not None and settings.compare_id is not None:
+        raise ConfigError("--memgate-baseline and --memgate-compare both name what to compare with; give one")
+    if settings.rules and not settings.compares:
+        raise ConfigError("--memgate-compare-fail needs --memgate-baseline=FILE or --memgate-compare[=ID]")
     if settings.ratchet and settings.save_baseline is None:
         raise ConfigError("--memgate-ratchet needs --memgate-save-baseline=PATH")
     return settings
@@ -239,8 +309,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "memgate(**limits): memory budget for this test's profile, e.g. peak_allocated='2 GiB', "
-        "op_caps={'aten::matmul*': '512 MiB'}; the profile comes from the memgate_profile_dir fixture "
-        "(memgate_record fills it) or profile='path'",
+        "op_caps={'aten::matmul*': '512 MiB'}; the profile comes from the memgate_record fixture "
+        "(or memgate_profile_dir) or profile='path'; gated after the test body",
     )
     try:
         settings = _read_settings(config)
@@ -262,13 +332,17 @@ def _is_worker(config: pytest.Config) -> bool:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         marker = item.get_closest_marker("memgate")
-        if marker is not None:
-            _marker_budget(item, marker)  # reject bad sizes and unknown keywords now, not after the run
+        if marker is not None and not isinstance(item, _GateItem):
+            # Checked now, reported as an error of this test alone: the other tests still run.
+            try:
+                item.stash[MARKER_BUDGET] = _marker_budget(item, marker)
+            except ConfigError as exc:
+                item.stash[MARKER_ERROR] = exc
     settings = config.stash[STATE].settings
     if settings.root is None:
         return
     budgets = settings.budget_file.budgets if settings.budget_file else ()
-    if not budgets and not settings.rules and settings.save_baseline is None:
+    if not budgets and not settings.rules and settings.save_baseline is None and not settings.autosave:
         raise pytest.UsageError(
             "memgate: --memgate is set but no budgets are declared "
             "(--memgate-budgets=FILE, memgate.toml or [tool.memgate] in pyproject.toml)"
@@ -295,7 +369,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             generated.append(MemgateProfileItem.from_parent(collector, name=f"{label}::profile", found=entry))
     items.extend(generated)
     # Announce them like any collected items, so "collected N items" and --collect-only count them.
-    session.ihook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, generated))
+    session.ihook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, list(generated)))
 
 
 def _profile_labels(found: list[Found], root: Path) -> list[str]:
@@ -310,16 +384,36 @@ def _profile_labels(found: list[Found], root: Path) -> list[str]:
     return labels
 
 
+def _declared_at(item: pytest.Item) -> dict[str, Any]:
+    """Where a test is written: its file (relative to the rootdir) and 1-based line."""
+    path, line, _ = item.location
+    return {"file": path, "line": line + 1 if line is not None else None}
+
+
 def _marker_budget(item: pytest.Item, marker: pytest.Mark) -> Budget:
+    """The marker's budget, named after its test; a ConfigError naming the test, the file and line,
+    and the key (with the closest valid key for a misspelling)."""
+    where = _declared_at(item)
+
+    def error(message: str, cause: MemgateError | None = None) -> ConfigError:
+        return ConfigError(f"memgate marker of {item.nodeid}: {message}", file=where["file"], line=where["line"],
+                           expected=cause.expected if cause else None, found=cause.found if cause else None)
+
     if marker.args:
-        raise pytest.UsageError(f"memgate: {item.nodeid}: the memgate marker takes keywords only, got {marker.args!r}")
+        raise error(f"takes keywords only, got {marker.args!r}")
     kwargs = dict(marker.kwargs)
-    kwargs.pop("profile", None)
+    profile = kwargs.get("profile")
+    if profile is not None and not isinstance(profile, (str, os.PathLike)):
+        raise error(f"invalid profile {profile!r}", ConfigError("", expected="a path (str or pathlib.Path)"))
     try:
-        return budget_from_mapping(kwargs, origin=item.nodeid, default_name="marker",
-                                   default_leak_horizon=item.config.stash[STATE].settings.leak_horizon_steps)
+        budget = budget_from_mapping(kwargs, origin=item.nodeid, default_name="marker", extra_keys=("profile",),
+                                     default_leak_horizon=item.config.stash[STATE].settings.leak_horizon_steps)
     except ConfigError as exc:
-        raise pytest.UsageError(f"memgate: marker on {exc.one_line()}") from None
+        raise error(exc.message, exc) from None
+    if profile is None and "memgate_profile_dir" not in getattr(item, "fixturenames", ()):
+        raise error("needs a profile: use the memgate_record fixture (or memgate_profile_dir) or pass profile='path'")
+    # Named after its test, so two marked tests are two rows in every table, report and annotation.
+    return dataclasses.replace(budget, name=item.nodeid if "name" not in kwargs else f"{item.nodeid} ({budget.name})")
 
 
 class MemgateCollector(pytest.Collector):
@@ -337,6 +431,10 @@ class _GateItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path | str, int | None, str]:
         return (self.found.path if self.found else self.name), None, f"memgate: {self.name}"
+
+    def declared_in(self) -> dict[str, Any] | None:
+        """Where what this item checks is declared (a budget's key in its file), for annotations."""
+        return None
 
 
 class MemgateErrorItem(_GateItem):
@@ -374,12 +472,21 @@ class MemgateItem(_GateItem):
         self.budget = budget
         self.metric = metric
 
+    def declared_in(self) -> dict[str, Any] | None:
+        budget_file = self.config.stash[STATE].settings.budget_file
+        if budget_file is None or budget_file.path is None:
+            return None
+        return {"file": budget_file.path, "line": budget_file.line_of(self.budget.name, self.metric)}
+
     def setup(self) -> None:
         assert self.found is not None
         cache = self.config.stash[STATE].load(self.found)
         if not self.budget.selects_rank(cache.info.rank):
             pytest.skip(f"budget {self.budget.name!r} selects ranks {self.budget.ranks!r}; this is rank {cache.info.rank}")
-        self.stash[OUTCOME] = judge(cache, self.budget, self.metric)
+        try:
+            self.stash[OUTCOME] = judge(cache, self.budget, self.metric)
+        except NotSelected as exc:
+            pytest.skip(exc.message)  # a budget for other devices: the check does not apply
 
     def runtest(self) -> None:
         outcome = self.stash[OUTCOME]
@@ -399,15 +506,15 @@ class MemgateCompareItem(_GateItem):
         assert self.found is not None
         state = self.config.stash[STATE]
         cache = state.load(self.found)
-        baseline = state.baseline()
+        entry = profile_entry(cache.info, cache.get())
+        baseline, where = state.baseline_for(entry)
         if baseline is None:
-            self._missing(f"baseline {state.settings.baseline_path} does not exist")
+            self._missing(where)
             return
         try:
-            self.stash[REGRESSION] = compare_entry(profile_entry(cache.info, cache.get()), baseline, self.rule)
+            self.stash[REGRESSION] = (compare_entry(entry, baseline, self.rule), where)
         except KeyError as exc:
-            self._missing(exc.one_line() if isinstance(exc, MemgateError)
-                          else f"rank {cache.info.rank} is not in baseline {state.settings.baseline_path}")
+            self._missing(exc.one_line() if isinstance(exc, MemgateError) else f"rank {cache.info.rank} is not in baseline {where}")
 
     def _missing(self, why: str) -> None:
         policy = self.config.stash[STATE].settings.missing_policy
@@ -418,9 +525,10 @@ class MemgateCompareItem(_GateItem):
         warnings.warn(pytest.PytestWarning(f"memgate: {why}; nothing compared"), stacklevel=1)
 
     def runtest(self) -> None:
-        regression = self.stash.get(REGRESSION, None)
-        if regression is not None and not regression.passed:
-            raise BudgetExceeded(regression.message, f"baseline: {self.config.stash[STATE].settings.baseline_path}")
+        if REGRESSION in self.stash:
+            regression, where = self.stash[REGRESSION]
+            if not regression.passed:
+                raise BudgetExceeded(regression.message, f"baseline: {where}")
 
 
 def _detail_top(config: pytest.Config) -> int:
@@ -435,7 +543,7 @@ def _short_repr(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException])
     elif isinstance(exc, MemgateError):
         line, detail = f"memgate: error: {exc.one_line()}", ""
     else:
-        return item._repr_failure_py(excinfo, style="short")  # type: ignore[attr-defined]
+        return item._repr_failure_py(excinfo, style="short")
     text = "\n".join([line] + ([""] + detail.splitlines() if detail else []))
     found = getattr(item, "found", None)
     path = str(found.path) if found is not None else item.nodeid
@@ -453,20 +561,25 @@ def memgate_profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def memgate_load() -> Callable[[str | Path], list[Profile]]:
-    """Load every profile under a path into the normalized model (``memgate.model.Profile``)."""
+def memgate_load(request: pytest.FixtureRequest) -> Callable[..., list[Measured]]:
+    """``memgate_load(path, warmup_steps=1, leak_horizon_steps=..., component=None)``: every profile
+    under ``path`` with its metrics (:class:`memgate.session.Measured`): ``m["peak_allocated"]``,
+    ``m.metrics``, ``m.devices``, ``m.profile`` — for assertions of your own."""
+    default_horizon = request.config.stash[STATE].settings.leak_horizon_steps
 
-    def _load(path: str | Path) -> list[Profile]:
-        return [load(found) for found in discover(path)]
+    def _load(path: str | os.PathLike[str], *, warmup_steps: int = 1, leak_horizon_steps: int | None = None,
+              component: str | None = None) -> list[Measured]:
+        return measure(Path(path), warmup_steps=warmup_steps, component=component,
+                       leak_horizon_steps=default_horizon if leak_horizon_steps is None else leak_horizon_steps)
 
     return _load
 
 
 @pytest.fixture
 def memgate_record(memgate_profile_dir: Path) -> Iterator[Any]:
-    """A started recorder (torch.profiler with profile_memory, CUDA/NPU snapshots where present)
-    writing into ``memgate_profile_dir``; call ``.step()`` once per training step. With
-    ``@pytest.mark.memgate(...)`` the recording is gated right after the test body.
+    """A started recorder (torch.profiler with profile_memory and Python stacks, CUDA/NPU snapshots
+    where present) writing into ``memgate_profile_dir``; call ``.step()`` once per training step.
+    With ``@pytest.mark.memgate(...)`` the recording is gated right after the test body.
     """
     pytest.importorskip("torch", reason="memgate_record records a torch run: pip install 'memgate[torch]'")
     from memgate.record import Recorder
@@ -478,24 +591,43 @@ def memgate_record(memgate_profile_dir: Path) -> Iterator[Any]:
         recorder.stop()
 
 
+def _recorder(item: pytest.Item) -> Any:
+    return getattr(item, "funcargs", {}).get("memgate_record")
+
+
 def _finish_recording(item: pytest.Item) -> None:
-    """Stop the test's recorder, if it has one, so its files exist before gating."""
-    recorder = getattr(item, "funcargs", {}).get("memgate_record")
-    if recorder is not None:
-        recorder.stop()
+    """Stop the test's recorder, if it has one, so its files exist before gating; keep them."""
+    recorder = _recorder(item)
+    if recorder is None:
+        return
+    files = recorder.stop()
+    keep = item.config.stash[STATE].settings.keep_traces
+    if keep is not None and files and KEPT_TRACES not in item.stash:
+        target = keep / _artifact_name(item.nodeid)
+        target.mkdir(parents=True, exist_ok=True)
+        for path in files:
+            shutil.copy2(path, target / path.name)
+        item.stash[KEPT_TRACES] = str(target)
+
+
+def _artifact_name(nodeid: str) -> str:
+    """A folder name for a test: its id with path separators and odd characters replaced, and a
+    short hash of the exact id (two ids that read alike never share a folder)."""
+    readable = re.sub(r"[^A-Za-z0-9._=+-]+", "_", nodeid.replace("::", ".")).strip("._")[:120]
+    return f"{readable}-{hashlib.sha256(nodeid.encode()).hexdigest()[:8]}"
 
 
 def _marker_profile_path(item: pytest.Item, marker: pytest.Mark) -> Path:
     if "profile" in marker.kwargs:
-        path = Path(str(marker.kwargs["profile"]))
+        path = Path(marker.kwargs["profile"])
         return path if path.is_absolute() else Path(str(item.path)).parent / path
-    funcargs = getattr(item, "funcargs", {})
-    if "memgate_profile_dir" in funcargs:
-        return Path(funcargs["memgate_profile_dir"])
-    raise ConfigError(
-        f"{item.nodeid}: the memgate marker needs a profile: use the memgate_profile_dir fixture "
-        "(or memgate_record) or pass profile='path'"
-    )
+    return Path(getattr(item, "funcargs", {})["memgate_profile_dir"])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if MARKER_ERROR in item.stash:
+        raise item.stash[MARKER_ERROR]  # before any fixture: a bad marker records nothing
 
 
 @pytest.hookimpl(wrapper=True)
@@ -505,18 +637,87 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     finally:
         _finish_recording(item)
     marker = item.get_closest_marker("memgate")
-    if marker is None or isinstance(item, _GateItem):
+    if marker is None or isinstance(item, _GateItem) or MARKER_BUDGET not in item.stash:
         return result
-    budget = _marker_budget(item, marker)
-    path = _marker_profile_path(item, marker)
-    profiles = [load(found) for found in discover(path)]
-    outcomes = [judge(MetricCache(p), budget, metric) for p in profiles for metric in budget.checks()]
-    item.stash[MARKER_OUTCOMES] = outcomes
-    failed = [o for o in outcomes if not o.passed]
-    if failed:
-        detail = "\n".join([o.message for o in failed[1:]] + [failed[0].detail(_detail_top(item.config))])
-        raise BudgetExceeded(failed[0].message, detail)
+    _gate_marked_test(item, marker, item.stash[MARKER_BUDGET])
     return result
+
+
+def _gate_marked_test(item: pytest.Item, marker: pytest.Mark, budget: Budget) -> None:
+    """Judge the test's profile(s) against its marker: every check becomes a row (its verdict or its
+    error); the first failure (else the first error) fails the test."""
+    state = item.config.stash[STATE]
+    path = _marker_profile_path(item, marker)
+    recorder = _recorder(item) if "profile" not in marker.kwargs else None
+    rows: list[dict[str, Any]] = []
+    item.stash[MARKER_OUTCOMES] = rows
+    item.stash[MARKER_PROFILES] = []
+    failed: list[Outcome] = []
+    errors: list[MemgateError] = []
+    try:
+        if recorder is not None and recorder.memory_events == 0:
+            raise NotMeasurable("memgate_record recorded no tensor allocation: the test body allocated no torch "
+                                "memory while it recorded (the fixture records with profile_memory=True)",
+                                file=path, expected="a test body that allocates tensors, or no memgate marker")
+        profiles = [_made_by(load(found), recorder) for found in discover(path)]
+    except MemgateError as exc:
+        rows.extend(error_outcome(None, str(path), budget, metric, exc) for metric in budget.checks())
+        raise
+    for profile in profiles:
+        cache = MetricCache(profile)
+        outcomes: list[Outcome | MemgateError] = [_judged(cache, budget, metric) for metric in budget.checks()]
+        if recorder is not None and (state.settings.wants_profiles or any(
+                isinstance(o, Outcome) and not o.passed for o in outcomes)):
+            _add_allocation_stacks(cache, budget, profile)
+            outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
+        for metric, outcome in zip(budget.checks(), outcomes):
+            if isinstance(outcome, MemgateError):
+                if not isinstance(outcome, NotSelected):  # not selected: a skipped row, no error
+                    errors.append(outcome)
+                rows.append(error_outcome(cache.info, profile.path, budget, metric, outcome))
+            else:
+                rows.append(outcome_entry(outcome))
+                if not outcome.passed:
+                    failed.append(outcome)
+        if state.settings.wants_profiles:
+            entry = profile_entry(cache.info, cache.get())
+            entry["metadata"] = {**entry.get("metadata", {}), "test": item.nodeid}
+            item.stash[MARKER_PROFILES].append(entry)
+    if failed:
+        detail = "\n".join([o.message for o in failed[1:]] + [f"memgate: error: {e.one_line()}" for e in errors]
+                           + [failed[0].detail(_detail_top(item.config))])
+        raise BudgetExceeded(failed[0].message, detail)
+    if errors:
+        raise errors[0]
+
+
+def _judged(cache: MetricCache, budget: Budget, metric: str) -> Outcome | MemgateError:
+    try:
+        return judge(cache, budget, metric)
+    except MemgateError as exc:
+        return exc
+
+
+def _made_by(profile: Profile, recorder: Any) -> Profile:
+    """A profile memgate_record wrote says so, so its hints speak of the fixture, not of torch.profiler."""
+    if recorder is None:
+        return profile
+    return dataclasses.replace(profile, metadata={**profile.metadata, "recorded_by": RECORDED_BY_FIXTURE,
+                                                  "recorded_steps": recorder.steps})
+
+
+def _add_allocation_stacks(cache: MetricCache, budget: Budget, profile: Profile) -> None:
+    """Give the holders at the peak the Python functions that allocated them (the recorded trace)."""
+    from memgate.record import with_allocation_stacks
+
+    if profile.format != "kineto":
+        return  # a snapshot: its blocks carry their own frames
+    trace = Path(profile.path)
+    for options in {budget.options, MetricOptions()}:
+        for metrics in cache.get(options):
+            holders = metrics.values.get("top_at_peak") or []
+            if holders and not any("stack" in h for h in holders):
+                metrics.values["top_at_peak"] = with_allocation_stacks(trace, holders)
 
 
 # ---- reports -------------------------------------------------------------------------------------
@@ -525,7 +726,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if call.excinfo is not None and isinstance(call.excinfo.value, (BudgetExceeded, MemgateError)):
+    if (call.excinfo is not None and isinstance(call.excinfo.value, (BudgetExceeded, MemgateError))
+            and (isinstance(item, _GateItem) or _is_marked(item))):
         # pytest renders setup errors with the traceback renderer, not repr_failure: replace both.
         report.longrepr = _short_repr(item, call.excinfo)
     payload = _payload(item, call)
@@ -534,24 +736,49 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def _is_marked(item: pytest.Item) -> bool:
+    return item.get_closest_marker("memgate") is not None
+
+
 def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
-    """What the controller needs from this report: verdicts, errors, and once the profile's metrics."""
+    """What the controller needs from this report: the test, verdicts, errors, and once the metrics
+    of each profile. Only memgate's own items and marked tests carry one."""
+    if not isinstance(item, _GateItem) and not _is_marked(item):
+        # a recording without a marker: only where it was kept
+        return {"kept": item.stash[KEPT_TRACES]} if call.when == "call" and KEPT_TRACES in item.stash else {}
     state = item.config.stash[STATE]
-    payload: dict[str, Any] = {}
+    payload: dict[str, Any] = {"test": item.nodeid}
+    declared = item.declared_in() if isinstance(item, _GateItem) else _declared_at(item)
     outcomes: list[dict[str, Any]] = []
     if call.when == "call":
         if OUTCOME in item.stash:
             outcomes = [outcome_entry(item.stash[OUTCOME])]
         elif MARKER_OUTCOMES in item.stash:
-            outcomes = [outcome_entry(o) for o in item.stash[MARKER_OUTCOMES]]
+            outcomes = item.stash[MARKER_OUTCOMES].copy()
         elif REGRESSION in item.stash:
-            r = item.stash[REGRESSION]
-            outcomes = [{"profile": str(item.found.path), "rank": r.rank, "budget": "baseline",
+            r, where = item.stash[REGRESSION]
+            found = getattr(item, "found", None)
+            outcomes = [{"profile": str(found.path) if found else "", "rank": r.rank, "budget": "baseline",
                          "metric": r.metric, "limit": r.allowed, "value": r.value, "passed": r.passed,
-                         "device": r.device, "message": r.message, "baseline_value": r.base}]
+                         "device": r.device, "message": r.message, "baseline_value": r.base, "baseline": where}]
+    error = call.excinfo.value if call.excinfo is not None and isinstance(call.excinfo.value, MemgateError) else None
+    if not outcomes and error is not None:
+        found = getattr(item, "found", None)
+        payload["error"] = {"item": item.nodeid, "test": item.nodeid, "profile": str(found.path) if found else "",
+                            "error": error.one_line(), "declared_in": declared}
+        if isinstance(item, MemgateItem):
+            path = str(item.found.path) if item.found else ""
+            outcomes = [error_outcome(None, path, item.budget, item.metric, error)]
+            del payload["error"]  # the row says it
     if outcomes:
+        for o in outcomes:
+            o["test"] = item.nodeid
+            if declared is not None:
+                o["declared_in"] = declared
         payload["outcomes"] = outcomes
         for o in outcomes:
+            if o.get("value") is None:
+                continue
             unit = unit_of(o["metric"])  # LIMITS' kind: "ratio" or "bytes" (op_caps: bytes)
             # JUnit writes the teardown report's properties, which pytest copies from the item.
             item.user_properties.extend([
@@ -559,13 +786,10 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
                 (f"memgate.{o['metric']}.limit", o["limit"]),
                 (f"memgate.{o['metric']}.unit", unit),
             ])
-    elif isinstance(item, _GateItem) and call.excinfo is not None and isinstance(call.excinfo.value, MemgateError):
-        error = call.excinfo.value.one_line()
-        found = item.found
-        payload["error"] = {"item": item.nodeid, "profile": str(found.path) if found else item.name, "error": error}
-        if isinstance(item, MemgateItem):
-            path = str(item.found.path) if item.found else ""
-            payload["outcomes"] = [error_outcome(None, path, item.budget, item.metric, call.excinfo.value)]
+    if call.when == "call" and MARKER_PROFILES in item.stash:
+        payload["marker_profiles"] = item.stash[MARKER_PROFILES]
+    if call.when == "call" and KEPT_TRACES in item.stash:
+        payload["kept"] = item.stash[KEPT_TRACES]
     found = getattr(item, "found", None)
     if state.settings.wants_profiles and found is not None and call.when == "call":
         key = str(found.path)
@@ -583,18 +807,29 @@ class _Reporter:
         self.config = config
         self.settings = settings
         self.outcomes: list[dict[str, Any]] = []
-        self.entries: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}  # --memgate profiles, by path
+        self.marker_entries: dict[str, dict[str, Any]] = {}  # marked tests' profiles, by path
         self.errors: list[dict[str, Any]] = []
+        self.counts: dict[str, int] = {}  # memgate's tests, counted as pytest counts them
+        self.kept: list[str] = []
+        self.saved: list[Path] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         payload = getattr(report, "memgate", None)
         if not payload:
             return
+        word = _pytest_word(report)
+        if word is not None and "test" in payload:  # memgate's own items and marked tests
+            self.counts[word] = self.counts.get(word, 0) + 1
         self.outcomes.extend(payload.get("outcomes", []))
         if "profile" in payload:
             self.entries.setdefault(payload["profile"]["path"], payload["profile"])
+        for entry in payload.get("marker_profiles", []):
+            self.marker_entries.setdefault(entry["path"], entry)
         if "error" in payload:
             self.errors.append(payload["error"])
+        if "kept" in payload:
+            self.kept.append(payload["kept"])
 
     def _sorted_outcomes(self) -> list[dict[str, Any]]:
         return sorted(self.outcomes, key=lambda o: (o["profile"], o["budget"], o["metric"]))
@@ -602,46 +837,109 @@ class _Reporter:
     def _entries(self) -> list[dict[str, Any]]:
         return [self.entries[k] for k in sorted(self.entries)]
 
+    def _all_entries(self) -> list[dict[str, Any]]:
+        return self._entries() + [self.marker_entries[k] for k in sorted(self.marker_entries)]
+
+    def _repository_path(self, file: str) -> str:
+        """A declared file relative to the GitHub workspace (else the rootdir), as annotations need."""
+        path = Path(file)
+        absolute = path if path.is_absolute() else Path(self.config.rootpath) / path
+        for base in (os.environ.get("GITHUB_WORKSPACE"), str(self.config.rootpath)):
+            if base:
+                try:
+                    return absolute.resolve().relative_to(Path(base).resolve()).as_posix()
+                except ValueError:
+                    continue
+        return path.as_posix()
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.outcomes:
             terminalreporter.section("memgate")
             for line in summary_table(self._sorted_outcomes()):
                 terminalreporter.write_line(line)
+        if self.settings.compare_id is not None and self.entries:
+            self._write_comparison(terminalreporter)
         if os.environ.get("GITHUB_ACTIONS") == "true":
-            for line in github_annotations(self._sorted_outcomes()):
+            for line in github_annotations(self._sorted_outcomes(), self.errors, self._repository_path):
                 terminalreporter.write_line(line)
         for what, path in (("JSON report", self.settings.json_path), ("baseline", self.settings.save_baseline),
                            ("benchmark JSON", self.settings.benchmark_json), ("HTML report", self.settings.html_path)):
             if path is not None and path.exists():
                 terminalreporter.write_line(f"memgate: {what} written to {path}")
+        if self.kept:
+            terminalreporter.write_line(f"memgate: recordings of {len(self.kept)} test(s) kept in "
+                                        f"{self.settings.keep_traces}")
+        if self.settings.autosave:  # pytest_sessionfinish (which saves) runs before this summary
+            terminalreporter.write_line(
+                f"memgate: run saved to {', '.join(str(p) for p in self.saved)}" if self.saved
+                else "memgate: --memgate-autosave saved nothing (it saves the profiles of --memgate=PATH)")
 
+    def _write_comparison(self, terminalreporter: Any) -> None:
+        """Every metric's change against the saved run each profile is compared with."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        missing = []
+        for entry in self._entries():
+            run = find_run(self.settings.storage, comparable_key(entry), self.settings.compare_id or "")
+            if run is None:
+                missing.append(missing_run(self.settings.storage, comparable_key(entry), self.settings.compare_id or ""))
+            else:
+                groups.setdefault(str(run.path), []).append(entry)
+        terminalreporter.section("memgate compare")
+        for line in dict.fromkeys(missing):
+            terminalreporter.write_line(f"memgate: {line}")
+        for path, entries in sorted(groups.items()):
+            terminalreporter.write_line(f"compared with {path}:")
+            try:
+                base = baseline_entries(load_baseline(path))
+            except MemgateError as exc:
+                terminalreporter.write_line(f"memgate: error: {exc.one_line()}")
+                continue
+            for line in diff_text(diff_entries(base, entries)):
+                terminalreporter.write_line(line)
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest may remove the temporary folders recordings are in
     def pytest_sessionfinish(self) -> None:
         s = self.settings
         outcomes, entries = self._sorted_outcomes(), self._entries()
         if s.json_path is not None:
-            write_json_atomic(s.json_path, build_report(entries, outcomes, self.errors))
+            write_json_atomic(s.json_path, build_report(self._all_entries(), outcomes, self.errors))
         if s.save_baseline is not None and entries:
             baseline = baseline_from_entries(entries)
             if s.ratchet and s.save_baseline.exists():
                 baseline = ratchet(load_baseline(s.save_baseline), baseline)
             write_json_atomic(s.save_baseline, baseline)
+        if s.autosave and entries:
+            commit, dirty = git_commit(Path(self.config.rootpath))
+            self.saved = save_run(s.storage, entries, commit=commit, dirty=dirty)
         if s.benchmark_json is not None:
             write_json_atomic(s.benchmark_json, benchmark_export(entries))
         if s.html_path is not None:
-            _write_html(s.html_path, entries, outcomes)
+            _write_html(s.html_path, self._all_entries(), outcomes, self.errors)
         summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
-        if summary_file and outcomes:
+        if summary_file and (outcomes or self.errors):
             with open(summary_file, "a", encoding="utf-8") as fh:
-                fh.write(step_summary_markdown(outcomes))
+                fh.write(step_summary_markdown(outcomes, self.errors, self.counts))
 
 
-def _write_html(path: Path, entries: list[dict[str, Any]], outcomes: list[dict[str, Any]]) -> None:
+def _pytest_word(report: pytest.TestReport) -> str | None:
+    """The word pytest's summary counts this report under (None: a phase pytest does not count)."""
+    if hasattr(report, "wasxfail"):
+        return "xpassed" if report.passed and report.when == "call" else ("xfailed" if report.skipped else None)
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    if report.skipped:
+        return "skipped"
+    return "passed" if report.when == "call" else None
+
+
+def _write_html(path: Path, entries: list[dict[str, Any]], outcomes: list[dict[str, Any]],
+                errors: list[dict[str, Any]]) -> None:
     from memgate.html_report import render_html  # drawing code loads only when asked for
 
-    profiles = []
+    profiles: list[Profile] = []
     for entry in entries:
         try:
             profiles.extend(load(found) for found in discover(entry["path"]))
         except MemgateError:
-            continue
-    write_text_atomic(path, render_html(entries, outcomes, profiles))
+            continue  # its tables still show; a recording's temporary folder may be gone
+    write_text_atomic(path, render_html(entries, outcomes, profiles, errors=errors))

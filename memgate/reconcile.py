@@ -5,6 +5,14 @@ window, while the allocator totals written next to each block (torch_npu ``Alloc
 Allocated``, Kineto ``Total Allocated``) include memory allocated before it. The difference, the
 pre-window baseline, is estimated once per block and the most common estimate wins; the share of
 blocks that agree with it is reported as the consistency figure, never hidden.
+
+Across files: where a writer records blocks in one file and the allocator's totals in another
+(torch_npu operator_memory.csv beside memory_record.csv, their MindSpore and CANN twins, the db
+tables), :class:`SeriesConsistency` says how far the two agree: the share of the blocks' time span
+the series covers, and the share of blocks whose recorded total equals a sample of the series at the
+block's allocation time (the same event, written twice: 100% in every real profile checked). Files of
+different runs or windows show here as a low figure; the loaders refuse the ones that cannot belong
+together at all (no time overlap, other devices).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from memgate.model import DeviceModel
+from memgate.model import DeviceModel, Series
 
 
 @dataclass(frozen=True)
@@ -39,13 +47,33 @@ class ComponentFacts:
 
 
 @dataclass(frozen=True)
+class SeriesConsistency:
+    """How a component's blocks agree with the series of the same name (often another file)."""
+
+    series_source: str  # the file (and table) of the series
+    blocks_source: str | None
+    window_overlap: float | None  # share of the blocks' time span inside the series' span (None: no times)
+    checked_blocks: int  # blocks with a recorded total and an allocation time
+    agreeing_blocks: int  # ... whose total equals a series sample at their allocation time
+    agreement: float | None  # agreeing / checked (None when none could be checked)
+
+    def as_json(self) -> dict[str, object]:
+        return {"series_source": self.series_source, "blocks_source": self.blocks_source,
+                "window_overlap": self.window_overlap, "checked_blocks": self.checked_blocks,
+                "agreeing_blocks": self.agreeing_blocks, "agreement": self.agreement}
+
+
+@dataclass(frozen=True)
 class DeviceFacts:
     components: dict[str, ComponentFacts] = field(default_factory=dict)
     sum_checks: dict[str, float] = field(default_factory=dict)  # e.g. PTA+GE → share of rows = PTA + GE
     curves: dict[str, BlockCurve] = field(default_factory=dict)
+    # per block component with a series of the same name: blocks ↔ series across files
+    consistency: dict[str, SeriesConsistency] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, object]:
         return {
+            "consistency": {name: c.as_json() for name, c in sorted(self.consistency.items())},
             "components": {
                 name: {
                     "blocks": f.blocks,
@@ -66,6 +94,7 @@ class DeviceFacts:
         return cls(
             components={name: ComponentFacts(component=name, **fields) for name, fields in doc["components"].items()},
             sum_checks=dict(doc["sum_checks"]),
+            consistency={name: SeriesConsistency(**fields) for name, fields in doc.get("consistency", {}).items()},
         )
 
 
@@ -112,10 +141,56 @@ def reconcile(device: DeviceModel) -> DeviceFacts:
         groups.append(("allocator", codes < 0))
     for name, member in groups:
         rows = None if member.all() else np.flatnonzero(member)
-        component_facts, curve = _reconcile_blocks(name, _BlockArrays.of(blocks, rows))
+        arrays = [_BlockArrays.of(blocks, rows)]  # handed on below, so _reconcile_blocks holds the only reference
+        series = device.series.get(name)
+        if series is not None:
+            facts.consistency[name] = series_consistency(series, arrays[0], device.blocks_source)
+        component_facts, curve = _reconcile_blocks(name, arrays.pop())
         facts.components[name] = component_facts
         facts.curves[name] = curve
     return facts
+
+
+def series_consistency(series: Series, blocks: _BlockArrays, blocks_source: str | None) -> SeriesConsistency:
+    """The blocks of a component against the series of the same name: time overlap and totals."""
+    frame = series.frame
+    timed = frame["t_ns"].notna().to_numpy()
+    t = frame["t_ns"].to_numpy(dtype=np.int64, na_value=0)[timed]
+    values = frame["allocated"].to_numpy(dtype=np.int64, na_value=-1)[timed]
+    if len(t) and not (t[1:] >= t[:-1]).all():
+        order = np.argsort(t, kind="stable")
+        t, values = t[order], values[order]
+    alloc_times = blocks.t_alloc[~blocks.pre]
+    free_times = blocks.t_free[blocks.freed]
+    overlap: float | None = None
+    if (len(alloc_times) or len(free_times)) and len(t):
+        lo = min(int(x.min()) for x in (alloc_times, free_times) if len(x))
+        hi = max(int(x.max()) for x in (alloc_times, free_times) if len(x))
+        inside = min(hi, int(t[-1])) - max(lo, int(t[0]))
+        overlap = (1.0 if inside >= 0 else 0.0) if hi == lo else max(inside, 0) / (hi - lo)
+    del free_times
+    # A block's recorded total against every sample of the series at its allocation time (the rows of
+    # one instant are in an order the writer chose: any of them may be the one written with the block).
+    checkable = blocks.alloc_total[~blocks.pre] >= 0
+    at, total = alloc_times[checkable], blocks.alloc_total[~blocks.pre][checkable]
+    del alloc_times, checkable
+    if len(at) and not (at[1:] >= at[:-1]).all():  # sorted needles: searchsorted walks, never jumps
+        order = np.argsort(at)
+        at, total = at[order], total[order]
+    index = np.searchsorted(t, at, side="left")
+    pending = np.flatnonzero(index < len(t))
+    agreeing = 0
+    while len(pending):
+        pending = pending[t[index[pending]] == at[pending]]  # still a sample of the block's instant
+        hit = values[index[pending]] == total[pending]
+        agreeing += int(hit.sum())
+        pending = pending[~hit]
+        index[pending] += 1
+        pending = pending[index[pending] < len(t)]
+    checked = len(at)
+    return SeriesConsistency(series_source=series.source, blocks_source=blocks_source, window_overlap=overlap,
+                             checked_blocks=checked, agreeing_blocks=agreeing,
+                             agreement=agreeing / checked if checked else None)
 
 
 def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFacts, BlockCurve]:
@@ -145,7 +220,7 @@ def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFa
     consistency: float | None = None
     baseline = 0
     if (alloc_total >= 0).any():
-        is_alloc_event = order >= free_count
+        is_alloc_event = np.asarray(order) >= free_count
         recorded = alloc_total[alloc_idx[order[is_alloc_event] - free_count]]
         has_total = recorded >= 0
         estimates = recorded[has_total] - running[is_alloc_event][has_total]

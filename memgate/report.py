@@ -11,6 +11,7 @@ from typing import Any
 
 from memgate import __version__
 from memgate.budgets import LIMITS, Outcome
+from memgate.identity import profile_labels
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
 from memgate.sizes import format_size
@@ -74,23 +75,56 @@ def _cell(metric: str, value: Any) -> str:
     return format_size(value)
 
 
+_METRIC_ORDER = {key: i for i, key in enumerate(LIMITS)}
+
+
+def outcome_order(outcome: dict[str, Any]) -> tuple[str, str, int, str]:
+    """The order rows are listed in, by the CLI and by pytest alike: profile, budget, then the
+    metrics in the order of the budget keys (op caps last, by glob)."""
+    metric = str(outcome["metric"])
+    return (str(outcome.get("profile", "")), str(outcome["budget"]), _METRIC_ORDER.get(metric, len(_METRIC_ORDER)),
+            metric)
+
+
+def result_word(outcome: dict[str, Any]) -> str:
+    """pass, FAIL, error, or "not selected" (a budget whose devices glob selects none of the profile's)."""
+    if outcome.get("skipped"):
+        return "not selected"
+    if outcome.get("error"):
+        return "error"
+    return "pass" if outcome["passed"] else "FAIL"
+
+
+def outcome_labels(outcomes: list[dict[str, Any]]) -> dict[str, str]:
+    """Each outcome's profile as the table shows it: as much of its path as tells it from the
+    other profiles of the table (:func:`memgate.identity.profile_labels`)."""
+    paths = sorted({str(o.get("profile", "")) for o in outcomes})
+    return dict(zip(paths, profile_labels(paths)))
+
+
+def profile_label(outcome: dict[str, Any], labels: dict[str, str]) -> str:
+    return labels.get(str(outcome.get("profile", "")), str(outcome.get("profile", "?")))
+
+
 def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
-    """Measured vs limit per rank, one row per (profile, budget, metric)."""
-    header = ("rank", "budget", "metric", "measured", "limit", "result")
+    """Measured vs limit, one row per (profile, budget, metric), in :func:`outcome_order`; the
+    profile last (its label's width varies most)."""
+    header = ("rank", "budget", "metric", "measured", "limit", "result", "profile")
+    labels = outcome_labels(outcomes)
     rows = []
-    for o in outcomes:
-        result = "error" if o.get("error") else ("pass" if o["passed"] else "FAIL")
+    for o in sorted(outcomes, key=outcome_order):
         rows.append((
             str(o.get("rank", "?")) + (f" {o['device']}" if o.get("device") else ""),
             o["budget"],
             o["metric"],
             _cell(o["metric"].split("[")[0], o.get("value")),
             _cell(o["metric"].split("[")[0], o["limit"]),
-            result,
+            result_word(o),
+            profile_label(o, labels),
         ))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
+    return [fmt.format(*r).rstrip() for r in [header, tuple("-" * w for w in widths), *rows]]
 
 
 _SIZE_ROWS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "step_growth_bytes",
@@ -123,10 +157,10 @@ def inspect_text(entry: dict[str, Any]) -> list[str]:
                          f"{format_size(pool['peak_reserved_bytes'])}, fragmentation {frag}, external "
                          f"{pool['external_fragmentation']:.4f}"
                          + (", reserved before the window" if pool["reserved_before_window"] else ""))
-        ops = sorted(m["op_max_block_bytes"].items(), key=lambda kv: -kv[1])[:5]
+        ops = sorted((m.get("op_max_block_bytes") or {}).items(), key=lambda kv: -kv[1])[:5]  # None: not measurable
         if ops:
             lines.append("    largest block per operator: " + ", ".join(f"{op} {format_size(v)}" for op, v in ops))
-        for block in m["top_at_peak"][:5]:
+        for block in (m.get("top_at_peak") or [])[:5]:
             lines.append(f"    at peak: {format_size(block['size']):>12}  {block['op'] or block['owner'] or '(no op)'}")
         for name, facts in dev["reconciliation"]["components"].items():
             if facts["consistency"] is not None:

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgate.budgets import Budget, MetricCache, judge
+from memgate.budgets import LIMITS, Budget, MetricCache, judge
 from memgate.cache import ProfileCache, open_profile
-from memgate.discover import Found, discover
-from memgate.errors import MemgateError
-from memgate.metrics import MetricOptions
-from memgate.model import ProfileInfo
+from memgate.discover import Found, discover, load
+from memgate.errors import MemgateError, NotMeasurable, NotSelected
+from memgate.metrics import METRIC_KEYS, DeviceMetrics, MetricOptions, profile_metrics
+from memgate.model import Profile, ProfileInfo
 from memgate.progress import describe, progress
 from memgate.report import outcome_entry, profile_entry
 
@@ -41,10 +41,11 @@ class ProfileResult:
 def error_outcome(profile: ProfileInfo | None, path: str, budget: Budget, metric: str, error: MemgateError) -> dict[str, Any]:
     """The report entry of a (profile, budget, metric) that could not be judged."""
     limit = budget.limits.get(metric, budget.op_caps.get(metric[len("op_caps["):-1], 0))
+    what = "skipped" if isinstance(error, NotSelected) else "error"  # a budget for other devices: not an error
     return {
         "profile": profile.path if profile else path, "rank": profile.rank if profile else "?",
         "budget": budget.name, "metric": metric, "limit": limit, "value": None, "passed": None,
-        "device": None, "error": error.one_line(), "message": error.one_line(),
+        "device": None, what: error.one_line(), "message": error.one_line(),
     }
 
 
@@ -99,3 +100,88 @@ def run_profiles(
         with progress(label, write_progress):
             results.append(process_profile(entry, budgets, options, cache))
     return results
+
+
+# ---- metrics for a test's own assertions ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One profile and its metrics, for assertions of your own (the ``memgate_load`` fixture).
+
+    ``m["peak_allocated"]`` (a budget key) or ``m["peak_allocated_bytes"]`` (a JSON report key) is
+    the profile's value, its worst device, as budgets judge it; a metric the profile cannot support
+    raises :class:`memgate.errors.NotMeasurable` saying what is missing. ``metrics`` holds every
+    value (None where not measurable), ``devices`` the per-device :class:`DeviceMetrics`, and
+    ``profile`` the normalized model.
+    """
+
+    path: str
+    format: str
+    rank: str
+    profile: Profile
+    devices: tuple[DeviceMetrics, ...]
+
+    @staticmethod
+    def metric_key(key: str) -> str:
+        """The JSON report key of a budget key (``peak_allocated`` → ``peak_allocated_bytes``)."""
+        if key in LIMITS:
+            return LIMITS[key][0]
+        if key in METRIC_KEYS:
+            return key
+        raise KeyError(f"unknown metric {key!r}; one of {', '.join([*LIMITS, *METRIC_KEYS])}")
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Every metric key → the worst device's value; op_max_block_bytes merged (largest per op);
+        top_at_peak of the device with the largest peak_allocated."""
+        values: dict[str, Any] = {}
+        for key in METRIC_KEYS:
+            measured = [m.values[key] for m in self.devices if m.values.get(key) is not None]
+            if key == "op_max_block_bytes":
+                merged: dict[str, int] = {}
+                for ops in measured:
+                    for op, size in ops.items():
+                        merged[op] = max(size, merged.get(op, size))
+                values[key] = merged
+            elif key == "top_at_peak":
+                peaks = [m for m in self.devices if m.values.get("peak_allocated_bytes") is not None]
+                worst = max(peaks, key=lambda m: m.values["peak_allocated_bytes"]) if peaks else None
+                values[key] = list(worst.values.get("top_at_peak") or []) if worst is not None else []
+            else:
+                values[key] = max(measured) if measured else None
+        return values
+
+    @property
+    def not_measurable(self) -> dict[str, str]:
+        """Metric key → why no device measured it."""
+        out = {}
+        for key in METRIC_KEYS:
+            if all(m.values.get(key) is None for m in self.devices):
+                reasons = [f"{m.device}: {m.missing[key]}" for m in self.devices if key in m.missing]
+                out[key] = "; ".join(reasons) or "no device"
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        metric = self.metric_key(key)
+        value = self.metrics[metric]
+        if value is None:
+            raise NotMeasurable(f"{key} is not measurable: {self.not_measurable.get(metric, 'no device')}",
+                                file=self.path)
+        return value
+
+
+def measure(path: str | Path, *, warmup_steps: int = 1, leak_horizon_steps: int = 1,
+            component: str | None = None) -> list[Measured]:
+    """Every profile under ``path``, loaded and measured (:class:`Measured`), in discovery order.
+
+    The options are a budget's (``warmup_steps``, ``leak_horizon_steps``, ``component``). Bad input
+    raises the memgate error that names the file.
+    """
+    options = MetricOptions(component, warmup_steps, leak_horizon_steps)
+    measured = []
+    for found in discover(path):
+        profile = load(found)
+        measured.append(Measured(profile.path, profile.format, profile.rank, profile,
+                                 tuple(profile_metrics(profile, options))))
+    return measured

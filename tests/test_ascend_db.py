@@ -421,3 +421,163 @@ def test_empty_memory_tables(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="the memory tables hold no rows") as info:
         ascend_db.load(path)
     assert info.value.expected == "rows in MEMORY_RECORD / OP_MEMORY"
+
+
+# --- issue 11: what is a table, how long a query may run, logs not yet in the db file -------------------
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, int, bytes]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(directory.iterdir())}
+
+
+def _with_pending_wal(tmp_path: Path, *statements: str) -> Path:
+    """The sample turned WAL-mode, ``statements`` committed into its -wal and never checkpointed, then the
+    db and the -wal (no -shm) copied into a fresh profile folder, as an artifact copied mid-run looks."""
+    work = tmp_path / "writer"
+    work.mkdir()
+    src = work / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(DB, src)
+    writer = sqlite3.connect(src)
+    try:
+        writer.execute("PRAGMA journal_mode = WAL")
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        for sql in statements:
+            writer.execute(sql)
+        writer.commit()
+        profile_dir = tmp_path / "profile"
+        profile_dir.mkdir()
+        shutil.copyfile(src, profile_dir / src.name)
+        shutil.copyfile(str(src) + "-wal", str(profile_dir / src.name) + "-wal")
+    finally:
+        writer.close()
+    return profile_dir / src.name
+
+
+def test_a_copied_pending_wal_is_read_and_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    path = _with_pending_wal(tmp_path, "UPDATE MEMORY_RECORD SET totalAllocated = 9999999999 WHERE rowid = 1",
+                             "UPDATE MEMORY_RECORD SET totalReserved = 8888888888 WHERE rowid = 1")
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + "-wal"]
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    before = _snapshot(path.parent)
+    profile = ascend_db.load(path)
+    assert _snapshot(path.parent) == before  # no -shm, no checkpoint, no change
+    assert list(private.iterdir()) == []  # the private copy is gone
+    pta = profile.devices[0].series["PTA"].frame
+    assert int(pta["allocated"].max()) == 9999999999
+    assert int(pta["reserved"].max()) == 8888888888
+    # immutable=1 alone would have read the db file without the log
+    assert raw("SELECT max(totalAllocated) FROM MEMORY_RECORD", path)[0][0] != 9999999999
+
+
+def test_a_hot_rollback_journal_is_applied_to_a_copy(tmp_path: Path) -> None:
+    """A db copied mid-transaction: its file holds half-written pages, the -journal the old ones."""
+    work = tmp_path / "writer"
+    work.mkdir()
+    src = work / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(DB, src)
+    committed = raw("SELECT count(*), sum(size) FROM OP_MEMORY")[0]
+    writer = sqlite3.connect(src, isolation_level=None)
+    try:
+        writer.execute("PRAGMA cache_size = 1")  # spill the uncommitted change into the db file
+        writer.execute("BEGIN")
+        writer.execute("UPDATE OP_MEMORY SET size = size * 1000")
+        writer.execute("INSERT INTO OP_MEMORY SELECT * FROM OP_MEMORY")
+        profile_dir = tmp_path / "profile"
+        profile_dir.mkdir()
+        for suffix in ("", "-journal"):
+            shutil.copyfile(str(src) + suffix, str(profile_dir / src.name) + suffix)
+    finally:
+        writer.close()
+    path = profile_dir / src.name
+    assert raw("SELECT count(*) FROM OP_MEMORY", path)[0][0] != committed[0]  # immutable reads the torn state
+    before = _snapshot(profile_dir)
+    profile = ascend_db.load(path)
+    assert _snapshot(profile_dir) == before
+    blocks = profile.devices[0].blocks
+    assert (len(blocks), int(blocks["size"].abs().sum())) == (committed[0], abs(committed[1]))
+
+
+@pytest.mark.parametrize(("statements", "kind"), [
+    (("DROP TABLE MEMORY_RECORD", "CREATE VIEW MEMORY_RECORD AS SELECT * FROM OP_MEMORY"), "view"),
+    # a view over an endless recursive query: refused before any read, no hang
+    (("DROP TABLE NPU_MEM", ("CREATE VIEW NPU_MEM AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+      "SELECT x AS type, x AS ddr, x AS hbm, x AS timestampNs, 0 AS deviceId FROM c")), "view"),
+    (("DROP TABLE STEP_TIME", "CREATE TRIGGER STEP_TIME AFTER INSERT ON OP_MEMORY BEGIN SELECT 1; END"), "trigger"),
+    (("DROP TABLE NPU_MODULE_MEM", "CREATE VIRTUAL TABLE NPU_MODULE_MEM USING fts5(moduleId)"), "virtual table"),
+])
+def test_a_table_name_on_something_else_is_refused(tmp_path: Path, statements: tuple[str, ...], kind: str) -> None:
+    path = mutated(tmp_path, *statements)
+    table = statements[0].split()[-1]
+    with pytest.raises(InputError) as info:
+        ascend_db.load(path)
+    err = info.value
+    assert (err.file, err.column, err.message) == (str(path), table, f"{table} is a {kind}, not a table")
+    assert err.found == f"a {kind} named {table}"
+
+
+ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+def test_a_query_past_its_time_budget_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memgate.readers import limits
+    from memgate.readers.sqlitetable import open_db
+
+    monkeypatch.setenv(limits.QUERY_SECONDS_ENV, "0.2")
+    with open_db(DB) as db, pytest.raises(InputError) as info:
+        db.query(ENDLESS, table="MEMORY_RECORD")
+    err = info.value
+    assert err.file == str(DB) and err.column == "MEMORY_RECORD"
+    assert "ran past the 0.2 s limit" in err.message and limits.QUERY_SECONDS_ENV in (err.expected or "")
+    with open_db(DB) as db:  # the handler is per query: the next one runs normally
+        assert db.query("SELECT count(*) FROM STEP_TIME") == raw("SELECT count(*) FROM STEP_TIME")
+
+
+def test_rows_are_capped_while_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memgate.readers import limits
+    from memgate.readers.sqlitetable import FETCH_ROWS, open_db
+
+    endless_rows = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"
+    with open_db(DB) as db, pytest.raises(InputError) as info:
+        monkeypatch.setenv(limits.ROWS_ENV, "10")
+        db.query(endless_rows, table="X")
+    assert info.value.message == f"{FETCH_ROWS} rows, over the limit of 10"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "1e3", "²"])
+def test_a_bad_query_budget_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from memgate.errors import ConfigError
+    from memgate.readers import limits
+
+    monkeypatch.setenv(limits.QUERY_SECONDS_ENV, value)
+    with pytest.raises(ConfigError, match=limits.QUERY_SECONDS_ENV):
+        limits.max_query_seconds()
+    monkeypatch.setenv(limits.QUERY_SECONDS_ENV, "")
+    assert limits.max_query_seconds() == limits.DEFAULT_MAX_QUERY_SECONDS
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "3.0", "three"])
+def test_a_meta_data_rank_that_is_not_ascii_digits(tmp_path: Path, value: str) -> None:
+    path = mutated(tmp_path, f"INSERT INTO META_DATA VALUES ('rank_id', '{value}')")
+    path = path.rename(tmp_path / "ascend_pytorch_profiler.db")  # no file-name suffix: META_DATA is read
+    with pytest.raises(InputError) as info:
+        ascend_db.load(path)
+    assert (info.value.column, info.value.found) == ("META_DATA.rank_id", repr(value))
+
+
+def test_the_cache_key_of_a_db_covers_its_pending_wal(tmp_path: Path) -> None:
+    """A -wal appearing next to a cached db changes what the db reads: the cache must not serve the old load."""
+    from memgate.cache import ProfileCache
+
+    path = _with_pending_wal(tmp_path, "UPDATE MEMORY_RECORD SET totalAllocated = 9999999999 WHERE rowid = 1")
+    (found,) = discover.discover(path)
+    cache = ProfileCache(tmp_path / "cache")
+    with_wal = cache.key(found)
+    wal = Path(str(path) + "-wal")
+    data = wal.read_bytes()
+    wal.unlink()
+    assert cache.key(found) != with_wal
+    wal.write_bytes(data)
+    assert cache.key(found) == with_wal

@@ -6,6 +6,7 @@ import json
 import xml.etree.ElementTree as ET
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from scale import scaled_copy
@@ -28,9 +29,10 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
-def _save(p: pytest.Pytester, root: str = "base", *extra: str) -> dict:
+def _save(p: pytest.Pytester, root: str = "base", *extra: str) -> dict[str, Any]:
     p.runpytest(f"--memgate={root}", "--memgate-save-baseline=baseline.json", *extra).assert_outcomes(passed=1)
-    return json.loads((p.path / "baseline.json").read_text())
+    saved: dict[str, Any] = json.loads((p.path / "baseline.json").read_text())
+    return saved
 
 
 def test_scaled_copy_is_exact(project: pytest.Pytester) -> None:
@@ -63,13 +65,16 @@ def test_unchanged_run_passes_heavier_run_fails_everywhere(project: pytest.Pytes
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*peak_allocated 1.35 GiB exceeds baseline 1.23 GiB by 126.1? MiB (+10.0%), allowed +5% — rank 0 npu:0*",
-        "::error title=memgate baseline%3A%3Apeak_allocated (rank 0)::peak_allocated 1.35 GiB exceeds baseline*",
+        ("::error title=memgate memgate%3A%3Aheavy/run_ascend_pt%3A%3Abaseline%3A%3Apeak_allocated::peak_allocated 1.35 "
+        "GiB exceeds baseline*"),
     ])
     failures = ET.parse(project.path / "junit.xml").findall(".//testcase/failure")
     assert len(failures) == 1 and failures[0].get("message", "").startswith("peak_allocated 1.35 GiB exceeds baseline")
     table = summary.read_text()
-    assert "| ❌ FAIL | 0 | npu:0 | baseline | `peak_allocated` |" in table
-    assert "| ✅ pass | 0 | npu:0 | train | `peak_allocated` |" in table
+    assert table.startswith("### memgate: 1 failed, 1 passed (2 checks)\n")
+    assert ("| ❌ FAIL | `memgate::heavy/run_ascend_pt::baseline::peak_allocated` | 0 | npu:0 | baseline | "
+            "`peak_allocated` |") in table
+    assert "| ✅ pass | `memgate::heavy/run_ascend_pt::train::peak_allocated` | 0 | npu:0 | train | `peak_allocated` |" in table
 
 
 @pytest.mark.parametrize(
@@ -91,7 +96,7 @@ def test_rule_boundaries(project: pytest.Pytester, rule: str, passes: bool) -> N
 
 @pytest.mark.parametrize(("policy", "outcome"), [("skip", {"skipped": 1}), ("warn", {"passed": 1, "warnings": 1}),
                                                  ("fail", {"errors": 1})])
-def test_missing_baseline_policy(project: pytest.Pytester, policy: str, outcome: dict) -> None:
+def test_missing_baseline_policy(project: pytest.Pytester, policy: str, outcome: dict[str, int]) -> None:
     result = project.runpytest("--memgate=base", "--memgate-baseline=nope.json",
                                "--memgate-compare-fail=peak_allocated:5%", f"--memgate-baseline-missing={policy}", "-rs")
     result.assert_outcomes(passed=1 + outcome.get("passed", 0), skipped=outcome.get("skipped", 0),
@@ -183,7 +188,7 @@ def test_allowed_is_exact_for_bytes() -> None:
 RESERVED = 1600913408  # the example's peak reserved (PTA+GE)
 # A baseline as memgate saved it before the per-pool metrics: no external_fragmentation, no
 # leak_undetermined, no snapshot pool state, no pool_of; fragmentation of the combined series.
-OLD_BASELINE = {
+OLD_BASELINE: dict[str, Any] = {
     "memgate_baseline": 1,
     "memgate_version": "0.1.0",
     "profiles": {"0": {
@@ -272,7 +277,7 @@ def test_old_baseline_pure_compare() -> None:
 def test_ratchet_keeps_the_pool_of_the_value_kept() -> None:
     from memgate.compare import ratchet
 
-    def baseline(frag: float, pool: str, extra: dict | None = None) -> dict:
+    def baseline(frag: float, pool: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         metrics = {"fragmentation": frag, "external_fragmentation": 0.1, **(extra or {})}
         return {"memgate_baseline": 1, "profiles": {"0": {"key": {"format": "x"}, "devices": {"npu:0": {
             "metrics": metrics, "pool_of": {"fragmentation": pool, "external_fragmentation": pool}}}}}}
@@ -337,8 +342,10 @@ def test_junit_units_and_step_summary_for_ratio_metrics(project: pytest.Pytester
     assert props["memgate.external_fragmentation.unit"] == "ratio"
     assert props["memgate.external_fragmentation.measured"] == "0.0"
     table = summary.read_text()
-    assert "| ✅ pass | 0 | npu:0 | train | `external_fragmentation` | 0.000 | 0.050 |" in table
-    assert "| ✅ pass | 0 | npu:0 | train | `fragmentation` | 0.182 | 0.500 |" in table
+    assert ("| ✅ pass | `memgate::base/run_ascend_pt::train::external_fragmentation` | 0 | npu:0 | train | "
+            "`external_fragmentation` | 0.000 | 0.050 |") in table
+    assert ("| ✅ pass | `memgate::base/run_ascend_pt::train::fragmentation` | 0 | npu:0 | train | `fragmentation` | "
+            "0.182 | 0.500 |") in table
 
 
 def test_ci_outputs_format_every_metric_by_its_kind() -> None:
@@ -354,9 +361,9 @@ def test_ci_outputs_format_every_metric_by_its_kind() -> None:
          "limit": 1 << 30, "passed": True, "message": "m"},
     ]
     table = step_summary_markdown(outcomes)
-    assert "| ❌ FAIL | 0 | cuda:0 | b | `free_block_fragmentation` | 0.857 | 0.500 |" in table
-    assert "| ✅ pass | 0 | cpu | b | `leak_undetermined` | 294.79 KiB | 1.00 MiB |" in table
-    assert "| ✅ pass | 0 | cuda:0 | b | `largest_free_block` | 512.00 MiB | 1.00 GiB |" in table
+    assert "| ❌ FAIL | – | 0 | cuda:0 | b | `free_block_fragmentation` | 0.857 | 0.500 |" in table
+    assert "| ✅ pass | – | 0 | cpu | b | `leak_undetermined` | 294.79 KiB | 1.00 MiB |" in table
+    assert "| ✅ pass | – | 0 | cuda:0 | b | `largest_free_block` | 512.00 MiB | 1.00 GiB |" in table
     assert github_annotations(outcomes) == [
         ("::error title=memgate b%3A%3Afree_block_fragmentation (rank 0)::free_block_fragmentation 0.857 exceeds "
         "budget 0.500 by 0.357 (+71.4%25) — rank 0 cuda:0")]

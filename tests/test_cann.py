@@ -8,6 +8,7 @@ so every comparison is ``==``. CANN sees one allocator (GE): the whole trace is 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -254,3 +255,58 @@ def test_cli_exit_2_names_file_line_column(tmp_path: Path) -> None:
     assert rc == 2
     line = one_stderr_line(stderr)
     assert line.startswith(f"memgate: error: {path}:2: column 'Size(KB)': malformed value")
+
+
+# ---- files of one PROF directory that cannot belong together (issue 11) ------------------------------------
+
+
+def _edit_all(path: Path, column: str, edit: Callable[[str], str]) -> None:
+    lines = read_lines(path)
+    header, _ = split_row(lines[0])
+    for i in range(1, len(lines)):
+        fields, eol = split_row(lines[i])
+        fields[header.index(column)] = edit(fields[header.index(column)])
+        lines[i] = join_row(fields, eol)
+    write_lines(path, lines)
+
+
+def test_operator_memory_of_another_device_is_refused(tmp_path: Path) -> None:
+    prof, ops = _file(tmp_path, "operator_memory")
+    _edit_all(ops, "Device_id", lambda _: "4")
+    with pytest.raises(InputError) as info:
+        _read(prof)
+    err = info.value
+    assert (err.file, err.found) == (str(ops), "blocks on npu:4")
+    assert err.message.startswith("the files of this profile name different devices: the blocks on npu:4 have no "
+                                  "allocator totals, memory_record_20250114093025.csv records them for npu:3 only")
+
+
+def test_operator_memory_of_another_window_is_refused(tmp_path: Path) -> None:
+    prof, ops = _file(tmp_path, "operator_memory")
+    hour_us = 3600 * 10**6
+    _edit_all(ops, "Allocation Time(us)", lambda v: f"{int(v.split('.')[0]) + hour_us}.{v.split('.')[1]}")
+    with pytest.raises(InputError) as info:
+        _read(prof)
+    t0 = _trace().t_start
+    record = prof / "mindstudio_profiler_output" / "memory_record_20250114093025.csv"
+    err = info.value
+    assert err.file == str(ops)
+    assert err.message.startswith("npu:3: the blocks and the allocator totals of memory_record_20250114093025.csv do "
+                                  "not overlap in time")
+    # the GE series spans the trace's events; the blocks moved by an hour (92.6 µs the longest)
+    assert err.expected == f"blocks inside the window of {record} ({t0}..{t0 + 92_600} ns)"
+    assert err.found == f"blocks from {t0 + hour_us * 1000}..{t0 + hour_us * 1000 + 92_600} ns"
+
+
+def test_cross_file_figures(tmp_path: Path) -> None:
+    prof, _ = _file(tmp_path, "operator_memory")
+    profile = _read(prof)
+    t0 = _trace().t_start
+    names = {f"mindstudio_profiler_output/{k}_20250114093025.csv": ["npu:3"]
+             for k in ("memory_record", "npu_mem", "npu_module_mem", "operator_memory")}
+    assert profile.metadata["cross_file"]["devices_by_file"] == names
+    assert profile.metadata["cross_file"]["window_ns_by_file"][
+        "mindstudio_profiler_output/operator_memory_20250114093025.csv"] == [t0, t0 + 92_600]
+    (m,) = profile_metrics(profile)
+    ge = m.facts.consistency["GE"]
+    assert (ge.window_overlap, ge.checked_blocks, ge.agreeing_blocks) == (1.0, 2, 2)

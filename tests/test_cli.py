@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -116,9 +117,11 @@ def test_check_at_the_exact_boundary(delta: int, rc: int, tmp_path: Path) -> Non
     result = run_cli(["check", PTA271, "--budgets", budgets])
     assert (result.rc, result.stderr) == (rc, "")
     verdict = "pass" if rc == 0 else "FAIL"
-    assert any(line.split()[-1] == verdict and "peak_allocated" in line for line in result.stdout.splitlines())
+    assert any(line.split()[-2:] == [verdict, PTA271.name] and "peak_allocated" in line
+               for line in result.stdout.splitlines())
     if rc == 1:
-        assert "FAILED train::peak_allocated: peak_allocated 10.04 GiB exceeds budget 10.04 GiB by 1 B" in result.stdout
+        assert (f"FAILED {PTA271.name}::train::peak_allocated: peak_allocated 10.04 GiB exceeds budget 10.04 GiB "
+                "by 1 B") in result.stdout
         assert "rank 0 npu:0, step 13" in result.stdout
 
 
@@ -140,11 +143,12 @@ op_caps = { "aten::mm" = "100 MiB", "cann::*" = "1 GiB" }
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
     assert failed == [
         (
-            "FAILED tight-matmul::op_caps[aten::mm]: op_caps[aten::mm] 144.00 MiB exceeds budget 100.00 MiB "
+            "FAILED msinsight_pta21_level1_rank0::tight-matmul::op_caps[aten::mm]: op_caps[aten::mm] 144.00 MiB "
+            "exceeds budget 100.00 MiB "
             "by 44.00 MiB (+44.0%) — rank 0 npu:0, op aten::mm"
         )
     ]
-    assert sum(line.rstrip().endswith("pass") for line in out.splitlines()) == 5
+    assert sum(line.split()[-2:] == ["pass", PTA21_L1.name] for line in out.splitlines()) == 5
 
 
 def test_check_uses_profiles_from_the_budget_file_relative_to_it(tmp_path: Path) -> None:
@@ -154,11 +158,11 @@ def test_check_uses_profiles_from_the_budget_file_relative_to_it(tmp_path: Path)
     rc, out, err = run_cli(["check"], cwd=tmp_path / "ci")
     assert (rc, err) == (0, "")
     (row,) = [line.split() for line in out.splitlines() if "peak_allocated" in line]
-    assert row == ["0", "npu:0", "b", "peak_allocated", "1.23", "GiB", "2.00", "GiB", "pass"]
+    assert row == ["0", "npu:0", "b", "peak_allocated", "1.23", "GiB", "2.00", "GiB", "pass", "n_rank0_ascend_pt"]
 
 
 BAD_BUDGETS = {
-    "invalid-toml": ('[[budgets]\nname = "b"\n', ("invalid TOML", "line 1")),
+    "invalid-toml": ('[[budgets]\nname = "b"\n', ("invalid TOML", "memgate.toml:1: ")),
     "unknown-key": ('[[budgets]]\nname = "b"\npeak_alocated = "12 GiB"\n', ("'peak_alocated'",)),
     "bad-size": ('[[budgets]]\nname = "b"\npeak_allocated = "12 GB!"\n', ("'12 GB!'",)),
     "no-budgets": ('profiles = "prof"\n', ("no budgets",)),
@@ -321,3 +325,82 @@ def test_broken_pipe_is_not_an_error() -> None:
     os.close(read_end)  # long before the child has imported pandas and written a byte
     _, err = proc.communicate(timeout=60)
     assert (proc.returncode, err.decode()) == (141, "")
+
+
+# ---- check: several profiles, every error, budgets for other devices ---------------------------
+
+
+def table_rows(lines: list[str]) -> list[dict[str, str]]:
+    """The summary table's rows as {column: cell}, cut where the header's columns start."""
+    header = lines[0]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    names = header.split()
+    return [{name: line[a:b].strip() for name, a, b in zip(names, starts, [*starts[1:], None])} for line in lines[2:]]
+
+
+def test_check_lists_every_profile_and_explains_every_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two profiles of rank 0, a step_growth budget neither can measure, a budget for CUDA devices
+    only, and one profile that cannot be read: each gets its own line."""
+    root = tmp_path / "prof"
+    copy_sample(PTA21_L1, root / "train_ascend_pt")
+    copy_sample(PTA271, root / "eval_ascend_pt")
+    broken = copy_sample(PTA21_L1, root / "broken_ascend_pt")
+    (broken / "memory_record.csv").write_bytes(b"")
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\npeak_allocated = "2 GiB"\nstep_growth = "1 MiB"\n\n'
+                          '[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\npeak_allocated = "1 GiB"\n')
+    rc, out, err = in_process(["check", root, "--budgets", budgets], capsys)
+    assert rc == 2
+    lines = out.splitlines()
+    assert lines[0].split() == ["rank", "budget", "metric", "measured", "limit", "result", "profile"]
+    rows = table_rows(lines[:8])
+    # ordered by profile, then budget, then metric in the order of the budget keys
+    assert [(r["profile"], r["budget"], r["metric"], r["result"]) for r in rows] == [
+        ("eval_ascend_pt", "b", "peak_allocated", "FAIL"), ("eval_ascend_pt", "b", "step_growth", "error"),
+        ("eval_ascend_pt", "gpu", "peak_allocated", "not selected"),
+        ("train_ascend_pt", "b", "peak_allocated", "pass"), ("train_ascend_pt", "b", "step_growth", "error"),
+        ("train_ascend_pt", "gpu", "peak_allocated", "not selected")]
+    explained = [line for line in lines if line.startswith(("FAILED ", "ERROR ", "SKIPPED "))]
+    assert [line.split(": ")[0] for line in explained] == [
+        "FAILED eval_ascend_pt::b::peak_allocated", "ERROR eval_ascend_pt::b::step_growth",
+        "SKIPPED eval_ascend_pt::gpu::peak_allocated", "ERROR train_ascend_pt::b::step_growth",
+        "SKIPPED train_ascend_pt::gpu::peak_allocated", f"ERROR {broken}"]
+    assert "step_growth is not measurable" in explained[1] and "needs at least 5 counted steps" in explained[1]
+    assert explained[2].endswith("not selected: budget 'gpu' selects devices='cuda:*', the profile has npu:0")
+    assert str(broken / "memory_record.csv") in explained[5]
+    line = one_stderr_line(err)  # the first error, and how many more the table lists
+    assert "step_growth is not measurable" in line and line.endswith("(and 2 more error(s), each listed above)")
+
+
+def test_check_budget_for_other_devices_only_is_a_skip_not_an_error(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\npeak_allocated = "1 GiB"\n')
+    rc, out, err = in_process(["check", PTA21_L1, "--budgets", budgets, "--json", tmp_path / "r.json"], capsys)
+    assert (rc, err) == (0, "")
+    assert table_rows(out.splitlines()[:3])[0]["result"] == "not selected"
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.Draft202012Validator(report_schema()).validate(report)
+    (outcome,) = report["budgets"]
+    assert outcome["passed"] is None and "error" not in outcome and outcome["skipped"].startswith(
+        f"{PTA21_L1}: not selected: budget 'gpu'")
+
+
+def test_check_json_dash_is_stdout_and_the_table_goes_to_stderr(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\npeak_allocated = "1 GiB"\n')
+    rc, out, err = in_process(["check", PTA21_L1, "--budgets", budgets, "--json", "-"], capsys)
+    assert rc == 1
+    report = json.loads(out)
+    jsonschema.Draft202012Validator(report_schema()).validate(report)
+    assert [o["passed"] for o in report["budgets"]] == [False]
+    assert err.splitlines()[0].split()[0] == "rank" and f"FAILED {PTA21_L1.name}::b::peak_allocated: " in err
+    assert not (Path.cwd() / "-").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["memgate.toml"]
+
+
+def test_every_argument_has_help() -> None:
+    import argparse
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {action.dest}" for name, parser in sub.choices.items() for action in parser._actions
+               if not isinstance(action, argparse._HelpAction) and not action.help]
+    assert missing == []
+    assert "a profile (a *_ascend_pt folder" in sub.choices["check"].format_help()

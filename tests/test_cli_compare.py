@@ -300,3 +300,24 @@ def test_suggest_toml_edge_cases() -> None:
     assert budget.op_caps == {'aten::index[[][*]]"x\\': 3 * MIB}
     import fnmatch
     assert fnmatch.fnmatchcase('aten::index[*]"x\\', next(iter(budget.op_caps)))
+
+
+def test_suggest_caps_instances_of_one_kernel_by_a_glob(capsys: pytest.CaptureFixture[str]) -> None:
+    """The example's cann::trans_TransData_0 .. _24 instances get one cap, from their largest block."""
+    with open(EXAMPLE / "ASCEND_PROFILER_OUTPUT" / "operator_memory.csv", newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["Name"].startswith("cann::trans_TransData_")]
+    assert len({r["Name"] for r in rows}) > 1
+    largest = max(Decimal(r["Size(KB)"]) * 1024 for r in rows)
+    text = _suggest(EXAMPLE, capsys)
+    (budget,) = parse_budget_table(tomllib.loads(text)["tool"]["memgate"], "suggested").budgets
+    assert not any(glob.startswith("cann::trans_TransData_") and glob[-1].isdigit() for glob in budget.op_caps)
+    cap = budget.op_caps["cann::trans_TransData_*"]
+    assert cap >= largest * Decimal("1.1") and cap % MIB == 0 and cap - MIB < largest * Decimal("1.1")
+
+
+def test_op_globs() -> None:
+    from memgate.compare import op_globs
+
+    assert op_globs({"cann::A_0": 5, "cann::A_12": 9, "cann::A_x": 20, "aten::mm": 3, "op[1]_2": 4}) == {
+        "cann::A_*": 20,  # the glob also matches cann::A_x: its cap covers every op it matches
+        "cann::A_x": 20, "aten::mm": 3, "op[[]1]_*": 4}

@@ -52,5 +52,36 @@ def test_report_html_of_a_snapshot_with_a_ratio_budget(tmp_path: Path, capsys: p
     assert "free_block_fragmentation 0.513 exceeds budget 0.500 by 0.013 (+2.5%) — rank 0 cuda:0" in page
     assert "reserved_at_dump 42.00 MiB within budget 64.00 MiB — rank 0 cuda:0" in page
     for key in ("allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free_block_bytes", "free_block_fragmentation"):
-        assert page.count(f"<tr><td>{key}</td>") == 2  # one row per device
+        assert len(re.findall(rf'<tr><td title="[^"]*">{key}</td>', page)) == 2  # one metrics row per device
     assert "HTML report written" in capsys.readouterr().out
+
+
+def test_report_image_draws_every_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One image per profile, named after it; a profile that cannot be read is named as left out."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    from helpers import PTA21_L1, copy_sample
+
+    root = tmp_path / "prof"
+    copy_sample(SAMPLE, root / "rank_0" / "run_ascend_pt")
+    copy_sample(PTA21_L1, root / "rank_1" / "run_ascend_pt")
+    (root / "snap").mkdir()
+    shutil.copyfile(SAMPLE.parents[1] / "torch" / "snapshot_modern_small_cs336.pickle", root / "snap" / "a.pickle")
+    broken = copy_sample(PTA21_L1, root / "rank_2" / "run_ascend_pt")
+    (broken / "memory_record.csv").write_bytes(b"")
+    out = tmp_path / "out" / "curves.svg"
+    assert main(["report", str(root), "--image", str(out)]) == 2
+    captured = capsys.readouterr()
+    names = sorted(p.name for p in out.parent.iterdir())
+    assert names == ["curves-a.pickle.svg", "curves-rank_0_run_ascend_pt.svg", "curves-rank_1_run_ascend_pt.svg"]
+    assert all(f"written to {out.parent / name}" in captured.out for name in names)
+    assert f"memgate: left out of the images: {broken} (it could not be read)" in captured.out
+    assert "rank 0 npu:0" in (out.parent / "curves-rank_0_run_ascend_pt.svg").read_text()
+    assert captured.err.startswith(f"memgate: error: {broken / 'memory_record.csv'}")
+
+
+def test_report_html_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(SAMPLE), "--html", "-"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("<!DOCTYPE html>") and str(PEAK) in captured.out and captured.err == ""

@@ -388,3 +388,104 @@ def test_a_bad_limit_is_a_usage_error(value: str, tmp_path: Path, monkeypatch: p
     result = in_process(["validate", root], capsys)
     assert result.rc == 2
     assert limits.FILE_BYTES_ENV in one_stderr_line(result.stderr)
+
+
+# ==== issue 11: CSV / sqlite / cross-file boundary cases (tests/corpus_boundary.py) ===========================
+# Kept apart from CASES (their own block): the same three ways, loader API, CLI, and one through pytest.
+
+from corpus_boundary import BOUNDARY
+
+
+def test_the_boundary_cases_cover_their_classes() -> None:
+    assert len({c.id for c in BOUNDARY}) == len(BOUNDARY) >= 15
+    assert {c.format for c in BOUNDARY} == {"torch_npu", "ascend_db", "msmemscope", "mindspore", "cann"}
+    assert not {c.id for c in BOUNDARY} & {c.id for c in CASES}
+
+
+@pytest.mark.parametrize("broken", _params(BOUNDARY), indirect=True)
+def test_boundary_loader_raises_input_error(broken: Expect) -> None:
+    try:
+        load_all(broken.root)
+    except BaseException as exc:  # noqa: BLE001 - the point: nothing but InputError may escape
+        _check_error(exc, broken, locate=True)
+    else:
+        pytest.fail(f"{broken.root} loaded without an error")
+
+
+@pytest.mark.parametrize("broken", _params(BOUNDARY), indirect=True)
+def test_boundary_cli_validate_exits_2_with_one_line(broken: Expect, capsys: pytest.CaptureFixture[str]) -> None:
+    result = in_process(["validate", broken.root], capsys)
+    assert result.rc == 2, result
+    assert "Traceback" not in result.stdout + result.stderr
+    assert str(broken.file) in one_stderr_line(result.stderr)
+
+
+@pytest.mark.parametrize("broken", _params([c for c in BOUNDARY if c.id == "db-view-over-an-endless-recursive-query"]),
+                         indirect=True)
+def test_boundary_pytest_shows_an_error_item(broken: Expect, pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", gate_budgets=BUDGETS)
+    result = pytester.runpytest(f"--memgate={broken.root}", "--memgate-budgets=gate_budgets.toml", "-p",
+                                "no:cacheprovider")
+    output = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in output and "Traceback" not in output
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*memgate: error: {broken.file}*"])
+
+
+# ==== issue 11: JSON boundary cases (tests/corpus_json.py) ====================================================
+# Repeated keys, inflated bytes, Addr on some events only, the raw memory timeline, a value repr() cannot
+# write: their own block, the same three ways (loader API, CLI, a few through pytest).
+
+from corpus_json import JSON_CASES, raw_timeline_file
+
+FORMATS.update(c.format for c in JSON_CASES)  # the raw memory timeline is a registered format: covered here
+
+
+def test_the_json_boundary_cases_cover_their_classes() -> None:
+    assert len({c.id for c in JSON_CASES}) == len(JSON_CASES) >= 15
+    assert {c.format for c in JSON_CASES} == {"kineto", "torch_npu", "torch_memory_timeline_raw", "torch_snapshot"}
+    assert not {c.id for c in JSON_CASES} & {c.id for c in CASES}
+
+
+@pytest.mark.parametrize("broken", _params(JSON_CASES), indirect=True)
+def test_json_boundary_loader_raises_input_error(broken: Expect) -> None:
+    try:
+        load_all(broken.root)
+    except BaseException as exc:  # noqa: BLE001 - the point: nothing but InputError may escape
+        _check_error(exc, broken, locate=True)
+    else:
+        pytest.fail(f"{broken.root} loaded without an error")
+
+
+@pytest.mark.parametrize("broken", _params(JSON_CASES), indirect=True)
+def test_json_boundary_cli_validate_exits_2_with_one_line(broken: Expect, capsys: pytest.CaptureFixture[str]) -> None:
+    result = in_process(["validate", broken.root], capsys)
+    assert result.rc == 2, result
+    assert "Traceback" not in result.stdout + result.stderr
+    assert str(broken.file) in one_stderr_line(result.stderr)
+
+
+@pytest.mark.parametrize("broken", _params([c for c in JSON_CASES if c.pytest_sample]), indirect=True)
+def test_json_boundary_pytest_shows_an_error_item(broken: Expect, pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", gate_budgets=BUDGETS)
+    result = pytester.runpytest(f"--memgate={broken.root}", "--memgate-budgets=gate_budgets.toml", "-p",
+                                "no:cacheprovider")
+    output = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in output and "Traceback" not in output
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*memgate: error: {broken.file}*"])
+
+
+def test_the_raw_timeline_size_and_row_caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = raw_timeline_file(tmp_path)
+    size = path.stat().st_size
+    monkeypatch.setenv(limits.FILE_BYTES_ENV, str(size - 1))
+    with pytest.raises(InputError) as info:
+        load_all(path)
+    assert info.value.file == str(path) and f"{size} bytes" in (info.value.found or "")
+    monkeypatch.setenv(limits.FILE_BYTES_ENV, str(size))
+    assert load_all(path)
+    monkeypatch.delenv(limits.FILE_BYTES_ENV)
+    monkeypatch.setenv(limits.ROWS_ENV, "3")
+    with pytest.raises(InputError, match="over the limit of 3"):
+        load_all(path)

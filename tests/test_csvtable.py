@@ -204,3 +204,73 @@ def test_unit_text_to_bytes_rounds_decimal_text_to_the_nearest_byte() -> None:
     got = unit_text_to_bytes(pa.array(["0.001", "954.37060546875", "-0.5", "1e-05", None, "4304.95751953125"]), 1 << 20)
     assert got.tolist() == [1049, 1000730112, -524288, 10, pd_na(), 4514075136]
     assert str(got.dtype) == "Int64"
+
+
+# -- header and line shape (issue 11) ------------------------------------------------------------------
+
+KERNEL_HEADER = ["Step Id", "Device_id", "Name", "Start Time(us)", "Duration(us)"]
+
+
+@pytest.mark.parametrize(("name", "header", "twice", "fields"), [
+    ("torch_npu.kernel_details", [*KERNEL_HEADER, "Step Id"], "Step Id", (1, 6)),  # passes the subset match
+    ("torch_npu.kernel_details", [*KERNEL_HEADER, "Name"], "Name", (3, 6)),  # a column the schema does not know
+    ("torch_npu.memory_record", ["Component", "Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)",
+                                 "Total Active(MB)", "Stream Ptr", "Device Type", "Component"], "Component", (1, 8)),
+])
+def test_a_column_named_twice_is_an_error(tmp_path: Path, name: str, header: list[str], twice: str,
+                                          fields: tuple[int, int]) -> None:
+    path = tmp_path / "file.csv"
+    row = ["1"] * len(header)
+    path.write_text(_csv_text(header, [row], "\n", False))
+    with pytest.raises(InputError) as info:
+        read_csv(path, load_schema(name))
+    err = info.value
+    assert (err.file, err.line, err.column) == (str(path), 1, twice)
+    assert err.message == f"the header names this column twice (fields {fields[0]} and {fields[1]})"
+
+
+def test_a_header_line_past_the_cap_is_an_error(tmp_path: Path) -> None:
+    from memgate.readers import csvtable
+
+    path = tmp_path / "kernel_details.csv"
+    path.write_bytes(b"Step Id," + b"x" * csvtable.HEADER_BYTES + b"\n1,2\n")
+    with pytest.raises(InputError, match="header line longer than") as info:
+        read_csv(path, load_schema("torch_npu.kernel_details"))
+    assert info.value.line == 1
+
+
+def _kernel_rows(lengths: dict[int, int], rows: int) -> list[list[str | None]]:
+    """Rows of KERNEL_HEADER; the row at 0-based index i has a Name cell of ``lengths[i]`` bytes."""
+    return [["1", "0", "x" * lengths.get(i, 4), "1764246877074330.300", "1.5"] for i in range(rows)]
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_a_line_longer_than_the_block_names_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    newline: str) -> None:
+    from memgate.readers import csvtable
+
+    monkeypatch.setattr(csvtable, "BLOCK_BYTES", 4096)
+    path = tmp_path / "kernel_details.csv"
+    # row 3 (line 5) is 3000 bytes: it crosses a block boundary but spans no whole block, so Arrow
+    # parses it; row 6 (line 8) is 10000 bytes: it spans a whole block, which Arrow cannot split.
+    path.write_text(_csv_text(KERNEL_HEADER, _kernel_rows({3: 3000, 6: 10_000}, 10), newline, False), newline="")
+    line8 = path.read_bytes().split(newline.encode())[7]
+    with pytest.raises(InputError) as info:
+        read_csv(path, load_schema("torch_npu.kernel_details"))
+    err = info.value
+    assert (err.file, err.line, err.found) == (str(path), 8, f"a line of {len(line8)} bytes")
+    assert "block" in err.message and err.expected == "lines shorter than 4096 bytes"
+    # without the long row the file reads, the 3000-byte line included
+    path.write_text(_csv_text(KERNEL_HEADER, _kernel_rows({3: 3000}, 10), newline, False), newline="")
+    assert read_csv(path, load_schema("torch_npu.kernel_details")).num_rows == 10
+
+
+def test_a_cell_of_megabytes_at_the_real_block_size(tmp_path: Path) -> None:
+    from memgate.readers import csvtable
+
+    path = tmp_path / "kernel_details.csv"
+    size = 2 * csvtable.BLOCK_BYTES + 1
+    path.write_text(_csv_text(KERNEL_HEADER, _kernel_rows({1: size}, 3), "\n", False))
+    with pytest.raises(InputError) as info:
+        read_csv(path, load_schema("torch_npu.kernel_details"))
+    assert (info.value.line, info.value.found) == (3, f"a line of {size + len('1,0,,1764246877074330.300,1.5')} bytes")

@@ -109,7 +109,16 @@ SEED_MAKERS: dict[str, tuple[str, Callable[[Path], Path]]] = {
     "timeline": ("torch_memory_timeline", timeline_file),
     "memscope_csv": ("msmemscope", mm_csv),
     "memscope_db": ("msmemscope", mm_db),
+    "timeline_raw": ("torch_memory_timeline_raw", lambda tmp: _raw_timeline(tmp)),
 }
+
+
+def _raw_timeline(tmp: Path) -> Path:
+    """``prof.export_memory_timeline("*.raw.json.gz")`` rows [t_ns, action, bytes, category] (preexisting,
+    create, destroy), here uncompressed so that mutations reach the JSON."""
+    path = tmp / "run_memory_timeline.raw.json"
+    path.write_text(json.dumps([[-1, 1, 4096, 1], [1_000, 2, 2048, 2], [2_000, 4, -2048, 2]]))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -287,3 +296,219 @@ def test_depth_guard_matches_the_true_depth(value: Any, chunks: list[int], inden
     assert guard.depth == 0
     with pytest.raises(JsonLimitError):
         drain(text, chunks, true_depth - 1)
+
+
+# ==== issue 11: the new reader paths (CSV headers and long lines, a db's pending -wal, files across one profile) ====
+
+import sqlite3
+from unittest import mock
+
+from memgate.errors import InputError
+from memgate.readers import csvtable
+
+MEMORY_RECORD_HEADER = ["Component", "Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)", "Total Active(MB)",
+                        "Stream Ptr", "Device Type"]
+RECORD_ROW = ["PTA", "1764246877074330.300\t", "4304.95", "10372.0", "4304.95", "2", "NPU:0"]
+
+
+@fuzz_settings(ci=40, dev=12)
+@given(header=st.lists(st.sampled_from([*MEMORY_RECORD_HEADER, "Extra", ""]), min_size=1, max_size=10),
+       rows=st.integers(1, 5))
+def test_csv_headers_with_repeated_columns(header: list[str], rows: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Any header (repeats included): a memgate error; a repeated name is named on line 1."""
+    root = tmp_path_factory.mktemp("hdr")
+    out = root / "x_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    cells = [RECORD_ROW[MEMORY_RECORD_HEADER.index(c)] if c in MEMORY_RECORD_HEADER else "1" for c in header]
+    (out / "memory_record.csv").write_text("\n".join([",".join(header)] + [",".join(cells)] * rows) + "\n")
+    try:
+        BY_NAME["torch_npu"].load(root / "x_ascend_pt")
+    except MemgateError as exc:
+        repeated = [c for i, c in enumerate(header) if c and c in header[:i]]  # empty names are never read
+        if repeated:
+            assert (exc.line, exc.column) == (1, repeated[0]), exc.one_line()
+    shutil.rmtree(root)
+
+
+@fuzz_settings(ci=40, dev=15)
+@given(lengths=st.lists(st.integers(1, 700), min_size=1, max_size=12), crlf=st.booleans())
+def test_lines_past_the_block_name_their_line(lengths: list[int], crlf: bool,
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    """With a 256-byte block, any line layout: read, or an error naming the line Arrow could not split
+    (the first line that spans a whole block, found independently here)."""
+    root = tmp_path_factory.mktemp("long")
+    path = root / "kernel_details.csv"
+    eol = "\r\n" if crlf else "\n"
+    lines = ["Step Id,Name,Start Time(us),Duration(us)"] + [f"1,{'x' * n},1.5,2" for n in lengths]
+    data = (eol.join(lines) + eol).encode()
+    path.write_bytes(data)
+    block = 256
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + len(eol))
+    spanning = [i + 1 for i in range(len(lines)) if any(
+        starts[i] < k * block and starts[i + 1] - len(eol) >= (k + 1) * block
+        for k in range(1, len(data) // block + 1))]
+    with mock.patch.object(csvtable, "BLOCK_BYTES", block):
+        try:
+            csvtable.read_csv(path, {"x-memgate-headers": {"h": lines[0].split(",")}, "properties": {},
+                                     "additionalProperties": True})
+        except InputError as exc:
+            assert spanning and exc.line == spanning[0], (exc.one_line(), spanning)
+        else:
+            assert not spanning
+    shutil.rmtree(root)
+
+
+@pytest.fixture(scope="module")
+def wal_seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A torch_npu db whose last transaction sits in a -wal (no -shm), as an artifact copied mid-run."""
+    work = torch_db(tmp_path_factory.mktemp("wal_writer"))
+    writer = sqlite3.connect(work)
+    try:
+        writer.execute("PRAGMA journal_mode = WAL")
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute("UPDATE MEMORY_RECORD SET totalAllocated = totalAllocated + 4096")
+        writer.commit()
+        dest = tmp_path_factory.mktemp("wal") / work.name
+        for suffix in ("", "-wal"):
+            shutil.copyfile(str(work) + suffix, str(dest) + suffix)
+    finally:
+        writer.close()
+    return dest
+
+
+@fuzz_settings(ci=30, dev=10)
+@given(data=st.data())
+def test_mutated_db_with_a_pending_wal(wal_seed: Path, data: st.DataObject) -> None:
+    """Mutations of the db or of its -wal: only memgate errors, and nothing appears next to them."""
+    target = data.draw(st.sampled_from([wal_seed, Path(str(wal_seed) + "-wal")]), label="file")
+    original = target.read_bytes()
+    target.write_bytes(data.draw(mutations(original), label="mutated"))
+    try:
+        load_everything("ascend_db", wal_seed)
+    finally:
+        target.write_bytes(original)
+        assert sorted(p.name for p in wal_seed.parent.iterdir()) == [wal_seed.name, wal_seed.name + "-wal"]
+
+
+@fuzz_settings(ci=30, dev=10)
+@given(shift_ms=st.integers(-200, 200), column=st.sampled_from(["Allocation Time(us)", "Release Time(us)"]))
+def test_operator_rows_shifted_against_the_memory_rows(shift_ms: int, column: str,
+                                                       tmp_path_factory: pytest.TempPathFactory) -> None:
+    """operator_memory.csv moved in time against memory_record.csv: loaded, or a memgate error; the
+    cross-file refusal only when the two windows no longer meet."""
+    root = npu_profile(tmp_path_factory.mktemp("shift"))
+    path = root / "ASCEND_PROFILER_OUTPUT" / "operator_memory.csv"
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    k = header.index(column)
+    for i in range(1, len(lines)):
+        cells = lines[i].split(",")
+        if cells[k].strip():
+            whole, _, rest = cells[k].partition(".")
+            cells[k] = f"{int(whole) + shift_ms * 1000}" + (f".{rest}" if rest else "")
+        lines[i] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    try:
+        load(discover(root)[0])
+    except MemgateError as exc:
+        assert isinstance(exc, InputError), exc.one_line()
+    shutil.rmtree(root.parent)
+
+
+# ==== issue 11: the JSON readers (the raw memory timeline, torch 1.9 traces, repeated keys, gzip) ==========
+
+import gzip
+import re
+
+from corpus_json import raw_timeline_file
+
+
+def kineto_torch_1_9_file(tmp: Path) -> Path:
+    """A written trace as torch 1.9 writes it: [memory] events without Addr and totals."""
+    path = kineto_file(tmp)
+    text = re.sub(rb'"Total Reserved": -?\d+, "Total Allocated": -?\d+, ', b"", path.read_bytes())
+    path.write_bytes(re.sub(rb', "Addr": \d+', b"", text))
+    return path
+
+
+JSON_SEED_MAKERS: dict[str, tuple[str, Callable[[Path], Path]]] = {
+    "timeline_raw": ("torch_memory_timeline_raw", raw_timeline_file),
+    "kineto_torch_1_9": ("kineto", kineto_torch_1_9_file),
+}
+SEED_MAKERS.update(JSON_SEED_MAKERS)  # the seeds fixture (and its coverage test) takes them too
+
+
+@pytest.mark.parametrize("name", list(JSON_SEED_MAKERS))
+@fuzz_settings(ci=45, dev=12)
+@given(data=st.data())
+def test_mutated_json_seeds_only_raise_memgate_errors(seeds: dict[str, Seed], name: str, data: st.DataObject) -> None:
+    seed = seeds[name]
+    target = seed.files[0]
+    original = target.read_bytes()
+    if target.name.endswith(".gz"):  # mutate what is inside, and sometimes the gzip stream itself
+        inner = data.draw(mutations(gzip.decompress(original)), label="inflated")
+        mutated = data.draw(st.one_of(st.just(gzip.compress(inner)), mutations(original)), label="mutated")
+    else:
+        mutated = data.draw(mutations(original), label="mutated")
+    target.write_bytes(mutated)
+    try:
+        load_everything(seed.fmt, seed.root)
+    finally:
+        target.write_bytes(original)
+
+
+@fuzz_settings(ci=25, dev=8)
+@given(data=st.data())
+def test_generated_raw_timelines_only_raise_memgate_errors(tmp_path_factory: pytest.TempPathFactory,
+                                                           data: st.DataObject) -> None:
+    root = tmp_path_factory.mktemp("raw")
+    rows = data.draw(st.lists(st.lists(st.one_of(st.integers(-3, 2**64), st.sampled_from([1, 2, 3, 4, -1]),
+                                                 st.none(), st.text(max_size=3), st.floats()),
+                                       min_size=0, max_size=5), max_size=12), label="rows")
+    name = data.draw(st.sampled_from(["t.raw.json", "t.raw.json.gz"]), label="name")
+    text = json.dumps(rows).encode()
+    (root / name).write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    load_everything("torch_memory_timeline_raw", root / name)
+    shutil.rmtree(root)
+
+
+_MEMBER = re.compile(rb'"([A-Za-z ]+)": (-?[0-9.]+|"[^"\\]*"|true|false|null)')
+
+
+@fuzz_settings(ci=40, dev=12)
+@given(data=st.data())
+def test_repeated_members_only_raise_memgate_errors(seeds: dict[str, Seed], data: st.DataObject) -> None:
+    """A member of some object written twice, with its own value or another: the same profile, or an
+    InputError that names the key (never a silent other number, never another exception)."""
+    seed = seeds[data.draw(st.sampled_from(["kineto", "kineto_gz", "kineto_torch_1_9"]), label="seed")]
+    target = seed.files[0]
+    original = target.read_bytes()
+    gz = target.name.endswith(".gz")
+    text = gzip.decompress(original) if gz else original
+    members = list(_MEMBER.finditer(text))
+    member = members[data.draw(st.integers(0, len(members) - 1), label="member")]
+    same = data.draw(st.booleans(), label="same")
+    value = member.group(2) if same else data.draw(st.sampled_from([b"0", b"-1", b'"x"', b"1.5", b"null"]))
+    repeated = text[: member.start()] + b'"' + member.group(1) + b'": ' + value + b", " + text[member.start():]
+    target.write_bytes(gzip.compress(repeated) if gz else repeated)
+    try:
+        try:
+            got = BY_NAME[seed.fmt].load(seed.root)
+        except MemgateError as exc:
+            assert not same and "duplicate key" in exc.message and member.group(1).decode() in (exc.column or ""), exc
+        else:
+            target.write_bytes(original)
+            assert same or value == member.group(2) or _same_number(value, member.group(2))
+            expected = BY_NAME[seed.fmt].load(seed.root)
+            assert [(d.device, len(d.blocks)) for d in got.devices] == [(d.device, len(d.blocks)) for d in expected.devices]
+    finally:
+        target.write_bytes(original)
+
+
+def _same_number(a: bytes, b: bytes) -> bool:
+    try:
+        return float(a) == float(b) and a != b"null"
+    except ValueError:
+        return False

@@ -8,6 +8,7 @@ saying so, where it is not installed; the image tests skip where matplotlib is m
 from __future__ import annotations
 
 import csv
+import itertools
 import re
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ from helpers import PTA271
 
 from memgate.budgets import MetricCache, budget_from_mapping, judge
 from memgate.discover import discover, load
-from memgate.html_report import render_html
+from memgate.html_report import device_curves, render_html
 from memgate.metrics import profile_metrics
 from memgate.model import DeviceModel, Profile, ProfileInfo, Series
 from memgate.report import outcome_entry, profile_entry
@@ -98,11 +99,13 @@ def test_budget_lines_and_summary(page: str) -> None:
     exceeded = re.search(r'<g class="budget exceeded"><title>budget train-step: peak_allocated limit (\d+) B.*?</g>', page)
     assert exceeded and int(exceeded.group(1)) == 10 * GIB
     assert 'stroke="#d62728" class="budgetline"' in exceeded.group(0)
-    assert "train-step: peak_allocated ≤ 10.00 GiB — EXCEEDED" in exceeded.group(0)
+    label = re.search(r'<g class="budgetnote"><title>budget train-step: peak_allocated limit.*?</g>', page)
+    assert label and '<tspan x="924">train-step: peak_allocated</tspan>' in label.group(0)
+    assert ">≤ 10.00 GiB — EXCEEDED</tspan>" in label.group(0) and 'fill="#d62728"' in label.group(0)
     ok = re.search(r'<g class="budget ok"><title>budget train-step: peak_reserved limit (\d+) B.*?</g>', page)
     assert ok and int(ok.group(1)) == 11 * GIB and "#d62728" not in ok.group(0)
     # 80 GiB would squash the curves: listed as off scale instead of drawn.
-    assert "train-step: peak_app_reserved ≤ 80.00 GiB (off scale)" in page
+    assert ">↑ train-step: peak_app_reserved</tspan>" in page and ">≤ 80.00 GiB (off scale)</tspan>" in page
     assert page.count('class="budgetline"') == 2
     # Summary table: one row per outcome, FAIL for the exceeded one.
     rows = re.findall(r'<tr class="(pass|fail|error)">', page)
@@ -126,7 +129,7 @@ def test_holders_and_reconciliation(page: str, sample: tuple[Profile, dict[str, 
     table = table[: table.index("</table>")]
     assert table.count("<tr><td") == 10
     assert "npu::npu_fusion_attention_grad" in table and ">174133248</td>" in table
-    assert "<th>op</th><th>stream</th><th>owner</th>" in table
+    assert re.search(r"<th [^>]*>op</th><th [^>]*>stream</th><th [^>]*>owner</th>", table)
     assert "PTA+GE equals the sum of its parts on 100.00% of its rows" in page
     assert ">4514074624</td>" in page  # the reconciled pre-window baseline, exact
 
@@ -233,6 +236,83 @@ def test_renders_in_headless_chromium(page: str, tmp_path: Path) -> None:
     assert blue.sum() > 800 and red.sum() > 300, (blue.sum(), red.sum())
 
 
+BOXES_SCRIPT = """<script>
+window.addEventListener("load", () => {
+  const boxes = [];
+  for (const svg of document.querySelectorAll("svg.chart")) {
+    const plot = svg.querySelector("rect.plot").getBoundingClientRect();
+    for (const el of svg.querySelectorAll("text")) {
+      const r = el.getBoundingClientRect();
+      boxes.push({chart: boxes.length && 0, cls: el.getAttribute("class"), text: el.textContent,
+                  x: r.left, y: r.top, w: r.width, h: r.height,
+                  plot: [plot.left, plot.top, plot.width, plot.height]});
+    }
+  }
+  const pre = document.createElement("pre");
+  pre.id = "memgate-boxes";
+  pre.textContent = JSON.stringify(boxes);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _label_boxes(page: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """The rendered boxes of every text label of the page's charts, measured by headless Chromium
+    (a script added to a copy of the page; the report itself has none)."""
+    browser = _chromium()
+    html_file = tmp_path / "boxes.html"
+    html_file.write_text(page.replace("</body>", BOXES_SCRIPT + "</body>"), encoding="utf-8")
+    dom = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2000",
+                          "--dump-dom", html_file.as_uri()], capture_output=True, text=True, timeout=120, check=False)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'<pre id="memgate-boxes">(.*?)</pre>', dom.stdout, re.DOTALL)
+    assert found, dom.stdout[-2000:]
+    import html as html_module
+    import json
+
+    return list(json.loads(html_module.unescape(found.group(1))))
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    (ax, ay, aw, ah), (bx, by, bw, bh) = a, b
+    return ax < bx + bw - 0.5 and bx < ax + aw - 0.5 and ay < by + bh - 0.5 and by < ay + ah - 0.5
+
+
+def test_labels_never_overlap_in_chromium(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]],
+                                          tmp_path: Path) -> None:
+    """Budget limits a few MiB apart, a budget far off the scale, a long budget name and 65 steps
+    of which most are too narrow to label: every label keeps a box of its own, and no budget label
+    lies on the plot (where the lines and curves are)."""
+    profile, entry, _ = sample
+    curves = device_curves(profile.devices[0], entry["devices"][0])
+    t = min(int(c.t_ns[0]) for c in curves)
+    span = max(int(c.t_ns[-1]) for c in curves) - t
+    cuts = [t + span * i // 200 for i in range(61)] + [t + span * (30 + 14 * i) // 100 for i in range(1, 6)]
+    steps = [{"step": 100000 + i, "t_start": a, "t_end": b} for i, (a, b) in enumerate(itertools.pairwise(cuts))]
+    crowded = {**entry, "steps": steps}
+    peak = entry["devices"][0]["metrics"]["peak_allocated_bytes"]
+    outcomes = []
+    for i, (metric, limit) in enumerate([("peak_allocated", 10 * GIB + k * (8 << 20)) for k in range(5)]
+                                        + [("peak_reserved", 10 * GIB + 4 * (8 << 20)), ("peak_reserved", 10 * GIB),
+                                           ("peak_app_reserved", 90 * GIB)]):
+        name = f"budget-{i}" if i != 2 else "a-budget-name-far-longer-than-the-label-column-is-wide"
+        outcomes.append({"profile": entry["path"], "rank": "0", "device": "npu:0", "budget": name, "metric": metric,
+                         "limit": limit, "value": peak, "passed": peak <= limit, "message": f"{metric} verdict"})
+    page = render_html([crowded], outcomes, [profile])
+    boxes = _label_boxes(page, tmp_path)
+    assert sum(b["cls"] == "budgetlabel" for b in boxes) == 8  # every budget labelled
+    assert sum(b["cls"] == "steplabel" for b in boxes) == 5  # the wide steps only
+    assert {b["cls"] for b in boxes} >= {"ylabel", "xlabel", "xtitle", "steplabel", "budgetlabel", "peaklabel"}
+    rects = [(b["x"], b["y"], b["w"], b["h"]) for b in boxes]
+    clashes = [(boxes[i]["text"], boxes[j]["text"]) for i in range(len(rects)) for j in range(i + 1, len(rects))
+               if _overlap(rects[i], rects[j])]
+    assert clashes == []
+    plot = tuple(boxes[0]["plot"])
+    assert [b["text"] for b in boxes if b["cls"] == "budgetlabel" and _overlap((b["x"], b["y"], b["w"], b["h"]), plot)] == []
+    peak_label = next(b for b in boxes if b["cls"] == "peaklabel")
+    assert plot[0] <= peak_label["x"] and peak_label["x"] + peak_label["w"] <= plot[0] + plot[2]  # inside the plot
+
+
 # ---- matplotlib image ---------------------------------------------------------------------------
 
 
@@ -278,8 +358,8 @@ def _metrics_rows(page: str) -> dict[str, list[str]]:
     start = page.index('<table class="metrics">')
     table = page[start:page.index("</table>", start)]
     rows = {}
-    for row in re.findall(r"<tr><td>(.*?)</tr>", table):
-        cells = re.findall(r"<td[^>]*>(.*?)</td>", "<td>" + row)
+    for row in re.findall(r"<tr>(<td.*?)</tr>", table):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
         rows[cells[0]] = cells[1:]
     return rows
 
@@ -360,3 +440,45 @@ def test_notes_are_escaped(sample: tuple[Profile, dict[str, Any], list[dict[str,
                                          "https:&#47;/evil.example")]
     assert "<script" not in page
     assert_offline(page)
+
+
+def test_every_figure_is_explained(page: str) -> None:
+    """Every column heading and every metric name carries its explanation on hover; the
+    reconciliation's consistency is spelled out under its table."""
+    headings = re.findall(r"<th(\s[^>]*)?>(.*?)</th>", page)
+    assert headings and all('title="' in attrs for attrs, _ in headings), [h for a, h in headings if "title" not in a]
+    for key in ("peak_allocated_bytes", "fragmentation", "external_fragmentation", "step_growth_bytes", "op_max_block_bytes"):
+        assert re.search(rf'<tr><td title="[^"]+">{key}</td>', page), key
+    consistency = re.search(r'<th title="([^"]*)">consistency</th>', page)
+    assert consistency and "share of the checked allocations" in consistency.group(1)
+    assert '<p class="note">consistency: the share of the checked allocations' in page
+    assert re.search(r'<span class="key" title="[^"]+"><i style="background:#1f6fb4">', page)  # curves in the legend
+
+
+def test_times_are_relative_to_the_profile_start_with_the_absolute_time_on_hover(
+        sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]], page: str) -> None:
+    profile, entry, _ = sample
+    device = entry["devices"][0]
+    t0 = min(int(c.t_ns[0]) for c in device_curves(profile.devices[0], device))
+    peak_t = device["peak_t_ns"]
+    after = (peak_t - t0) / 1e6
+    seconds, ns = divmod(peak_t, 10**9)
+    import datetime as dt
+
+    stamp = dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    absolute = f"{stamp}.{ns:09d} UTC ({peak_t} ns since the epoch)"
+    assert (f'peak at <span class="time" title="{absolute}">+{after:.3f} ms</span> after the profile start'
+            in page)
+    assert f"peak at t = {peak_t} ns" not in page
+    assert "time since the profile start, its first memory sample (ms)" in page
+    assert re.search(r'<text [^>]*class="xlabel"><title>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{9} UTC', page)
+
+
+def test_a_budget_for_other_devices_shows_as_not_selected(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]
+                                                          ) -> None:
+    _, entry, outcomes = sample
+    skipped = {**outcomes[0], "passed": None, "value": None, "budget": "gpu", "skipped": "not selected: budget 'gpu' …"}
+    page = render_html([entry], [*outcomes, skipped], None)
+    assert re.search(r'<tr class="skipped">.*?<td class="result">not selected</td><td class="msg">not selected: '
+                     r"budget &#x27;gpu&#x27; …</td></tr>", page)
+    assert "1 of 4 budget checks failed, 1 not selected" in page

@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.loaders import kineto
 from memgate.metrics import profile_metrics
+from memgate.readers import limits
 from memgate.schemas import load_schema
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"
@@ -471,3 +473,436 @@ def test_cli_inspect_on_a_written_gz_trace(tmp_path: Path) -> None:
     assert metrics["peak_allocated_bytes"] == (3 << 20) + (8 << 20)  # after both leaks (1 MiB and 2 MiB gone)
     assert metrics["op_max_block_bytes"] == {"aten::mm": 1 << 20, "aten::empty": 4 << 20}
     assert dev["reconciliation"]["components"]["allocator"]["baseline_bytes"] == 3 << 20
+
+
+# ==== issue 11: the input boundary, JSON side ======================================================
+# torch 1.9 traces (no Addr, no totals), the raw export_memory_timeline, repeated keys, exact ns,
+# a cap on inflated bytes. Expected values come from the raw events by plain loops.
+
+# ---- torch 1.9: [memory] events with Bytes, Device Type and Device Id only ---------------------------
+
+
+def as_torch_1_9(src: Path, dest: Path, *, totals: bool = False) -> Path:
+    """``src`` as torch 1.9 wrote it: the [memory] args without Addr and (unless ``totals``) without
+    Total Allocated / Total Reserved. Text surgery: every other byte, the ts text included, stays."""
+    text = src.read_bytes()
+    events = text.count(b'"name": "[memory]"')
+    if not totals:
+        text, n = re.subn(rb'"Total Reserved": -?\d+, "Total Allocated": -?\d+, ', b"", text)
+        assert n == events
+    text, n = re.subn(rb', "Addr": \d+', b"", text)
+    assert n == events
+    dest.write_bytes(text)
+    return dest
+
+
+def running_floors(trace: dict[str, Any]) -> dict[int, int]:
+    """Each step's lowest running sum of Bytes (counting the level it starts at), from the raw events."""
+    levels, total = [], 0
+    for e in memory_events(trace):
+        total += e["args"]["Bytes"]
+        levels.append((ns(trace, e["ts"]), total))
+    starts = {int(e["name"].split("#")[1]): ns(trace, e["ts"]) for e in trace["traceEvents"]
+              if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")}
+    out = {}
+    for step, end in sorted(step_ends(trace).items()):
+        before = [level for t, level in levels if t <= starts[step]][-1:]
+        during = [level for t, level in levels if starts[step] < t <= end]
+        out[step] = min(before + during)
+    return out
+
+
+OLD_TRACE_GAPS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation",
+                  "leaked_bytes", "leak_undetermined_bytes", "top_at_peak")
+
+
+def test_a_torch_1_9_trace_measures_growth_steps_and_op_blocks(tmp_path: Path) -> None:
+    path = as_torch_1_9(LEAK6, tmp_path / "old.pt.trace.json")
+    trace = raw(path)
+    mem = memory_events(trace)
+    assert all(set(e["args"]) == {"Bytes", "Device Id", "Device Type", "finished", "Ev Idx"} for e in mem)
+    profile = kineto.load(path)
+    [model] = profile.devices
+    [m] = profile_metrics(profile)
+    assert m.device == "cpu"
+    # steps, exactly as the trace times them
+    assert profile.steps["step"].tolist() == sorted(step_ends(trace)) == [2, 3, 4, 5, 6, 7]
+    assert profile.steps["t_end"].tolist() == [step_ends(trace)[s] for s in sorted(step_ends(trace))]
+    # the series: the running sum of Bytes, one sample per event in ts order
+    running = [sum(e["args"]["Bytes"] for e in mem[: k + 1]) for k in range(len(mem))]
+    frame = model.series["allocator"].frame
+    assert frame["allocated"].tolist() == running
+    assert frame["t_ns"].tolist() == [ns(trace, e["ts"]) for e in mem]
+    assert frame["reserved"].isna().all()
+    # in-window growth: the floors grow by the leak each counted step (#3..#7), as with the totals
+    floors = running_floors(trace)
+    assert [floors[s + 1] - floors[s] for s in range(3, 7)] == [LEAK_BYTES] * 4
+    assert m.values["step_growth_bytes"] == LEAK_BYTES
+    # op blocks: each allocation's innermost op, its largest block
+    ops: dict[str, int] = {}
+    for e in mem:
+        if e["args"]["Bytes"] > 0 and (op := innermost_op(trace, e)):
+            ops[op] = max(ops.get(op, 0), e["args"]["Bytes"])
+    assert m.values["op_max_block_bytes"] == ops and ops["aten::empty"] == LEAK_BYTES
+    # blocks are the allocations alone: a free without Addr names none of them
+    assert len(model.blocks) == sum(1 for e in mem if e["args"]["Bytes"] > 0)
+    assert model.blocks["t_free"].isna().all() and set(model.blocks["component"]) == {kineto.UNPAIRED}
+    # the rest is not measurable, and says why
+    for key in OLD_TRACE_GAPS:
+        assert m.values[key] in (None, []), key
+        assert "Addr" in m.missing[key] or "Total Allocated" in m.missing[key], key
+    assert "running sum of Bytes" in m.missing["peak_allocated_bytes"]
+    assert profile.metadata["memory_events_without_addr"] is True
+
+
+def test_a_torch_1_9_trace_matches_the_full_trace_where_both_measure(tmp_path: Path) -> None:
+    [old] = profile_metrics(kineto.load(as_torch_1_9(LEAK6, tmp_path / "old.json")))
+    [new] = profile_metrics(kineto.load(LEAK6))
+    for key in ("step_growth_bytes", "op_max_block_bytes"):
+        assert old.values[key] == new.values[key], key
+
+
+def test_a_trace_with_totals_but_no_addr_keeps_what_the_totals_give(tmp_path: Path) -> None:
+    """Totals without Addr: the series are the totals; blocks still cannot be paired, and on CPU the
+    carried-over bytes cannot be told apart, so the window-relative peak is not measurable either."""
+    path = as_torch_1_9(LEAK, tmp_path / "totals.json", totals=True)
+    profile = kineto.load(path)
+    [model] = profile.devices
+    assert model.series["allocator"].frame["allocated"].tolist() == [
+        e["args"]["Total Allocated"] for e in memory_events(raw(path))]
+    [m] = profile_metrics(profile)
+    for key in ("peak_allocated_bytes", "leaked_bytes", "top_at_peak"):
+        assert m.values[key] in (None, []) and "Addr" in m.missing[key], key
+    assert "peak_reserved_bytes" not in profile.metadata["not_measurable"]  # the metric's own reason: CPU reserves 0
+
+
+def _drop_addr(trace_text: bytes, which: list[int]) -> bytes:
+    """Delete Addr from the memory events numbered ``which`` (0 = the first in the file)."""
+    k = -1
+
+    def edit(match: re.Match[bytes]) -> bytes:
+        nonlocal k
+        k += 1
+        return b"" if k in which else match.group(0)
+
+    return re.sub(rb', "Addr": \d+', edit, trace_text)
+
+
+@pytest.mark.parametrize("which, odd, found", [([3], 3, "no Addr"), ("all but 2", 2, "an Addr")])
+def test_addr_on_some_memory_events_only_is_refused(tmp_path: Path, which: Any, odd: int, found: str) -> None:
+    text = LEAK.read_bytes()
+    n = text.count(b'"Addr"')
+    path = tmp_path / "mixed.json"
+    path.write_bytes(_drop_addr(text, [i for i in range(n) if i != 2] if which == "all but 2" else which))
+    trace = json.loads(LEAK.read_bytes())
+    index = [i for i, e in enumerate(trace["traceEvents"]) if _is_mem(e)][odd]
+    with pytest.raises(InputError) as info:
+        kineto.load(path)
+    assert info.value.column == f"traceEvents[{index}].args.Addr"
+    assert info.value.found == found and "cannot be paired" in info.value.message
+
+
+# ---- the raw form of export_memory_timeline ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def timelines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real exports by the installed torch (CPU) of one recording: the raw form (``*.raw.json.gz``),
+    the ``[times, sizes]`` form (``*.json``), and what torch writes for a ``*.raw.json`` name."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    out = tmp_path_factory.mktemp("timeline")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        for _ in range(3):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    paths = {"raw_gz": out / "run_rank2.raw.json.gz", "coalesced": out / "run_memory_timeline.json",
+             "raw_name_coalesced": out / "plain.raw.json"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # export_memory_timeline is deprecated (still in 2.13)
+        for path in paths.values():
+            prof.export_memory_timeline(str(path), device="cpu")
+    paths["raw"] = out / "unzipped.raw.json"
+    paths["raw"].write_bytes(gzip.decompress(paths["raw_gz"].read_bytes()))
+    return paths
+
+
+def raw_rows(path: Path) -> list[list[int]]:
+    data = path.read_bytes()
+    rows: list[list[int]] = json.loads(gzip.decompress(data) if path.name.endswith(".gz") else data)
+    return rows
+
+
+def test_the_raw_timeline_export_is_rows_of_four_integers(timelines: dict[str, Path]) -> None:
+    """What torch writes, pinned: sorted by (t, action), t in ns (-1: PREEXISTING), actions 1..4."""
+    rows = raw_rows(timelines["raw_gz"])
+    assert rows and all(len(r) == 4 and all(type(v) is int for v in r) for r in rows)
+    assert rows == sorted(rows, key=lambda r: (r[0], r[1]))
+    assert {r[1] for r in rows} <= {1, 2, 3, 4} and all((r[0] == -1) == (r[1] == 1) for r in rows)
+    assert max(r[0] for r in rows) > 2**53  # ns since the epoch: more digits than a float holds
+    jsonschema.Draft202012Validator(load_schema("torch_memory_timeline_raw")).validate(rows)
+
+
+@pytest.mark.parametrize("which", ["raw_gz", "raw"])
+def test_the_raw_timeline_loads_with_exact_numbers(timelines: dict[str, Path], which: str) -> None:
+    path = timelines[which]
+    rows = raw_rows(path)
+    [found] = discover(path)
+    assert found.format.name == "torch_memory_timeline_raw"
+    profile = load(found)
+    [model] = profile.devices
+    assert (profile.format, profile.rank, model.device) == ("torch_memory_timeline_raw", "2" if "rank2" in path.name
+                                                            else "0", "unknown")
+    first = min(r[0] for r in rows if r[0] >= 0)
+    timed = sorted(((r[0] if r[0] >= 0 else first), k) for k, r in enumerate(rows))
+    running, total = [], 0
+    for _, k in timed:
+        total += rows[k][2]
+        running.append(total)
+    frame = model.series["allocator"].frame
+    assert frame["t_ns"].tolist() == [t for t, _ in timed]
+    assert frame["allocated"].tolist() == running
+    [m] = profile_metrics(profile)
+    assert m.values["peak_allocated_bytes"] == max(running)
+    for key in ("leaked_bytes", "op_max_block_bytes", "top_at_peak"):
+        assert "records sizes by category" in m.missing[key]
+
+
+def test_the_raw_and_the_coalesced_timeline_agree(timelines: dict[str, Path]) -> None:
+    """The same recording: the raw rows end where the [times, sizes] form's last row does, and no
+    coalesced state (one per µs) is above the raw peak."""
+    _, sizes = json.loads(timelines["coalesced"].read_bytes())
+    raw_series = kineto.load_raw_timeline(timelines["raw_gz"]).devices[0].series["allocator"].frame["allocated"]
+    assert int(raw_series.iloc[-1]) == sum(sizes[-1])
+    assert int(raw_series.max()) >= max(sum(row) for row in sizes)
+
+
+def test_a_raw_json_name_holding_the_times_sizes_form_reads_as_that_form(timelines: dict[str, Path]) -> None:
+    """torch writes [times, sizes] for ``export_memory_timeline("x.raw.json")`` (only ``raw.json.gz``
+    gets rows): memgate reads what the file holds."""
+    path = timelines["raw_name_coalesced"]
+    assert kineto.claims_raw_timeline(path) and not kineto.claims_timeline(path)
+    profile = load(discover(path)[0])
+    assert profile.format == "torch_memory_timeline"
+    _, sizes = json.loads(path.read_bytes())
+    assert profile_metrics(profile)[0].values["peak_allocated_bytes"] == max(sum(row) for row in sizes)
+
+
+def test_a_root_scan_finds_every_timeline_form(timelines: dict[str, Path], tmp_path: Path) -> None:
+    for path in timelines.values():
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / "notes.raw.json").write_text('{"raw": true}')  # a raw.json name that is no timeline: not claimed
+    found = {f.path.name: f.format.name for f in discover(tmp_path)}
+    assert found == {"run_rank2.raw.json.gz": "torch_memory_timeline_raw", "unzipped.raw.json": "torch_memory_timeline_raw",
+                     "plain.raw.json": "torch_memory_timeline_raw", "run_memory_timeline.json": "torch_memory_timeline"}
+
+
+RAW_BAD = {  # edit of the real rows -> (row, column) named, words of the message
+    "row of three": (lambda rows: rows[7].pop(), (7, None), "[t, action, bytes, category]"),
+    "action 5": (lambda rows: rows[7].__setitem__(1, 5), (7, 1), "value not allowed"),
+    "category 8": (lambda rows: rows[7].__setitem__(3, 8), (7, 3), "value too large"),
+    "bytes as text": (lambda rows: rows[7].__setitem__(2, "4096"), (7, 2), "wrong type"),
+    "t before -1": (lambda rows: rows[7].__setitem__(0, -2), (7, 0), "value too small"),
+    "bytes past int64": (lambda rows: rows[7].__setitem__(2, 2**63), (7, 2), "wrong type"),
+}
+
+
+def _raw_variant(timelines: dict[str, Path], tmp_path: Path, edit: Any) -> tuple[Path, list[list[Any]]]:
+    rows: list[list[Any]] = raw_rows(timelines["raw_gz"])
+    edit(rows)
+    path = tmp_path / "bad.raw.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(rows).encode()))
+    return path, rows
+
+
+@pytest.mark.parametrize("case", sorted(RAW_BAD))
+def test_a_bad_raw_timeline_row_is_named(timelines: dict[str, Path], tmp_path: Path, case: str) -> None:
+    edit, (row, column), words = RAW_BAD[case]
+    path, _ = _raw_variant(timelines, tmp_path, edit)
+    with pytest.raises(InputError) as info:
+        load(discover(path)[0])
+    assert info.value.file == str(path)
+    assert info.value.column == f"[{row}]" + (f"[{column}]" if column is not None else "")
+    assert words in info.value.one_line()
+
+
+def _row_of(rows: list[list[int]], action: int, sign: int = 0) -> int:
+    return next(k for k, r in enumerate(rows) if r[1] == action and r[2] * sign >= 0)
+
+
+RAW_INCONSISTENT = {  # rows torch never writes -> (the row named, its column, words of the message)
+    "create with t -1": (lambda rows: rows[_row_of(rows, 2)].__setitem__(0, -1), lambda rows: _row_of(rows, 2), 0,
+                         "t is -1 exactly for PREEXISTING"),
+    "destroy that allocates": (lambda rows: rows[_row_of(rows, 4)].__setitem__(2, 64), lambda rows: _row_of(rows, 4), 2,
+                               "DESTROY row allocates"),
+    "half an increment": (lambda rows: rows.pop(_row_of(rows, 3) + 1), lambda rows: _row_of(rows, 3), 2,
+                          "INCREMENT_VERSION row without its pair"),
+    "a free of nothing": (lambda rows: rows.insert(6, [rows[6][0], 4, -(10**12), 0]), lambda rows: 6, 2,
+                          "memory below zero"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAW_INCONSISTENT))
+def test_raw_rows_that_contradict_each_other_are_refused(timelines: dict[str, Path], tmp_path: Path,
+                                                         case: str) -> None:
+    edit, row_of, column, words = RAW_INCONSISTENT[case]
+    path, rows = _raw_variant(timelines, tmp_path, edit)
+    with pytest.raises(InputError) as info:
+        kineto.load_raw_timeline(path)
+    assert info.value.column == f"[{row_of(rows)}][{column}]", info.value.one_line()
+    assert words in info.value.message
+
+
+def test_an_empty_raw_timeline_and_one_without_times(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.raw.json"
+    empty.write_text("[]")
+    assert kineto.claims_raw_timeline(empty)
+    assert len(kineto.load_raw_timeline(empty).devices[0].series["allocator"].frame) == 0
+    before = tmp_path / "before.raw.json"
+    before.write_text("[[-1, 1, 512, 0], [-1, 1, 1024, 7]]")
+    profile = kineto.load_raw_timeline(before)
+    frame = profile.devices[0].series["allocator"].frame
+    assert frame["allocated"].tolist() == [512, 1536] and frame["t_ns"].tolist() == [0, 0]
+    assert "no row has a time" in profile.metadata["times_note"]
+
+
+# ---- keys repeated in one object ----------------------------------------------------------------------
+
+
+def _insert(data: bytes, anchor: bytes, text: bytes, *, nth: int = 0) -> bytes:
+    at = -1
+    for _ in range(nth + 1):
+        at = data.index(anchor, at + 1)
+    return data[:at] + text + data[at:]
+
+
+def _first_memory_index(data: bytes) -> int:
+    return _first(json.loads(data), _is_mem)
+
+
+REPEATS = {  # (edit of the sample's bytes, the JSON path named; None: accepted, same numbers)
+    "a memory event's Bytes, another value": (lambda d: _insert(d, b'"Bytes": 16384', b'"Bytes": 1, '),
+                                              lambda d: f"traceEvents[{_first_memory_index(d)}].args.Bytes"),
+    "a memory event's Bytes, the same value": (lambda d: _insert(d, b'"Bytes": 16384', b'"Bytes": 16384, '), None),
+    "an event's name, the same value (as Kineto writes)": (
+        lambda d: _insert(d, b'"name": "[memory]"', b'"name": "[memory]", '), None),
+    "an event's ts, another value": (
+        lambda d: _insert(d, b'"ts": 4448489590991.992', b'"ts": 4448489590991.993,\n'),
+        lambda d: f"traceEvents[{_first_memory_index(d)}].ts"),
+    "an event's ts, the same number written otherwise": (
+        lambda d: _insert(d, b'"ts": 4448489590991.992', b'"ts": 4448489590991.99200,\n'), None),
+    "baseTimeNanoseconds, another value": (lambda d: _insert(d, b'"baseTimeNanoseconds"', b'"baseTimeNanoseconds": 5, '),
+                                           lambda d: "baseTimeNanoseconds"),
+    "traceName after the events, another value": (lambda d: d.rstrip()[:-1] + b', "traceName": "other"}',
+                                                   lambda d: "traceName"),
+    "traceName after the events, the same value": (
+        lambda d: d.rstrip()[:-1] + b', "traceName": "cpu_train_profile_memory.json"}', None),
+    "a second traceEvents array": (lambda d: d.rstrip()[:-1] + b', "traceEvents": []}', lambda d: "traceEvents"),
+    "distributedInfo.rank, another value": (
+        lambda d: _insert(d, b'"traceEvents"', b'"distributedInfo": {"rank": 1, "rank": 3}, '),
+        lambda d: "distributedInfo.rank"),
+}
+
+
+@pytest.mark.parametrize("ijson_reader", [False, True], ids=["json-reader", "ijson-reader"])
+@pytest.mark.parametrize("case", sorted(REPEATS))
+def test_a_key_repeated_with_another_value_is_refused(tmp_path: Path, case: str, ijson_reader: bool) -> None:
+    """Both readers: the json reader (each object through unique_pairs) and the ijson reader (forced
+    here by a surrogate escape in an unrelated event, the kind of file only it reads)."""
+    edit, where = REPEATS[case]
+    data = edit(CLEAN.read_bytes())
+    if ijson_reader:
+        data = _insert(data, b'"name": "process_name"', b'"label": "\\ud83d\\ude00", ')
+    path = tmp_path / "repeat.pt.trace.json"
+    path.write_bytes(data)
+    if where is None:
+        [got] = profile_metrics(kineto.load(path))
+        [expected] = profile_metrics(kineto.load(CLEAN))
+        assert got.values == expected.values and got.peak_t_ns == expected.peak_t_ns
+        return
+    with pytest.raises(InputError) as info:
+        kineto.load(path)
+    assert info.value.column == where(data), info.value.one_line()
+    assert "conflicting duplicate key" in info.value.message and info.value.file == str(path)
+
+
+# ---- exact ns from number timestamps ---------------------------------------------------------------------
+
+TS_TEXT = "1736408883573957.123"  # µs since the epoch without a base: 19 digits
+TS_NS = 1736408883573957123
+
+
+def test_the_premise_a_float_loses_these_ns() -> None:
+    """The float nearest the text is 123 ns away from it (a float holds 15-17 digits, these are 19)."""
+    assert int(Decimal(float(TS_TEXT)) * 1000) == TS_NS - 123
+
+
+@pytest.mark.parametrize("ijson_reader", [False, True], ids=["json-reader", "ijson-reader"])
+def test_number_timestamps_are_exact_ns(tmp_path: Path, ijson_reader: bool) -> None:
+    events = [
+        f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": {TS_TEXT}, "dur": 1000.001}}',
+        ('{"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": ' + TS_TEXT + ', "args": {"Addr": 1, '
+         '"Bytes": 512, "Total Allocated": 512, "Total Reserved": 0, "Device Type": 0, "Device Id": -1}}'),
+        '{"ph": "M", "name": "process_name", "args": {"name": "' + ("\\ud83d\\ude00" if ijson_reader else "py") + '"}}',
+    ]
+    path = tmp_path / "exact.pt.trace.json"
+    path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+    if not ijson_reader:
+        assert kineto.CHUNK_BYTES > path.stat().st_size  # one chunk of the json reader
+    profile = kineto.load(path)
+    assert profile.steps["t_start"].tolist() == [TS_NS] and profile.steps["t_end"].tolist() == [TS_NS + 1_000_001]
+    assert profile.devices[0].series["allocator"].frame["t_ns"].tolist() == [TS_NS]
+
+
+# ---- a cap on inflated bytes --------------------------------------------------------------------------------
+
+
+def gzip_bomb(path: Path, head: bytes, members: int, member_bytes: int = 1 << 20) -> Path:
+    """A gzip file of ``members`` concatenated members of ``member_bytes`` spaces after ``head``: it
+    inflates to ``members * member_bytes`` bytes from ~1/1000 of that (built in milliseconds)."""
+    path.write_bytes(gzip.compress(head) + gzip.compress(b" " * member_bytes, 9) * members)
+    return path
+
+
+def test_a_gzip_bomb_stops_at_the_default_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 MiB from ~100 KB: the default cap (100x the file, at least 16 MiB) stops it at 16 MiB."""
+    monkeypatch.delenv(limits.INFLATED_BYTES_ENV, raising=False)
+    path = gzip_bomb(tmp_path / "bomb.pt.trace.json.gz", b'{"schemaVersion": 1,', 100)
+    size = path.stat().st_size
+    assert size * limits.INFLATE_RATIO < limits.MIN_INFLATED_BYTES
+    with pytest.raises(InputError) as info:
+        kineto.load(path)
+    assert info.value.file == str(path)
+    assert info.value.found == f"more than {limits.MIN_INFLATED_BYTES} bytes from a {size}-byte file"
+    assert limits.INFLATED_BYTES_ENV in (info.value.expected or "")
+
+
+def test_a_bomb_of_tens_of_gb_stops_at_a_configured_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 GiB once inflated, from 20 MB: with the cap at 4 MiB the load reads 4 MiB + 1 byte of it."""
+    path = gzip_bomb(tmp_path / "big.pt.trace.json.gz", b'{"traceEvents": [', 1280, 16 << 20)
+    monkeypatch.setenv(limits.INFLATED_BYTES_ENV, "4 MiB")
+    with pytest.raises(InputError, match="inflates past") as info:
+        kineto.load(path)
+    assert info.value.found is not None and info.value.found.startswith(f"more than {4 << 20} bytes")
+
+
+@pytest.mark.parametrize("which", ["trace", "raw timeline"])
+def test_the_inflated_cap_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    text = LEAK.read_bytes() if which == "trace" else b"[[-1, 1, 512, 0], [5, 2, 1024, 3]]"
+    path = tmp_path / ("t.pt.trace.json.gz" if which == "trace" else "t.raw.json.gz")
+    path.write_bytes(gzip.compress(text))
+    monkeypatch.setenv(limits.INFLATED_BYTES_ENV, str(len(text)))  # exactly the inflated size: fine
+    assert load(discover(path)[0]).devices
+    monkeypatch.setenv(limits.INFLATED_BYTES_ENV, str(len(text) - 1))
+    with pytest.raises(InputError) as info:
+        load(discover(path)[0])
+    assert info.value.found == f"more than {len(text) - 1} bytes from a {path.stat().st_size}-byte file"

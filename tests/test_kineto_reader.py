@@ -28,7 +28,7 @@ from memgate.errors import InputError
 from memgate.loaders import kineto
 from memgate.metrics import profile_metrics
 from memgate.readers import jsonstream
-from memgate.readers.jsonstream import guard
+from memgate.readers.jsonstream import guard, same_json
 from memgate.readers.pyrecords import check_column, resolve
 from memgate.schemas import load_schema
 
@@ -101,7 +101,7 @@ def json_texts(draw: st.DrawFn, strings: st.SearchStrategy[str], depth: int = 0)
     if kind == "array":
         return "[" + ws + ("," + ws).join(items) + ws + "]"
     keys = draw(st.lists(st.sampled_from(["ts", "dur", "name", "pid", "args", "Bytes", "k", ""]),
-                         min_size=len(items), max_size=len(items)))
+                         min_size=len(items), max_size=len(items), unique=True))  # repeats: see below
     return "{" + ws + ("," + ws).join(f"{json.dumps(k)}:{ws}{v}" for k, v in zip(keys, items, strict=True)) + ws + "}"
 
 
@@ -119,7 +119,7 @@ def events(draw: st.DrawFn, strings: st.SearchStrategy[str]) -> str:
         return (f'{{"ph": "X", "cat": "cpu_op", "name": {name}, "pid": 1, "tid": 2, "ts": {ts}, '
                 f'"dur": {draw(NUMBERS)}, "args": {draw(json_texts(strings, 1))}}}')
     members = draw(st.lists(st.tuples(st.sampled_from(["ph", "name", "cat", "ts", "dur", "args", "x"]),
-                                      json_texts(strings, 1)), max_size=5))
+                                      json_texts(strings, 1)), max_size=5, unique_by=lambda m: m[0]))
     ws = draw(WS)
     return "{" + ws + ("," + ws).join(f'"{k}":{ws}{v}' for k, v in members) + ws + "}"
 
@@ -302,3 +302,78 @@ def test_memory_events_split_by_device(tmp_path: Path) -> None:
         if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0:
             allocs[devices[(e["args"]["Device Type"], e["args"]["Device Id"])]] += 1
     assert {d.device: int(d.blocks["t_alloc"].notna().sum()) for d in profile.devices} == allocs
+
+
+# ==== issue 11: keys an object repeats --------------------------------------------------------------------
+# A key repeated with the same value is read as once, by both readers alike; with another value the
+# json reader gives up and the ijson reader names the object's path and the key.
+
+REPEAT_PLACES = {  # an event holding {member} -> the JSON path of that object (event number i)
+    "event": (('{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", {member}, "ts": 5.000, "dur": 1.000, "pid": 1, '
+              '"tid": 2}}'), "traceEvents[{i}]"),
+    "args": (('{{"ph": "i", "name": "[memory]", "ts": 5.000, "pid": 1, "tid": 2, "args": {{"Addr": 94, "Bytes": 512, '
+             '{member}, "Device Type": 0, "Device Id": -1}}}}'), "traceEvents[{i}].args"),
+    "deep": (('{{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 5.000, "dur": 1.000, "args": {{"Input Dims": '
+             '[[1], {{{member}}}]}}}}'), "traceEvents[{i}].args.Input Dims[1]"),
+}
+
+
+def _value(text: str) -> Any:
+    return json.loads(text, parse_float=Decimal)
+
+
+@RELAXED
+@given(place=st.sampled_from(sorted(REPEAT_PLACES)), first=json_texts(CLEAN_TEXT, 1), data=st.data(),
+       before=st.lists(events(CLEAN_TEXT), max_size=3), after=st.lists(events(CLEAN_TEXT), max_size=3),
+       chunk=st.integers(1, 600))
+def test_a_repeated_key_is_refused_only_with_another_value(place: str, first: str, data: st.DataObject,
+                                                           before: list[str], after: list[str], chunk: int,
+                                                           tmp_path: Path) -> None:
+    second = data.draw(st.one_of(st.just(first), json_texts(CLEAN_TEXT, 1)), label="second")
+    template, where = REPEAT_PLACES[place]
+    event = template.format(member=f'"k": {first}, "k": {second}')
+    trace = ('{"traceEvents": [' + ", ".join([*before, event, *after]) + "]}").encode()
+    fast = json_reader(trace, chunk)
+    slow = ijson_reader(trace, tmp_path)
+    if same_json(_value(first), _value(second)):
+        assert fast is not None and not isinstance(slow, InputError)
+        assert canon(fast) == canon(slow)
+    else:
+        assert fast is None
+        assert isinstance(slow, InputError)
+        assert slow.column == where.format(i=len(before)) + ".k"
+        assert "conflicting duplicate key 'k'" in slow.message
+
+
+@pytest.mark.parametrize("first, second, same", [
+    ('"aten::mm"', '"aten::mm"', True),
+    ("1", "1.0", True),  # one number, written two ways
+    ("1.5", "15e-1", True),
+    ('{"a": 1, "b": [2]}', '{"b": [2], "a": 1}', True),  # an object whatever its key order
+    ("1", "true", False),  # Python's 1 == True: not JSON's
+    ("0", "false", False),
+    ("null", "0", False),
+    ('"1"', "1", False),
+    ("[1, 2]", "[2, 1]", False),
+    ('{"a": 1}', '{"a": 1, "b": 2}', False),
+])
+def test_what_counts_as_the_same_value(first: str, second: str, same: bool, tmp_path: Path) -> None:
+    assert same_json(_value(first), _value(second)) is same
+    trace = ('{"traceEvents": [' + REPEAT_PLACES["args"][0].format(member=f'"k": {first}, "k": {second}') + "]}").encode()
+    assert (json_reader(trace, 1 << 20) is not None) is same
+    assert isinstance(ijson_reader(trace, tmp_path), InputError) is not same
+
+
+def test_a_third_occurrence_is_judged_against_the_first(tmp_path: Path) -> None:
+    trace = b'{"traceEvents": [{"ph": "M", "args": {"k": 1, "k": 1, "k": 2}}]}'
+    assert json_reader(trace, 1 << 20) is None
+    error = ijson_reader(trace, tmp_path)
+    assert isinstance(error, InputError) and error.column == "traceEvents[0].args.k" and error.found == "1, then 2"
+
+
+def test_repeats_in_later_events_of_one_buffer_are_named_in_their_own_event(tmp_path: Path) -> None:
+    """ijson builds a whole buffer's events before yielding the first: a repeat in event 40 is
+    named there, not in the event being handed on when it was met."""
+    events = ['{"ph": "M", "args": {"k": 1, "k": 1}}'] * 40 + ['{"ph": "M", "args": {"j": 1, "j": 2}}']
+    error = ijson_reader(('{"traceEvents": [' + ", ".join(events) + "]}").encode(), tmp_path)
+    assert isinstance(error, InputError) and error.column == "traceEvents[40].args.j"

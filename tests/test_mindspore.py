@@ -444,3 +444,57 @@ def test_cli_exit_2_with_one_error_line(tmp_path: Path) -> None:
     rc, out, err = run_cli(["validate", str(tmp_path / "root")])
     assert rc == 2 and "INVALID" in out and "[mindspore]" in out
     one_stderr_line(err)
+
+
+# ---- files of one profile from different windows (issue 11) ---------------------------------------------
+
+
+def _shift_column(path: Path, column: str, by: int) -> list[int]:
+    """Add ``by`` to every integer cell of ``column``; the new values."""
+    lines = read_lines(path)
+    header, _ = split_row(lines[0])
+    values = []
+    for i in range(1, len(lines)):
+        fields, eol = split_row(lines[i])
+        value = int(fields[header.index(column)]) + by
+        fields[header.index(column)] = str(value)
+        values.append(value)
+        lines[i] = join_row(fields, eol)
+    write_lines(path, lines)
+    return values
+
+
+def test_an_allocator_record_of_another_window_is_refused(tmp_path: Path) -> None:
+    trace = _small_trace()
+    prof = write_profile(trace, tmp_path, MsOptions(rank=0, memory_record=False))
+    record = prof / "FRAMEWORK" / "cpu_ms_memory_record_0.txt"
+    hour = 3600 * 10**9
+    shifted = _shift_column(record, "Timestamp(ns)", hour)
+    with pytest.raises(InputError) as info:
+        load(discover(prof)[0])
+    err = info.value
+    ops = prof / "ASCEND_PROFILER_OUTPUT" / "operator_memory.csv"
+    assert err.file == str(ops)
+    assert err.message == ("npu:0: the blocks and the allocator totals of cpu_ms_memory_record_0.txt do not overlap "
+                           "in time: they come from different runs or profiling windows")
+    assert err.expected == f"blocks inside the window of {record} ({min(shifted)}..{max(shifted)} ns)"
+    ms_blocks = [b for b in trace.blocks if b.component == "PTA"]
+    times = [t for b in ms_blocks for t in (b.t_alloc, b.t_free) if t is not None]
+    assert err.found == f"blocks from {min(times)}..{max(times)} ns"
+    # the same record in its own window: loaded, and the figures name both files on one device
+    _shift_column(record, "Timestamp(ns)", -hour)
+    profile = load(discover(prof)[0])
+    cross = profile.metadata["cross_file"]
+    assert cross["devices_by_file"] == {"ASCEND_PROFILER_OUTPUT/npu_module_mem.csv": ["npu:0"],
+                                        "ASCEND_PROFILER_OUTPUT/operator_memory.csv": ["npu:0"],
+                                        "FRAMEWORK/cpu_ms_memory_record_0.txt": ["npu:0"]}
+    assert cross["window_ns_by_file"]["ASCEND_PROFILER_OUTPUT/operator_memory.csv"] == [min(times), max(times)]
+
+
+def test_a_tracker_dump_of_two_windows_is_refused(tmp_path: Path) -> None:
+    trace = _aligned(_small_trace())
+    path = write_tracker_dump(trace, tmp_path, rank=3, cpu_record=True)
+    _shift_column(tmp_path / "cpu_ms_memory_record_3.txt", "Timestamp(ns)", -(3600 * 10**9))
+    with pytest.raises(InputError, match="do not overlap in time") as info:
+        load(discover(path)[0])
+    assert info.value.file == str(path)

@@ -439,3 +439,72 @@ def test_dump_without_memory_events(tmp_path: Path) -> None:
     write_lines(path, lines)
     with pytest.raises(InputError, match="no MALLOC/FREE events in this dump"):
         msmemscope.load(path)
+
+
+# --- Device Id "cpu" (msMemScope's DevID2String for host and host-pinned events) -----------------------
+
+PINNED_PID = "3101864"
+# Host-pinned blocks as the current writer dumps them (Event Type HOST, Device Id cpu, Attr pinned:true
+# with the host pool's running used), inside the sample's trace window.
+PINNED_ROWS = [
+    (b'9001,MALLOC,HOST,N/A,1764753084000000000,3101864,3101864,cpu,0x00007f0000001000,'
+    b'"{allocation_id:9001,addr:0x00007f0000001000,size:4096,pinned:true,used:4096,process_used:1000000}",,\n'),
+    (b'9002,MALLOC,HOST,N/A,1764753084100000000,3101864,3101864,cpu,0x00007f0000003000,'
+    b'"{allocation_id:9002,addr:0x00007f0000003000,size:8192,pinned:true,used:12288,process_used:1000000}",,\n'),
+    (b'9003,FREE,HOST,N/A,1764753084200000000,3101864,3101864,cpu,0x00007f0000001000,'
+    b'"{allocation_id:9001,addr:0x00007f0000001000,size:4096,pinned:true,used:8192,process_used:1000000}",,\n'),
+    (b'9004,MALLOC,HOST_PINNED,N/A,1764753084300000000,3101864,3101864,cpu,0x00007f0000009000,'
+    b'"{allocation_id:9004,addr:0x00007f0000009000,size:512,used:512}",,\n'),
+]
+
+
+def _with_pinned_rows(tmp_path: Path) -> Path:
+    lines = read_lines(BASELINE)
+    lines[60:60] = PINNED_ROWS  # grouped per allocation in the middle of the file, as the writer does
+    path = tmp_path / "memscope_dump_20251203120000.csv"
+    write_lines(path, lines)
+    return path
+
+
+def test_device_id_cpu_is_the_cpu_device(tmp_path: Path) -> None:
+    path = _with_pinned_rows(tmp_path)
+    original, profile = msmemscope.load(BASELINE), msmemscope.load(path)
+    assert [d.device for d in profile.devices] == ["cpu", "npu:0"]
+    cpu, npu = profile.devices
+    assert blocks_as_tuples(cpu.blocks) == [
+        (1764753084000000000, 1764753084200000000, 4096, "HOST"),
+        (1764753084100000000, None, 8192, "HOST"),
+        (1764753084300000000, None, 512, "HOST_PINNED"),
+    ]
+    assert cpu.blocks["op"].isna().all()  # host blocks are segments, never an op's
+    assert cpu.series["HOST"].frame["allocated"].tolist() == [4096, 12288, 8192]
+    assert cpu.series["HOST"].frame["reserved"].isna().all()  # pinned rows carry no pool total
+    assert cpu.series["HOST_PINNED"].frame["allocated"].tolist() == [512]
+    # the blocks are the cpu device's whole memory: 4096 + 8192 live at once, then 512 more after a free
+    cpu_metrics = device_metrics(profile, cpu)
+    assert (cpu_metrics.component, cpu_metrics.values["peak_allocated_bytes"]) == ("blocks", 12288)
+    # the npu device is the original file's, number for number
+    before = device_metrics(original, original.devices[0]).values
+    after = device_metrics(profile, npu).values
+    assert {k: after[k] for k in METRICS} == {k: before[k] for k in METRICS}
+    assert blocks_as_tuples(npu.blocks) == blocks_as_tuples(original.devices[0].blocks)
+
+
+def test_device_id_cpu_passes_the_row_schema(tmp_path: Path) -> None:
+    path = _with_pinned_rows(tmp_path)
+    validator = jsonschema.Draft202012Validator(load_schema("msmemscope.dump"))
+    rows = rows_as_dicts(read_csv(path, load_schema("msmemscope.dump")))
+    for row in rows:
+        validator.validate(row)
+    assert sum(r["Device Id"] == "cpu" for r in rows) == len(PINNED_ROWS)
+    for bad in ("CPU", "cpu0", "gpu"):
+        assert not validator.is_valid({**rows[0], "Device Id": bad})
+
+
+def test_device_id_cpu_in_a_db(tmp_path: Path) -> None:
+    rows = [*GOOD_DB_ROWS,
+            (4, "MALLOC", "HOST", "N/A", 1764753083996495060, 7, 7, "cpu", "0x20",
+             '{"allocation_id":"2","addr":"0x20","size":"4096","pinned":"true","used":"4096"}')]
+    profile = msmemscope.load(_db(tmp_path, rows))
+    assert [d.device for d in profile.devices] == ["cpu", "npu:0"]
+    assert blocks_as_tuples(profile.devices[0].blocks) == [(1764753083996495060, None, 4096, "HOST")]

@@ -152,8 +152,8 @@ def test_cli_json_report_names_every_rank(root: Root, tmp_path: Path) -> None:
     for o in report["budgets"]:
         assert o["profile"] == str(root.profiles[o["rank"]])
     failed = [line for line in stdout.splitlines() if line.startswith("FAILED")]
-    assert len(failed) == 1 and failed[0].startswith("FAILED rank1-only::peak_allocated: peak_allocated 1.23 GiB "
-                                                     "exceeds budget 1.00 GiB")
+    assert len(failed) == 1 and failed[0].startswith(
+        f"FAILED {root.profiles['1'].name}::rank1-only::peak_allocated: peak_allocated 1.23 GiB exceeds budget 1.00 GiB")
     assert failed[0].endswith("— rank 1 npu:0")
 
 
@@ -178,3 +178,12 @@ def test_pytest_budget_ranks_select_items(root: Root, pytester: pytest.Pytester)
     assert [i for i in ids if "::rank1-only::" in i] == [only]
     assert sorted(i.split("/")[1] for i in ids if "::low-ranks::" in i) == ["rank_0", "rank_1"]
     result.assert_outcomes(passed=6, failed=1)
+
+
+def test_a_budget_for_other_devices_is_not_selected_a_skip(root: Root, pytester: pytest.Pytester) -> None:
+    """devices="npu:3" selects rank 3's device only: the other ranks' items skip, saying why."""
+    budgets = pytester.makefile(".toml", budgets='[[budgets]]\nname = "dev3"\ndevices = "npu:3"\n'
+                                'peak_allocated = "1 GiB"\n')
+    result = pytester.runpytest(f"--memgate={root.path}", f"--memgate-budgets={budgets}", "-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, skipped=3)
+    result.stdout.fnmatch_lines(["SKIPPED *not selected: budget 'dev3' selects devices='npu:3', the profile has npu:0"])

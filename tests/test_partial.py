@@ -174,7 +174,9 @@ def test_a_dead_rank_does_not_hide_the_healthy_ones(tmp_path: Path, capsys: pyte
     assert result.rc == 2
     assert str(dead / "operator_memory.csv") in one_stderr_line(result.stderr)
     judged = [line.split() for line in result.stdout.splitlines() if "peak_allocated" in line]
-    assert [row[:4] + row[-1:] for row in judged] == [["0", "npu:0", "gate", "peak_allocated", "pass"]]  # rank_0
+    # rank, device, budget, metric, measured (2 words), limit (2 words), result, profile
+    assert [row[:4] + row[-2:] for row in judged] == [["0", "npu:0", "gate", "peak_allocated", "pass",
+                                                       "msinsight_pta21_level1_rank0_ascend_pt"]]  # rank_0
     assert str(healthy) not in result.stderr
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -225,48 +226,198 @@ def test_marker_body_failure_is_reported_as_is(pytester: pytest.Pytester) -> Non
 @pytest.mark.parametrize(
     ("marker", "message"),
     [
-        ('peak_allocated="2 GB!"', "*invalid marker.peak_allocated*"),
-        ('peak_alocated="2 GiB"', "*unknown budget key*peak_alocated*"),
-        ('"2 GiB"', "*keywords only*"),
-        ("op_caps={'aten::mm': 'lots'}", "*invalid marker.op_caps*"),
-        ("fragmentation=1.5", "*invalid marker.fragmentation*"),
+        ('peak_allocated="2 GB!"', "invalid marker.peak_allocated '2 GB!'; expected a number with a unit in "),
+        ('peak_alocated="2 GiB"', "unknown budget key 'peak_alocated' (did you mean 'peak_allocated'?)\n"),
+        ('profle="prof"', "unknown budget key 'profle' (did you mean 'profile'?)\n"),
+        ('"2 GiB"', "takes keywords only, got ('2 GiB',)\n"),
+        ("op_caps={'aten::mm': 'lots'}", "invalid marker.op_caps['aten::mm'] 'lots'; expected a number"),
+        ("fragmentation=1.5", "invalid marker.fragmentation 1.5; expected a ratio between 0 and 1\n"),
+        ("profile=3, peak_allocated='1 GiB'", "invalid profile 3; expected a path (str or pathlib.Path)\n"),
     ],
 )
-def test_bad_marker_arguments_are_rejected_at_collection(pytester: pytest.Pytester, marker: str, message: str) -> None:
-    pytester.makepyfile(f"""
+def test_bad_marker_is_an_error_of_its_own_test_and_the_others_run(pytester: pytest.Pytester, marker: str,
+                                                                     message: str) -> None:
+    pytester.makepyfile(test_model=f"""
         import pytest
 
         @pytest.mark.memgate({marker})
         def test_model(memgate_profile_dir):
             raise AssertionError("must not run")
+
+        def test_other():
+            pass
     """)
     result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([message])
+    result.assert_outcomes(passed=1, errors=1)
+    # The test's file and the marker's line (3), the test's id, the key; at setup, before the body.
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_model*"])
+    assert f"\nmemgate: error: test_model.py:3: memgate marker of test_model.py::test_model: {message}" in \
+        result.stdout.str()
     assert "must not run" not in result.stdout.str()
 
 
-def test_marker_without_profile_source_is_rejected(pytester: pytest.Pytester) -> None:
+def test_every_bad_marker_is_reported(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_two=f"""
+        import pytest
+
+        @pytest.mark.memgate(peak_alocated="2 GiB", profile={str(SAMPLE)!r})
+        def test_a():
+            pass
+
+        @pytest.mark.memgate(step_grwth="2 GiB", profile={str(SAMPLE)!r})
+        def test_b():
+            pass
+
+        @pytest.mark.memgate(peak_allocated="2 GiB", profile={str(SAMPLE)!r})
+        def test_c():
+            pass
+    """)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines([("*test_two.py::test_a: unknown budget key 'peak_alocated' (did you mean "
+                                 "'peak_allocated'?)")], consecutive=False)
+    result.stdout.fnmatch_lines(["*test_two.py::test_b: unknown budget key 'step_grwth' (did you mean 'step_growth'?)"])
+
+
+def test_marker_without_profile_source_is_an_error_before_the_body(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("""
         import pytest
 
         @pytest.mark.memgate(peak_allocated="2 GiB")
         def test_model():
-            pass
+            raise AssertionError("must not run")
     """)
     result = pytester.runpytest()
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*needs a profile*memgate_profile_dir*"])
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([("*memgate marker of *::test_model: needs a profile: use the memgate_record fixture "
+                                 "(or memgate_profile_dir) or pass profile='path'")])
+    assert "must not run" not in result.stdout.str()
 
 
-def test_memgate_load_fixture(pytester: pytest.Pytester) -> None:
+def test_memgate_load_returns_metrics_for_assertions(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(f"""
+        import pytest
+        from memgate.errors import NotMeasurable
+
         def test_load(memgate_load):
-            (profile,) = memgate_load({str(SAMPLE)!r})
-            assert profile.format == "torch_npu" and profile.rank == "0"
-            assert profile.devices[0].device == "npu:0"
+            (m,) = memgate_load({str(SAMPLE)!r})
+            assert (m.format, m.rank, [d.device for d in m.devices]) == ("torch_npu", "0", ["npu:0"])
+            assert m["peak_allocated"] == m["peak_allocated_bytes"] == m.metrics["peak_allocated_bytes"] == {PEAK_ALLOCATED}
+            assert m["peak_reserved"] == {PEAK_RESERVED}
+            assert m.metrics["step_growth_bytes"] is None
+            with pytest.raises(NotMeasurable, match="step_growth is not measurable: npu:0: needs at least 5"):
+                m["step_growth"]
+            assert m.profile.devices[0].device == "npu:0"  # the normalized model too
     """)
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+# ---- --help, --markers ---------------------------------------------------------------------------
+
+
+def test_help_shows_every_option_with_a_help_line_and_a_metavar(pytester: pytest.Pytester) -> None:
+    from memgate.plugin import OPTIONS
+
+    result = pytester.runpytest("--help")
+    assert result.ret == pytest.ExitCode.OK, result.stderr.str()
+    text = result.stdout.str()
+    assert "memory budgets from profiler output:" in text  # the memgate group
+    for opt in OPTIONS:
+        if opt.metavar is None:
+            assert opt.kind == "bool", opt  # only a flag takes no value
+            shown = opt.flag
+        else:
+            shown = f"{opt.flag}=[{opt.metavar}]" if opt.optional_value else f"{opt.flag}={opt.metavar}"
+        # the option, then its help on the same line or the next
+        assert re.search(re.escape(shown) + r"(?![\w-])\s+" + re.escape(opt.help.split()[0]), text), shown
+        assert re.search(rf"^  {opt.dest} \({opt.kind}\):", text, re.MULTILINE), opt.dest  # the ini twin
+    assert "5%," in text  # a literal % in a help text (it once crashed argparse)
+
+
+def test_markers_lists_the_memgate_marker(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["@pytest.mark.memgate(**limits): memory budget for this test's profile, e.g.*"])
+
+
+# ---- marker results carry their test ------------------------------------------------------------
+
+
+TWO_MARKED = f"""\
+import shutil
+import pytest
+
+@pytest.mark.memgate(peak_allocated="2 GiB")
+def test_fits(memgate_profile_dir):
+    shutil.copytree({str(SAMPLE)!r}, memgate_profile_dir / "run_ascend_pt")
+
+@pytest.mark.memgate(peak_allocated="1 GiB")
+def test_too_big(memgate_profile_dir):
+    shutil.copytree({str(SAMPLE)!r}, memgate_profile_dir / "run_ascend_pt")
+"""
+
+
+def test_two_marked_tests_are_two_rows_everywhere(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(test_model=TWO_MARKED)
+    summary = pytester.path / "summary.md"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
+    result = pytester.runpytest("--memgate-json=report.json", "--junitxml=junit.xml", "--memgate-html=report.html")
+    result.assert_outcomes(passed=1, failed=1)
+    # the terminal table: one row per test, named by its node id
+    result.stdout.fnmatch_lines(["*test_model.py::test_fits*peak_allocated*1.23 GiB*2.00 GiB*pass*"])
+    result.stdout.fnmatch_lines(["*test_model.py::test_too_big*peak_allocated*1.23 GiB*1.00 GiB*FAIL*"])
+    # the annotation: on the marker's line (4 and 8 of TWO_MARKED), titled with the test
+    result.stdout.fnmatch_lines([
+        ("::error file=test_model.py,line=8,title=memgate test_model.py%3A%3Atest_too_big peak_allocated::"
+        "peak_allocated 1.23 GiB exceeds budget 1.00 GiB by 237.04 MiB (+23.1%25) — rank 0 npu:0")])
+    assert sum(line.startswith("::error") for line in result.outlines) == 1
+    # the JSON report: each row names its test; each test's profile is in it, with the test
+    report = json.loads((pytester.path / "report.json").read_text())
+    jsonschema.validate(report, load_schema("report"))
+    rows = {b["test"]: (b["passed"], b["declared_in"]) for b in report["budgets"]}
+    assert rows == {"test_model.py::test_fits": (True, {"file": "test_model.py", "line": 4}),
+                    "test_model.py::test_too_big": (False, {"file": "test_model.py", "line": 8})}
+    assert sorted(p["metadata"]["test"] for p in report["profiles"]) == ["test_model.py::test_fits",
+                                                                        "test_model.py::test_too_big"]
+    # JUnit: each testcase its own verdict and numbers
+    cases = {c.get("name"): c for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
+    failure = cases["test_too_big"].find("failure")
+    assert failure is not None and failure.get("message", "").startswith("peak_allocated 1.23 GiB exceeds")
+    assert cases["test_fits"].find("failure") is None
+    limits = {name: {p.get("name"): p.get("value") for p in c.iter("property")}["memgate.peak_allocated.limit"]
+              for name, c in cases.items()}
+    assert limits == {"test_fits": str(2 << 30), "test_too_big": str(1 << 30)}
+    # the step summary counts tests as pytest does, and names them
+    table = summary.read_text()
+    assert table.startswith("### memgate: 1 failed, 1 passed (2 checks)\n")
+    assert "| ❌ FAIL | `test_model.py::test_too_big` | 0 | npu:0 | marker | `peak_allocated` | 1.23 GiB | 1.00 GiB |" in table
+    assert "| ✅ pass | `test_model.py::test_fits` | 0 | npu:0 | marker | `peak_allocated` | 1.23 GiB | 2.00 GiB |" in table
+    # the HTML: both recordings with their curves, rows and holders
+    page = (pytester.path / "report.html").read_text()
+    assert "2 profile(s)" in page and page.count("<svg") >= 2
+    assert "test_model.py::test_fits" in page and "test_model.py::test_too_big" in page
+    assert "aten::mm" in page  # a holder at the peak
+
+
+def test_annotation_of_a_budget_file_check_is_on_its_key(pytester: pytest.Pytester,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _budget_file(pytester, alloc='"1 GiB"')  # makefile drops BUDGETS' leading newline: peak_allocated is line 3
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(pytester.path.parent))  # the repository: paths are relative to it
+    result = pytester.runpytest(f"--memgate={SAMPLE}")
+    result.stdout.fnmatch_lines([
+        (f"::error file={pytester.path.name}/memgate.toml,line=3,title=memgate memgate%3A%3Amsinsight_pta21_level1_rank0%3A%3Atrain"
+        "%3A%3Apeak_allocated::peak_allocated 1.23 GiB exceeds budget 1.00 GiB*")])
+
+
+def test_budget_file_error_names_the_line(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", memgate='[[budgets]]\nname = "x"\npeak_alocated = "1 GiB"\n')
+    result = pytester.runpytest(f"--memgate={SAMPLE}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([("*memgate.toml:3: invalid budget file at budgets/0: unknown budget key "
+                                 "'peak_alocated' (did you mean 'peak_allocated'?)")])
 
 
 # ---- xdist -------------------------------------------------------------------------------------

@@ -134,3 +134,85 @@ def test_drop_step_keeps_every_other_event_exactly(tmp_path: Path) -> None:
         {k: v for k, v in before.items() if k != "traceEvents"}
     profile = kineto.load(path)
     assert profile.steps["step"].tolist() == [2, 3]
+
+
+# ---- what a recording test shows: where the holders were allocated, hints, kept traces, reports ----
+
+STACKS = """\
+import pytest
+import torch
+
+LEAK = 256 * 1024
+
+
+def make():
+    return torch.empty(LEAK, dtype=torch.uint8)
+
+
+@pytest.mark.memgate(peak_allocated="64 KiB")
+def test_train(memgate_record):
+    kept = []
+    for _ in range(6):
+        kept.append(make())
+        memgate_record.step()
+"""
+# make() starts on line 7, test_train's frame on line 11 (its decorator: where Python starts a decorated function)
+STACK = ["make (test_stack.py:7)", "test_train (test_stack.py:11)"]
+
+FORGOT_STEP = """\
+import pytest
+import torch
+
+
+@pytest.mark.memgate(step_growth="1 MiB")
+def test_forgot_step(memgate_record):
+    kept = [torch.empty(1024) for _ in range(3)]
+"""
+
+NOTHING = """\
+import pytest
+
+
+@pytest.mark.memgate(peak_allocated="1 GiB")
+def test_nothing(memgate_record):
+    pass
+"""
+
+
+def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pytest.Pytester) -> None:
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip(NEEDS_TORCH)
+    from memgate.plugin import _artifact_name
+
+    pytester.makepyfile(test_stack=STACKS, test_forgot=FORGOT_STEP, test_nothing=NOTHING)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--memgate-keep-traces=kept",
+                                           "--memgate-html=report.html", "--memgate-json=report.json")
+    result.assert_outcomes(failed=3)
+    # the holders at the peak, each with the user functions that allocated it
+    result.stdout.fnmatch_lines([
+        "peak_allocated 1.50 MiB exceeds budget 64.00 KiB by 1.44 MiB (+2300.0%) — rank 0 cpu*",
+        "top 5 of 6 live blocks at the peak (cpu):",
+        "    256.00 KiB  aten::empty",
+        f"                in {' <- '.join(STACK)}",
+    ])
+    # hints in the fixture's words
+    result.stdout.fnmatch_lines([
+        ("*step_growth is not measurable: cpu: needs at least 5 counted steps*the profile has 0 step(s), 0 with "
+        "start/end times: call memgate_record.step() once per training step, at least 6 times (5 counted after 1 "
+        "warm-up), this test called it 0 time(s), or lower warmup_steps")])
+    result.stdout.fnmatch_lines([("*memgate_record recorded no tensor allocation: the test body allocated no torch memory "
+                                 "while it recorded (the fixture records with profile_memory=True)*")])
+    assert "profile_memory=True)" not in result.stdout.str().replace("(the fixture records with profile_memory=True)", "")
+    # every recording kept as an artifact
+    for test in ("test_stack.py::test_train", "test_forgot.py::test_forgot_step", "test_nothing.py::test_nothing"):
+        assert (pytester.path / "kept" / _artifact_name(test) / TRACE_NAME).is_file(), test
+    result.stdout.fnmatch_lines([f"memgate: recordings of 3 test(s) kept in {pytester.path / 'kept'}"])
+    # the reports: each recording (not the one that allocated nothing) with its test and holders
+    report = json.loads((pytester.path / "report.json").read_text())
+    by_test = {p["metadata"]["test"]: p for p in report["profiles"]}
+    assert sorted(by_test) == ["test_forgot.py::test_forgot_step", "test_stack.py::test_train"]
+    holders = by_test["test_stack.py::test_train"]["devices"][0]["metrics"]["top_at_peak"]
+    assert [(h["size"], h["stack"], h["owner"]) for h in holders] == [(LEAK, STACK, STACK[0])] * 6
+    assert by_test["test_stack.py::test_train"]["metadata"]["recorded_steps"] == 6
+    page = (pytester.path / "report.html").read_text()
+    assert "2 profile(s)" in page and page.count("<svg") >= 2 and STACK[0] in page

@@ -21,6 +21,7 @@ import pytest
 from helpers import PTA21_L0, PTA21_L1, PTA271, REPO, TORCH_NPU_SAMPLES, copy_sample, run_cli
 
 from memgate.discover import discover, load
+from memgate.errors import InputError
 from memgate.metrics import TOP_N, DeviceMetrics, profile_metrics
 from memgate.model import Profile
 
@@ -350,3 +351,193 @@ def test_inspect_json_validates_against_the_report_schema() -> None:
     assert metrics["op_max_block_bytes"] == want.op_max_block
     assert [s["step"] for s in profile["steps"]] == [13]
     assert '"peak_allocated_bytes": 10782243840' in out  # an exact integer, not 1.078e10
+
+
+# ---- files of one profile that belong together, or not (issue 11) ------------------------------------
+
+OP_TIMES = ("Allocation Time(us)", "Release Time(us)", "Active Release Time(us)")
+ALLOCATOR = ("PTA", "GE", "PTA+GE")
+
+
+def _shift_us(text: str, shift_us: int) -> str:
+    """A torch_npu µs cell (``1764246877074330.300\\t``) moved by whole µs, written the same way."""
+    if not text.strip():
+        return text
+    whole, _, rest = text.partition(".")
+    return f"{int(whole) + shift_us}.{rest}" if rest else str(int(whole) + shift_us)
+
+
+def _rewrite(path: Path, edit: Any) -> None:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        rows = list(csv.reader(fh))
+    header = rows[0]
+    for row in rows[1:]:
+        edit(dict(zip(header, range(len(header)))), row)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
+
+
+def _op_windows(sample: Path, shift_ns: int = 0) -> tuple[int, int]:
+    """The blocks' window from operator_memory.csv: allocation times, and releases (active first)."""
+    times = []
+    for r in _rows(sample / "operator_memory.csv"):
+        if r["Allocation Time(us)"].strip():
+            times.append(_ns(r["Allocation Time(us)"]))
+        release = r["Active Release Time(us)"].strip() or r["Release Time(us)"].strip()
+        if release:
+            times.append(_ns(release))
+    return min(times) + shift_ns, max(times) + shift_ns
+
+
+def _allocator_window(sample: Path) -> tuple[int, int]:
+    times = [_ns(r["Timestamp(us)"]) for r in _rows(sample / "memory_record.csv") if r["Component"] in ALLOCATOR]
+    return min(times), max(times)
+
+
+def test_cross_file_figures_of_a_real_profile() -> None:
+    profile = load_one(PTA271)
+    record = [_ns(r["Timestamp(us)"]) for r in _rows(PTA271 / "memory_record.csv")]
+    modules = [_ns(r["Timestamp(us)"]) for r in _rows(PTA271 / "npu_module_mem.csv")]
+    assert profile.metadata["cross_file"] == {
+        "devices_by_file": {"memory_record.csv": ["npu:0"], "npu_module_mem.csv": ["npu:0"],
+                            "operator_memory.csv": ["npu:0"]},
+        "window_ns_by_file": {"kernel_details.csv": [want := expected(PTA271).steps[0][1], expected(PTA271).steps[0][2]],
+                              "memory_record.csv": [min(record), max(record)],
+                              "npu_module_mem.csv": [min(modules), max(modules)],
+                              "operator_memory.csv": list(_op_windows(PTA271))},
+    }
+    assert want is not None
+    (device,) = profile_metrics(profile)
+    facts = device.facts.consistency["PTA"]
+    blocks = [r for r in _rows(PTA271 / "operator_memory.csv") if r["Allocation Time(us)"].strip()]
+    assert (facts.window_overlap, facts.checked_blocks, facts.agreeing_blocks, facts.agreement) == (
+        1.0, len(blocks), len(blocks), 1.0)
+    report = device.as_json()["reconciliation"]["consistency"]["PTA"]
+    assert report["agreement"] == 1.0 and report["series_source"].endswith("memory_record.csv")
+
+
+def test_operator_rows_of_another_window_are_refused(tmp_path: Path) -> None:
+    root = copy_sample(PTA271, tmp_path / "run_ascend_pt")
+    hour_us = 3600 * 10**6
+    _rewrite(root / "operator_memory.csv",
+             lambda col, row: [row.__setitem__(col[c], _shift_us(row[col[c]], hour_us)) for c in OP_TIMES])
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    err = info.value
+    lo, hi = _allocator_window(PTA271)
+    b_lo, b_hi = _op_windows(PTA271, hour_us * 1000)
+    assert err.file == str(root / "operator_memory.csv")
+    assert err.message == ("npu:0: the blocks and the allocator totals of memory_record.csv do not overlap in time: "
+                           "they come from different runs or profiling windows")
+    assert err.expected == f"blocks inside the window of {root / 'memory_record.csv'} ({lo}..{hi} ns)"
+    assert err.found == f"blocks from {b_lo}..{b_hi} ns"
+
+
+def test_operator_rows_of_an_overlapping_window_show_in_the_figures(tmp_path: Path) -> None:
+    """Half a window apart: loaded (the files overlap), the figures say how far they agree."""
+    root = copy_sample(PTA271, tmp_path / "run_ascend_pt")
+    lo, hi = _allocator_window(PTA271)
+    shift_us = (hi - lo) // 2000
+    _rewrite(root / "operator_memory.csv",
+             lambda col, row: [row.__setitem__(col[c], _shift_us(row[col[c]], shift_us)) for c in OP_TIMES])
+    b_lo, b_hi = _op_windows(PTA271, shift_us * 1000)
+    record = {(_ns(r["Timestamp(us)"]), _bytes(r["Total Allocated(MB)"], 1 << 20))
+              for r in _rows(PTA271 / "memory_record.csv") if r["Component"] == "PTA"}
+    checked = [(_ns(r["Allocation Time(us)"]) + shift_us * 1000, _bytes(r["Allocation Total Allocated(MB)"], 1 << 20))
+               for r in _rows(PTA271 / "operator_memory.csv") if r["Allocation Time(us)"].strip()]
+    (device,) = profile_metrics(load_one(root))
+    facts = device.facts.consistency["PTA"]
+    assert facts.window_overlap == (min(hi, b_hi) - max(lo, b_lo)) / (b_hi - b_lo)
+    assert (facts.checked_blocks, facts.agreeing_blocks) == (len(checked), sum(c in record for c in checked))
+    assert facts.agreement is not None and facts.agreement < 0.05  # another window's totals hardly ever match
+
+
+def test_operator_rows_of_another_device_are_refused(tmp_path: Path) -> None:
+    root = copy_sample(PTA271, tmp_path / "run_ascend_pt")
+    _rewrite(root / "operator_memory.csv", lambda col, row: row.__setitem__(col["Device Type"], "NPU:1"))
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    err = info.value
+    assert (err.file, err.found) == (str(root / "operator_memory.csv"), "blocks on npu:1")
+    assert err.message == ("the files of this profile name different devices: the blocks on npu:1 have no allocator "
+                           "totals, memory_record.csv records them for npu:0 only (files of another rank or run?)")
+
+
+# ---- the rank in profiler_info (issue 11) -------------------------------------------------------------
+
+@pytest.mark.parametrize("rank_id", ["²", "٣", "３", "1.0", "rank0", True, 2.0, [0]])
+def test_a_rank_id_that_is_not_ascii_digits_is_an_error(tmp_path: Path, rank_id: object) -> None:
+    root = as_ascend_pt(PTA21_L1, tmp_path / "node0_77_20250109_ascend_pt", rank_id=rank_id)
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    err = info.value
+    assert (err.file, err.column, err.message) == (str(root / "profiler_info_0.json"), "rank_id",
+                                                   "rank_id is not a whole number")
+    assert err.found == repr(rank_id)
+    assert discover(root)[0].path == root  # discovery itself does not fail: the load says what is wrong
+
+
+@pytest.mark.parametrize(("rank_id", "rank"), [("7", "7"), (" 7 ", "7"), (7, "7"), (-1, "0"), ("-1", "0"), ("", "0")])
+def test_rank_id_forms_that_are_whole_numbers(tmp_path: Path, rank_id: object, rank: str) -> None:
+    root = as_ascend_pt(PTA21_L1, tmp_path / "node0_77_20250109_ascend_pt", info_name="profiler_info.json",
+                        rank_id=rank_id)
+    assert load_one(root).rank == rank  # -1 / empty: not distributed, no suffix, no rank_N dir: "0"
+
+
+def test_profiler_info_name_and_content_disagreeing_is_stated(tmp_path: Path) -> None:
+    root = as_ascend_pt(PTA21_L1, tmp_path / "node0_77_20250109_ascend_pt", info_name="profiler_info_3.json",
+                        rank_id=5)
+    profile = load_one(root)
+    assert profile.rank == "5"
+    assert profile.metadata["notes"] == [("profiler_info_3.json holds rank_id 5: the rank is 5 (the content; the file "
+                                         "name's suffix 3 disagrees: a renamed or copied file?)")]
+    agreeing = as_ascend_pt(PTA21_L1, tmp_path / "node1_78_20250109_ascend_pt", info_name="profiler_info_5.json",
+                            rank_id=5)
+    assert "notes" not in load_one(agreeing).metadata
+
+
+def test_two_profiler_info_files_in_one_profile_are_an_error(tmp_path: Path) -> None:
+    root = as_ascend_pt(PTA21_L1, tmp_path / "node0_77_20250109_ascend_pt")
+    shutil.copyfile(root / "profiler_info_0.json", root / "profiler_info_1.json")
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    assert info.value.file == str(root / "profiler_info_1.json")
+    assert info.value.found == "profiler_info_0.json, profiler_info_1.json"
+
+
+def test_two_profiles_of_one_rank_in_one_window_are_stated(tmp_path: Path) -> None:
+    import pickle
+
+    root = tmp_path / "prof"
+    a = as_ascend_pt(PTA21_L1, root / "hostA_101_20250109_ascend_pt")  # rank_id 0 ...
+    b = as_ascend_pt(PTA21_L1, root / "hostB_102_20250109_ascend_pt")  # ... copied: rank 0 again, same window
+    c = as_ascend_pt(PTA271, root / "hostA_103_20251127_ascend_pt")  # rank 0 of another run (another window)
+    found = {f.path: f for f in discover(root)}
+    assert sorted(found) == sorted([a, b, c])
+
+    def note(other: Path) -> str:
+        return (f"rank 0 (torch_npu) is also claimed by {other}, recorded over an overlapping window (the same run's "
+                "rank twice? a copied folder, or processes that all took the default rank): both are kept, each keyed "
+                "by its path")
+
+    assert (found[a].notes, found[b].notes, found[c].notes) == ((note(b),), (note(a),), ())
+    assert load(found[a]).metadata["notes"] == [note(b)]
+    assert "notes" not in load(found[c]).metadata
+    assert pickle.loads(pickle.dumps(found[a])).notes == (note(b),)  # travels to --jobs / xdist workers
+    # the window profiler_info states: collectionTimeEnd minus the monotonic time it ran
+    from memgate.loaders.torch_npu import run_window
+
+    info = json.loads((PTA21_L1 / "profiler_info_0.json").read_text())
+    end, mono_end = int(info["end_info"]["collectionTimeEnd"]), int(info["end_info"]["MonotonicTimeEnd"])
+    assert run_window(a) == (end - (mono_end - int(info["start_info"]["start_monotonic"])), end)
+
+
+def test_operator_rows_of_an_extra_device_are_refused(tmp_path: Path) -> None:
+    """Half the blocks moved to npu:1: npu:0 still has blocks and totals, npu:1 blocks and no totals."""
+    root = copy_sample(PTA271, tmp_path / "run_ascend_pt")
+    rows = iter(range(10**6))
+    _rewrite(root / "operator_memory.csv",
+             lambda col, row: row.__setitem__(col["Device Type"], "NPU:1") if next(rows) % 2 else None)
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    assert info.value.found == "blocks on npu:1"

@@ -68,3 +68,22 @@ def test_progress_wanted_only_on_a_terminal_outside_ci(monkeypatch: pytest.Monke
     assert wanted(Tty(), None) is False  # type: ignore[arg-type]
     assert wanted(Tty(), True) is True  # type: ignore[arg-type]
     assert wanted(Tty(), False) is False  # type: ignore[arg-type]
+
+
+def test_measure_gives_each_profile_its_metrics(ranks: Path) -> None:
+    from memgate.errors import NotMeasurable
+    from memgate.session import measure
+
+    measured = measure(ranks)
+    assert [m.rank for m in measured] == ["0", "1", "2", "3"]
+    m = measured[0]
+    # the sample's peaks (tests/test_plugin.py: from its memory_record.csv)
+    assert m["peak_allocated"] == m["peak_allocated_bytes"] == 1322299392
+    assert m.metrics["peak_reserved_bytes"] == 1600913408
+    assert m.metrics["op_max_block_bytes"]["aten::mm"] == m.devices[0].values["op_max_block_bytes"]["aten::mm"]
+    assert m.metrics["top_at_peak"] == m.devices[0].values["top_at_peak"]
+    assert "needs at least 5 counted steps" in m.not_measurable["step_growth_bytes"]
+    with pytest.raises(NotMeasurable, match=r"step_growth is not measurable: npu:0: needs at least 5"):
+        m["step_growth"]
+    with pytest.raises(KeyError, match="unknown metric 'peak'"):
+        m["peak"]

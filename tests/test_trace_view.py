@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from helpers import PTA21_L0, in_process
 
+from memgate.errors import InputError
 from memgate.loaders import torch_npu
 from memgate.loaders.trace_view import device_of_pid, read_trace_view
 
@@ -104,7 +105,7 @@ def test_real_sample_is_device_npu_0_and_an_npu_glob_finds_it(tmp_path: Path, ca
     rc, out, err = in_process(["check", tmp_path / "prof", "--budgets", budgets], capsys)
     assert (rc, err) == (0, ""), out
     [row] = [line.split() for line in out.splitlines() if "peak_app_reserved" in line]
-    assert row[1] == "npu:0" and row[-1] == "pass"
+    assert row[1] == "npu:0" and row[-2:] == ["pass", "run_rank0_ascend_pt"]  # result, profile
 
 
 # ---- hand-built: two devices ----------------------------------------------------------------------
@@ -174,3 +175,60 @@ def test_a_pid_naming_no_device_goes_to_the_only_device(tmp_path: Path) -> None:
     assert set(read_trace_view(out / "trace_view.json").counters) == {None}
     [model] = torch_npu.load(out.parent).devices
     assert model.device == "npu" and int(model.series["APP"].frame["reserved"].iloc[0]) == 10 * 1024
+
+
+# ==== issue 11: exact numbers and repeated keys (JSON side) ================================================
+
+TS_TEXT = "1736405443863674.401"  # µs as a JSON number: 19 digits, more than a float holds
+TS_NS = 1736405443863674401
+
+
+def _write_events(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "trace_view.json"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_number_timestamps_and_kb_are_exact(tmp_path: Path) -> None:
+    """A ts written as a number converts to its exact ns (the nearest float is 113 ns off), and a KB
+    with decimals to its exact bytes."""
+    assert int(Decimal(float(TS_TEXT)) * 1000) != TS_NS  # the premise: a float loses these ns
+    pid = binary_pid(HOST_PID, NPU_MEM_SORT, 0)
+    path = _write_events(tmp_path, "[" + ", ".join([
+        f'{{"ph": "X", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": {TS_TEXT}, "dur": 0.001}}',
+        f'{{"ph": "M", "name": "process_name", "pid": {pid}, "tid": 0, "args": {{"name": "NPU MEM"}}}}',
+        f'{{"ph": "C", "name": "APP/Memory", "pid": {pid}, "tid": 0, "ts": {TS_TEXT}, "args": {{"KB": 1.5}}}}',
+    ]) + "]")
+    view = read_trace_view(path)
+    assert view.steps["t_start"].tolist() == [TS_NS] and view.steps["t_end"].tolist() == [TS_NS + 1]
+    frame = view.counters[0]["APP/Memory"]
+    assert frame["t_ns"].tolist() == [TS_NS] and frame["reserved"].tolist() == [1536]
+
+
+@pytest.mark.parametrize("member, column", [
+    ('"KB": 10.0, "KB": 20.0', "[2].args.KB"),
+    ('"KB": 10.0, "KB": 10', None),  # the same number twice: read once
+])
+def test_a_counter_repeating_a_key(tmp_path: Path, member: str, column: str | None) -> None:
+    pid = binary_pid(HOST_PID, NPU_MEM_SORT, 0)
+    path = _write_events(tmp_path, "[" + ", ".join([
+        '{"ph": "X", "name": "aten::mm", "ts": "1.000", "dur": 1.0}',
+        f'{{"ph": "M", "name": "process_name", "pid": {pid}, "tid": 0, "args": {{"name": "NPU MEM"}}}}',
+        f'{{"ph": "C", "name": "APP/Memory", "pid": {pid}, "tid": 0, "ts": "2.000", "args": {{{member}}}}}',
+    ]) + "]")
+    if column is None:
+        assert read_trace_view(path).counters[0]["APP/Memory"]["reserved"].tolist() == [10 * 1024]
+        return
+    with pytest.raises(InputError) as info:
+        read_trace_view(path)
+    assert info.value.column == column and info.value.file == str(path)
+    assert "conflicting duplicate key 'KB'" in info.value.message and info.value.found == "10.0, then 20.0"
+
+
+def test_an_event_repeating_its_name_with_another_value(tmp_path: Path) -> None:
+    """A step's name twice: ProfilerStep#3 or #4? Neither is read silently."""
+    path = _write_events(tmp_path, '[{"ph": "X", "name": "ProfilerStep#3", "name": "ProfilerStep#4", '
+                                   '"ts": "1.000", "dur": 1.0}]')
+    with pytest.raises(InputError) as info:
+        read_trace_view(path)
+    assert info.value.column == "[0].name"

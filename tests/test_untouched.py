@@ -10,10 +10,12 @@ passing / failing, validate, diff, suggest) and every pytest mode (passing, fail
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +78,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         make(made / name)
     (made / "gz").mkdir()
     kineto_file(made / "gz", gz=True)
+    pending_wal_db(tmp_path_factory.mktemp("wal_writer"), made / "wal")
+    raw_timeline_file(made / "timeline_raw")
     (made / "link_to_npu").symlink_to("npu")  # a link inside the tree is followed, never rewritten
     for path in [root, *root.rglob("*")]:  # read-only, like a downloaded CI artifact
         if not path.is_symlink():
@@ -84,6 +88,36 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for path in [root, *root.rglob("*")]:
         if not path.is_symlink():
             path.chmod(path.stat().st_mode | 0o200)
+
+
+def raw_timeline_file(dest: Path) -> Path:
+    """``prof.export_memory_timeline("*.raw.json.gz")``: [t_ns, action, bytes, category] rows."""
+    dest.mkdir(parents=True)
+    path = dest / "run_memory_timeline.raw.json.gz"
+    rows = [[-1, 1, 4096, 1], [1_000, 2, 2048, 2], [2_000, 4, -2048, 2]]  # preexisting, create, destroy
+    path.write_bytes(gzip.compress(json.dumps(rows).encode()))
+    return path
+
+
+WAL_PEAK = 123_456_789_012  # every MEMORY_RECORD total, as committed to the -wal only
+
+
+def pending_wal_db(work: Path, dest: Path) -> Path:
+    """A torch_npu db whose last transaction sits in a -wal never checkpointed (an artifact copied while
+    its writer still had it open): the db and the -wal, no -shm, copied into ``dest``."""
+    src = torch_db(work)
+    writer = sqlite3.connect(src)
+    try:
+        writer.execute("PRAGMA journal_mode = WAL")
+        writer.execute("PRAGMA wal_autocheckpoint = 0")
+        writer.execute(f"UPDATE MEMORY_RECORD SET totalAllocated = {WAL_PEAK}, totalReserved = {WAL_PEAK}")
+        writer.commit()
+        dest.mkdir(parents=True)
+        for suffix in ("", "-wal"):
+            shutil.copyfile(str(src) + suffix, str(dest / src.name) + suffix)
+    finally:
+        writer.close()
+    return dest / src.name
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +235,17 @@ def test_pytest_erroring_leaves_the_tree_untouched(broken: Path, pytester: pytes
     assert "INTERNALERROR" not in result.stdout.str()
     result.assert_outcomes(passed=1, errors=1)
     assert_untouched(broken, before, "pytest with an erroring profile")
+
+
+def test_a_db_with_a_pending_wal_is_read_and_left_alone(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Reading a -wal needs SQLite's wal-index (-shm): memgate reads a private copy, never the tree's."""
+    wal_dir = tree / "written" / "wal"
+    assert sorted(p.name for p in wal_dir.iterdir()) == ["ascend_pytorch_profiler_0.db", "ascend_pytorch_profiler_0.db-wal"]
+    before = tree_state(tree)
+    for args in (["inspect", "--json", wal_dir], ["validate", wal_dir]):
+        result = in_process(args, capsys)
+        assert result.rc == 0, result.stderr
+        if args[0] == "inspect":
+            (profile,) = json.loads(result.stdout)["profiles"]
+            assert [d["metrics"]["peak_allocated_bytes"] for d in profile["devices"]] == [WAL_PEAK]  # the -wal's rows
+        assert_untouched(tree, before, " ".join(map(str, args)))

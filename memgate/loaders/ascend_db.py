@@ -36,12 +36,14 @@ import pandas as pd
 
 from memgate import discover
 from memgate.errors import InputError
+from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.msmemscope import pair_events, take
 from memgate.model import (
     BLOCK_COLUMNS,
     DeviceModel,
     Profile,
     Series,
+    check_steps,
     empty_blocks,
     empty_steps,
     split_series,
@@ -60,11 +62,12 @@ from memgate.schemas import load_schema
 
 FORMAT = "ascend_db"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
-TORCH_DB = re.compile(r"^ascend_pytorch_profiler(?:_(\d+))?\.db$")
+TORCH_DB = re.compile(r"^ascend_pytorch_profiler(?:_([0-9]+))?\.db$")
 MSPROF_DB = re.compile(r"^msprof_[0-9_]+\.db$")
 TEXT_EXPORT = ("memory_record.csv", "operator_memory.csv")
 NPU_MEM_KINDS = {"app": "APP", "device": "Device"}
-_DIR_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
+_ASCII_INT = re.compile(r"-?[0-9]+")
 
 
 def _schema(table: str) -> dict[str, Any]:
@@ -107,7 +110,16 @@ def load(path: Path) -> Profile:
         return _load(db, path)
 
 
+# Every table this loader may read: one of these names on a view, trigger or virtual table is an error
+# (sqlitetable.require_table), never data and never silently skipped.
+KNOWN_TABLES = ("MEMORY_RECORD", "OP_MEMORY", "NPU_OP_MEM", "NPU_MEM", "NPU_MODULE_MEM", "STEP_TIME", "STRING_IDS",
+                "ENUM_MODULE", "META_DATA", "RANK_DEVICE_MAP")
+
+
 def _load(db: Database, profile_path: Path) -> Profile:
+    for table in KNOWN_TABLES:
+        if table in db.others:
+            require_table(db, table, "a table of the profiler's export")
     torch_kind = bool(TORCH_DB.match(db.path.name)) or db.has("MEMORY_RECORD") or db.has("OP_MEMORY")
     memory_tables = ("MEMORY_RECORD", "OP_MEMORY") if torch_kind else ("NPU_OP_MEM", "NPU_MEM", "NPU_MODULE_MEM")
     if not any(db.has(t) for t in memory_tables):
@@ -164,7 +176,10 @@ def _load(db: Database, profile_path: Path) -> Profile:
             blocks_source=parts["blocks_source"],
             sum_components={"PTA+GE": ("PTA", "GE")} if "PTA+GE" in series else {},
         ))
-    metadata: dict[str, Any] = {"export": "db" if torch_kind else "msprof db", "db_file": db.path.name}
+    metadata: dict[str, Any] = {"export": "db" if torch_kind else "msprof db", "db_file": db.path.name,
+                                "cross_file": cross_file_facts(models, db.path, steps, steps_source)}
+    if db.read_log is not None:
+        metadata["notes"] = [f"the db's pending {db.read_log} log was applied (read from a private copy)"]
     for key in ("SCHEMA_VERSION", "torch_npu_version", "cann_version"):
         if key in meta:
             metadata[key.lower()] = meta[key]
@@ -375,6 +390,7 @@ def read_step_time(db: Database) -> pd.DataFrame:
         row = frame.loc[bad.idxmax()]
         raise InputError(f"table STEP_TIME rowid {int(row['rowid'])}: step ends before it starts", file=db.path,
                          column="STEP_TIME.endNs", expected=f">= startNs {row['t_start']}", found=str(row["t_end"]))
+    check_steps(frame, db.path, column="STEP_TIME", where=[f"rowid {int(r)}" for r in frame["rowid"]])
     steps = frame[["step", "t_start", "t_end"]].sort_values("step", kind="stable").reset_index(drop=True)
     return steps.astype("Int64")
 
@@ -402,7 +418,12 @@ def rank_of(db_path: Path, profile_path: Path, meta: dict[str, str], rank_map: l
         return str(int(m.group(1)))
     for key in ("rank_id", "RANK_ID", "rankId"):
         value = meta.get(key, "").strip()
-        if value.isdigit() and int(value) != INVALID_ID:
+        if not value:
+            continue
+        if not _ASCII_INT.fullmatch(value):
+            raise InputError(f"table META_DATA: {key} is not a whole number", file=db_path, column=f"META_DATA.{key}",
+                             expected="an integer in ASCII digits", found=repr(value)[:60])
+        if int(value) >= 0 and int(value) != INVALID_ID:
             return str(int(value))
     ranks = {r for r, _ in rank_map if r != INVALID_ID and r >= 0}
     if len(ranks) == 1:

@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 
 from memgate import discover
 from memgate.errors import InputError, cannot_read
+from memgate.loaders.crossfile import cross_file_facts
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks
 from memgate.readers import convert
 from memgate.readers.csvtable import CsvTable
@@ -56,10 +57,10 @@ DEVICE_SERIES = "NPU MEM Device/Memory"
 STATIC_TOTAL = "TOTAL"
 _FILE = re.compile(
     r"^(?P<kind>npu_module_mem|operator_memory|memory_record|static_op_mem|npu_mem)"
-    r"(?:_slice_(?P<slice>\d+))?_(?P<tail>\d[\d_]*)\.csv$"
+    r"(?:_slice_(?P<slice>[0-9]+))?_(?P<tail>[0-9][0-9_]*)\.csv$"
 )
-_RANK_DIR = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-_DEVICE_DIR = re.compile(r"^device_(\d+)$")
+_RANK_DIR = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
+_DEVICE_DIR = re.compile(r"^device_([0-9]+)$")
 
 
 # ---- where the files are ---------------------------------------------------------------------------
@@ -320,6 +321,7 @@ def _load(path: Path) -> Profile:
         )
         for device in ordered
     )
+    metadata["cross_file"] = cross_file_facts(models, path)
     return Profile(path=str(path), format=FORMAT, rank=rank_of(path, ordered), devices=models, metadata=metadata)
 
 

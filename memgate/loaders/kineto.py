@@ -34,6 +34,7 @@ not record the device it was exported for, so its device is ``unknown``.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import re
@@ -43,9 +44,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
-from itertools import repeat
+from functools import partial
+from itertools import repeat, takewhile
+from operator import ne
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import ijson
 import numpy as np
@@ -53,13 +56,27 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
-from memgate.errors import InputError
+from memgate import discover, hints
+from memgate.errors import InputError, show
 from memgate.loaders.snapshot import pair_allocs
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.readers import convert, limits
 from memgate.readers.csvtable import check_readable
-from memgate.readers.jsonstream import GuardedReader, JsonLimitError, guard, syntax_error
+from memgate.readers.jsonstream import (
+    DuplicateKey,
+    GuardedReader,
+    JsonLimitError,
+    NumberText,
+    Readable,
+    Shown,
+    duplicate_key_error,
+    first_conflict,
+    guard,
+    same_json,
+    syntax_error,
+    unique_keys,
+    unique_pairs,
+)
 from memgate.readers.memory import collector_paused
 from memgate.readers.pyrecords import check_column, check_records, missing_int64, nullable_int64, resolve
 from memgate.schemas import load_schema
@@ -68,6 +85,7 @@ FORMAT = "kineto"
 TIMELINE_FORMAT = "torch_memory_timeline"
 SCHEMA = "kineto"
 COMPONENT = "allocator"
+UNPAIRED = "allocations without Addr"  # the blocks of a trace whose [memory] events carry no Addr
 HEAD_BYTES = 1 << 16
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 # c10::DeviceType, lower-cased; PrivateUse1 is torch_npu's NPU (FORMATS.md).
@@ -105,8 +123,10 @@ def claims(path: Path) -> bool:
 
 
 def claims_timeline(path: Path) -> bool:
-    """``prof.export_memory_timeline`` JSON: the name says so and the file starts with ``[[``."""
-    if "memory_timeline" not in path.name.lower() or not _is_json_name(path) or not path.is_file():
+    """``prof.export_memory_timeline`` JSON: the name says so and the file starts with ``[[``
+    (a ``*.raw.json`` name is claimed_raw_timeline's, whichever form it holds)."""
+    if ("memory_timeline" not in path.name.lower() or not _is_json_name(path) or _is_raw_name(path)
+            or not path.is_file()):
         return False
     try:
         head = read_head(path, 256)
@@ -115,16 +135,37 @@ def claims_timeline(path: Path) -> bool:
     return re.match(rb"\s*\[\s*\[\s*(\d|\])", head) is not None
 
 
+def _is_raw_name(path: Path) -> bool:
+    # torch writes the raw form for a path ending "raw.json.gz" (any other: the [times, sizes] form)
+    name = path.name.lower()
+    return name.endswith(("raw.json.gz", ".raw.json"))
+
+
+def claims_raw_timeline(path: Path) -> bool:
+    """``prof.export_memory_timeline("*.raw.json.gz")``: the name says so and the file is a JSON
+    array that is empty or starts with an array of numbers."""
+    if not _is_raw_name(path) or not path.is_file():
+        return False
+    try:
+        head = read_head(path, 256)
+    except (OSError, EOFError, zlib.error):
+        return False
+    return re.match(rb"(\xef\xbb\xbf)?\s*\[\s*(\]|\[\s*-?\d)", head) is not None
+
+
 def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
-    with _open(path) as fh:
+    with _open(path, capped=False) as fh:
         return fh.read(size)
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[IO[bytes]]:
+def _open(path: Path, *, capped: bool = True) -> Iterator[Readable]:
+    """The file's bytes; a ``.gz`` one decompressed, past the cap on inflated bytes an InputError
+    (limits.InflateCap: a few MB of gzip can inflate to tens of GB). ``capped=False``: for a head,
+    a read of a few KB."""
     if path.name.lower().endswith(".gz"):
         with gzip.open(path, "rb") as fh:
-            yield fh  # type: ignore[misc]
+            yield limits.InflateCap(fh, path) if capped else fh
     else:
         with open(path, "rb") as fh:
             yield fh
@@ -155,18 +196,14 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # json takes NaN and Infinity; RFC 8259 and ijson do not
 
 
-class _Number(str):
-    """A JSON number with a fraction or exponent, as the json reader keeps it: its text.
-
-    ijson reads one as a ``Decimal``. Text is cheaper to build, and Arrow turns a column of it into
-    exact ns 7x faster than a column of Decimals (see _plain_us_ns); any other use takes
-    :func:`_legacy`, the Decimal, so both readers' events check and fail alike.
-    """
-
-    __slots__ = ()
-
-
-_DECODER = json.JSONDecoder(parse_float=_Number, parse_constant=_no_constant)
+# A JSON number with a fraction or exponent, as the json reader keeps it: its text. ijson reads one
+# as a ``Decimal``. Text is cheaper to build, and Arrow turns a column of it into exact ns 7x faster
+# than a column of Decimals (see _plain_us_ns); any other use takes :func:`_legacy`, the Decimal, so
+# both readers' events check and fail alike.
+_Number = NumberText
+# Each object through unique_pairs: a key repeated with another value raises DuplicateKey, and the
+# ijson reader names it (about +10 % on a whole load, measured on the benchmark trace).
+_DECODER = json.JSONDecoder(parse_float=_Number, parse_constant=_no_constant, object_pairs_hook=unique_pairs)
 
 
 def _legacy(value: Any) -> Any:
@@ -185,8 +222,9 @@ def _json_batches(reader: GuardedReader) -> Iterator[list[dict[str, Any]]]:
     """The traceEvents array as lists of events, one list per chunk of bytes parsed by the json module.
 
     Anything this reader does not vouch for (a syntax error, a limit of the reader or of rows, a
-    surrogate escape, an event that is not an object, an event over 64 MiB) raises
-    _Unproven: the json and ijson readers accept the same files and read them to the same events.
+    surrogate escape, an event that is not an object, an event over 64 MiB, a key repeated with
+    another value) raises _Unproven: the json and ijson readers accept the same files and read them
+    to the same events.
     """
     max_rows = limits.current().max_rows
     events = 0
@@ -196,13 +234,14 @@ def _json_batches(reader: GuardedReader) -> Iterator[list[dict[str, Any]]]:
             if events > max_rows:
                 raise _Unproven("too many events")  # ijson's reader names the event
             yield batch
-    except (ValueError, RecursionError, EOFError, OSError, zlib.error, JsonLimitError) as exc:
+    except (ValueError, RecursionError, EOFError, OSError, zlib.error, JsonLimitError, DuplicateKey) as exc:
         raise _Unproven(str(exc)) from exc
 
 
 def _json_chunks(reader: GuardedReader) -> Iterator[list[dict[str, Any]]]:
     """Parse the array a chunk at a time: the complete events of the bytes read so far, the rest kept."""
-    buf = bytearray(b"[") + _after_events_key(reader)  # the pending bytes, always after a '['
+    rest, head = _after_events_key(reader)
+    buf = bytearray(b"[") + rest  # the pending bytes, always after a '['
     in_tail = False  # the array has ended: the rest closes the document
     while chunk := reader.read(CHUNK_BYTES):
         buf += chunk
@@ -214,7 +253,7 @@ def _json_chunks(reader: GuardedReader) -> Iterator[list[dict[str, Any]]]:
             yield taken[0]
         if len(buf) > _PENDING_MAX:
             raise _Unproven("no complete event in 64 MiB")
-    yield _last_events(buf)
+    yield _last_events(buf, head)
 
 
 def _leading_events(buf: bytearray) -> tuple[list[dict[str, Any]], int] | None:
@@ -256,8 +295,9 @@ def _events_one_by_one(buf: bytearray) -> tuple[list[dict[str, Any]], int] | Non
     return _objects(events), len(text[:taken].encode("utf-8"))
 
 
-def _after_events_key(reader: GuardedReader) -> bytes:
-    """Read past the ``[`` that opens the top-level ``traceEvents``; return the bytes after it."""
+def _after_events_key(reader: GuardedReader) -> tuple[bytes, dict[str, Any]]:
+    """Read past the ``[`` that opens the top-level ``traceEvents``; return the bytes after it and the
+    top-level members before it."""
     head = b""
     while (key := _EVENTS_KEY.search(head)) is None:
         chunk = reader.read(CHUNK_BYTES)
@@ -266,9 +306,10 @@ def _after_events_key(reader: GuardedReader) -> bytes:
         head += chunk
     opening = head[: key.end()]
     # ``{..., "traceEvents": []}`` parses only if that ``[`` opens the value of a top-level key
-    if opening.count(b'"traceEvents"') != 1 or type(_DECODER.decode(_text(opening + b"]}"))) is not dict:
+    members = _DECODER.decode(_text(opening + b"]}")) if opening.count(b'"traceEvents"') == 1 else None
+    if type(members) is not dict:
         raise _Unproven("traceEvents is not the top-level array")
-    return head[key.end():]
+    return head[key.end():], members
 
 
 def _last_cut(buf: bytes | bytearray) -> tuple[int, int] | None:
@@ -301,13 +342,18 @@ def _events(buf: bytearray, end: int) -> list[dict[str, Any]] | None:
     return _objects(events) if stop == len(text) else None
 
 
-def _last_events(buf: bytearray) -> list[dict[str, Any]]:
-    """The events up to the array's ``]`` (``buf`` starts with '['); the rest must close the top-level object."""
+def _last_events(buf: bytearray, head: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events up to the array's ``]`` (``buf`` starts with '['); the rest must close the top-level
+    object, and repeat no key of ``head`` (the members before the array) with another value."""
     text = _text(buf)
     events, end = _DECODER.raw_decode(text)
+    if '""' in text[end:] or "" in head:
+        raise _Unproven("an empty key at the top level")  # "" is the tail's placeholder key below
     others = _DECODER.decode('{"": 0' + text[end:])
     if "traceEvents" in others:
-        raise _Unproven("a second traceEvents key")  # ijson reads the events of both
+        raise _Unproven("a second traceEvents key")  # the ijson reader names it
+    if any(key in head and not same_json(head[key], value) for key, value in others.items()):
+        raise _Unproven("a top-level key repeated with another value")
     return _objects(events)
 
 
@@ -317,38 +363,156 @@ def _objects(events: list[Any]) -> list[dict[str, Any]]:
     return events
 
 
-def _ijson_batches(path: Path, fh: IO[bytes], gz: bool) -> Iterator[list[dict[str, Any]]]:
-    """The traceEvents array as lists of events streamed by ijson, the reader that names a file's first error."""
+def _ijson_batches(path: Path, fh: Readable, gz: bool) -> Iterator[list[dict[str, Any]]]:
+    """The traceEvents array as lists of events streamed by ijson, the reader that names a file's first error.
+
+    Objects are built as unique_keys() maps, so a key an event repeats with another value is named
+    with the event's path once the event is complete; each event and its args are handed on as
+    plain dicts. Then a second pass checks the keys outside traceEvents (:func:`_top_level_conflict`).
+    """
     batch: list[dict[str, Any]] = []
-    index = -1
-    try:
-        max_rows = limits.current().max_rows
-        for index, event in enumerate(ijson.items(guard(fh, path), "traceEvents.item")):
+    position = [-1]  # the index of the last event read (for the errors of _ijson_errors)
+    keys, seen = unique_keys()
+    max_rows = limits.current().max_rows
+    with _ijson_errors(path, gz, lambda: f"traceEvents[{position[0] + 1}]", "traceEvents.item",
+                       lambda: position[0] + 1):
+        for index, event in enumerate(ijson.items(guard(fh, path), "traceEvents.item", map_type=keys)):
+            position[0] = index
             if index >= max_rows:
                 limits.check_rows(path, index + 1, what="trace events", column=f"traceEvents[{index}]")
-            if type(event) is not dict:
+            if not isinstance(event, dict):
                 raise InputError("trace event is not an object", file=path, column=f"traceEvents[{index}]",
                                  expected="an object", found=type(event).__name__)
+            if seen and (conflict := first_conflict(seen, event, f"traceEvents[{index}]", path)) is not None:
+                raise conflict
+            event = dict(event)
+            if isinstance(args := event.get("args"), dict):
+                event["args"] = dict(args)
             batch.append(event)
             if len(batch) == _IJSON_BATCH:
                 yield batch
                 batch = []
+    yield batch
+
+
+@contextmanager
+def _ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str,
+                  element: Callable[[], int]) -> Iterator[None]:
+    """ijson's and the stream's exceptions as InputErrors at ``where()`` (element ``element()`` under ``prefix``)."""
+    try:
+        yield
     except JsonLimitError as exc:
-        raise InputError(exc.message, file=path, column=f"traceEvents[{index + 1}] ({exc.column})",
-                         expected=exc.expected, found=exc.found) from None
+        raise InputError(exc.message, file=path, column=f"{where()} ({exc.column})", expected=exc.expected,
+                         found=exc.found) from None
     except ijson.JSONError as exc:
         if gz:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise InputError(f"invalid JSON: {reason}", file=path, column=f"traceEvents[{index + 1}]") from None
-        raise syntax_error(path, exc, index + 1, prefix="traceEvents.item") from None
+            raise InputError(f"invalid JSON: {reason}", file=path, column=where()) from None
+        raise syntax_error(path, exc, element(), prefix=prefix) from None
     except UnicodeDecodeError:
-        raise InputError("file is not UTF-8 text", file=path, column=f"traceEvents[{index + 1}]") from None
+        raise InputError("file is not UTF-8 text", file=path, column=where()) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise InputError(f"corrupt or truncated gzip stream: {exc}", file=path,
-                         column=f"traceEvents[{index + 1}]", expected="a complete .json.gz") from None
+        raise InputError(f"corrupt or truncated gzip stream: {exc}", file=path, column=where(),
+                         expected="a complete .json.gz") from None
     except RecursionError:
         raise InputError("JSON nested too deeply", file=path) from None
-    yield batch
+
+
+_EVENTS_END = ("traceEvents", "end_array", None)  # ijson.parse's event at the end of the top-level array
+
+
+def _top_level_conflict(path: Path, gz: bool) -> None:
+    """InputError for a key repeated with another value outside traceEvents: in the top-level object
+    (a second traceEvents array included) or in an object among its other members.
+
+    The ijson reader's second pass: ijson.parse's events, the traceEvents array's skipped in C
+    (``takewhile``), the rest kept as digests per key (:class:`_Members`), never as values.
+    """
+    members = _Members(path)
+    with _open(path) as fh, _ijson_errors(path, gz, lambda: "(top level)", "item", lambda: 0):
+        events = ijson.parse(guard(fh, path))
+        feed = members.feed
+        for prefix, event, value in events:
+            if prefix == "traceEvents" and event == "start_array":
+                deque(takewhile(partial(ne, _EVENTS_END), events), maxlen=0)
+                feed("traceEvents", "events", None)
+            else:
+                feed(prefix, event, value)
+
+
+class _Frame:
+    """An object or array being read by :class:`_Members`."""
+
+    __slots__ = ("digest", "is_map", "items", "key", "members", "where")
+
+    def __init__(self, is_map: bool, where: str) -> None:
+        self.is_map = is_map
+        self.where = where
+        self.key: str = ""
+        self.members: dict[str, tuple[bytes, str]] = {}  # key -> (digest of its value, the value shown)
+        self.items = 0
+        self.digest = hashlib.blake2b(digest_size=16)
+
+
+class _Members:
+    """Keys repeated with another value, from ijson.parse events: each value is kept as a digest
+    (its JSON value's, objects whatever their key order), so memory stays with the keys, not the values."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.frames: list[_Frame] = []
+        self.arrays = 0  # traceEvents arrays met
+
+    def feed(self, prefix: str, event: str, value: Any) -> None:
+        frames = self.frames
+        if event == "map_key":
+            frames[-1].key = value
+        elif event in ("start_map", "start_array"):
+            frames.append(_Frame(event == "start_map", self._child_path()))
+        elif event in ("end_map", "end_array"):
+            frame = frames.pop()
+            if frame.is_map:
+                for key, (digest, _) in sorted(frame.members.items()):
+                    frame.digest.update(json.dumps(key).encode() + digest)
+            self._value(b"{" if frame.is_map else b"[", frame.digest.digest(), "an object" if frame.is_map else "an array")
+        elif event == "events":  # the traceEvents array, skipped: a second one is a conflict
+            self.arrays += 1
+            self._value(b"e", str(self.arrays).encode(), f"an array of events (#{self.arrays})")
+        else:
+            self._value(b"v", _scalar_digest(value), show(value, 36))
+
+    def _child_path(self) -> str:
+        if not self.frames:
+            return ""
+        parent = self.frames[-1]
+        if parent.is_map:
+            return f"{parent.where}.{parent.key}" if parent.where else parent.key
+        return f"{parent.where}[{parent.items}]"
+
+    def _value(self, kind: bytes, digest: bytes, shown: str) -> None:
+        if not self.frames:
+            return  # the document itself
+        parent = self.frames[-1]
+        digest = kind + digest
+        if parent.is_map:
+            key = parent.key
+            before = parent.members.get(key)
+            if before is not None and before[0] != digest:
+                raise duplicate_key_error(self.path, parent.where, key, Shown(before[1]), Shown(shown))
+            parent.members[key] = (digest, shown)
+        else:
+            parent.items += 1
+            parent.digest.update(digest)
+
+
+def _scalar_digest(value: Any) -> bytes:
+    """A scalar as ijson reads it, as bytes that equal exactly when the JSON values are equal."""
+    if value is None or isinstance(value, bool):
+        return repr(value).encode()
+    if isinstance(value, (int, Decimal)):
+        number = Decimal(value)
+        return b"#" + (b"0" if number == 0 else str(number.normalize()).encode())
+    return b'"' + str(value).encode("utf-8", "surrogatepass")
 
 
 def _head_fields(head: bytes) -> dict[str, Any]:
@@ -375,7 +539,9 @@ def _collect(path: Path, gz: bool, schema: dict[str, Any], base: int) -> _Collec
         except _Unproven:
             pass
         with _open(path) as fh:
-            return _Collected.of(_ijson_batches(path, fh, gz), path, schema, base)
+            got = _Collected.of(_ijson_batches(path, fh, gz), path, schema, base)
+        _top_level_conflict(path, gz)
+        return got
 
 
 # ---- what is kept of the events -------------------------------------------------------------------
@@ -442,6 +608,8 @@ class _Collected:
         self.op_names = _Codes()
         self.pids = _Codes()
         self.tids = _Codes()
+        self.first_addr: dict[bool, int] = {}  # has Addr -> index of the first memory event that (has) not
+        self.addr_count = {True: 0, False: 0}  # memory events with / without Addr
         x_event = resolve(schema["$defs"]["x_event"], schema)
         self.op_props = {key: resolve(prop, schema) for key, prop in x_event["properties"].items()}
         self.op_required = set(x_event["required"])
@@ -527,7 +695,13 @@ class _Collected:
         self.mem.note_times(t, ts)
         total_alloc, no_alloc = _nullable(cols.get("args.Total Allocated"), n)
         total_res, no_res = _nullable(cols.get("args.Total Reserved"), n)
-        self.mem.append(t=t, nbytes=_ints(cols["args.Bytes"], n), addr=_ints(cols["args.Addr"], n),
+        addr, no_addr = _nullable(cols.get("args.Addr"), n)
+        for has in (True, False):
+            hits = np.flatnonzero(no_addr != has)
+            self.addr_count[has] += len(hits)
+            if len(hits) and has not in self.first_addr:
+                self.first_addr[has] = index[int(hits[0])]
+        self.mem.append(t=t, nbytes=_ints(cols["args.Bytes"], n), addr=addr,
                         dtype=_ints(cols["args.Device Type"], n), did=_ints(cols["args.Device Id"], n),
                         total_alloc=total_alloc, no_alloc=no_alloc, total_res=total_res, no_res=no_res,
                         thread=self._threads(pids, tids, cols))
@@ -636,10 +810,11 @@ def load(path: Path) -> Profile:
     devices = _devices(path, got, base)
     metadata: dict[str, Any] = {"base_time_ns": base, "trace_events": got.events, "memory_events": got.mem.count,
                                 "cpu_ops": got.ops.count}
+    if got.first_addr.keys() == {False}:
+        metadata |= _unpaired_facts(got)
     if not got.mem.count:
-        raise InputError("no [memory] events: the trace was recorded without profile_memory=True", file=path,
-                         expected="re-run torch.profiler.profile(..., profile_memory=True) and export the trace",
-                         found=f"{got.events} events, none of them [memory]")
+        message, expected = hints.no_kineto_memory_events()
+        raise InputError(message, file=path, expected=expected, found=f"{got.events} events, none of them [memory]")
     rank = fields.get("distributedInfo.rank")
     return Profile(
         path=str(path),
@@ -748,6 +923,16 @@ def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
         return []
     if mem.problem is not None:
         raise mem.problem
+    if len(got.first_addr) == 2:
+        # the odd kind: the fewer (on a tie, the later), named at its first event
+        odd = (got.addr_count[True], got.first_addr[False]) < (got.addr_count[False], got.first_addr[True])
+        raise InputError(
+            f"a [memory] event {'with' if odd else 'without'} Addr among [memory] events "
+            f"{'without' if odd else 'with'} one: its allocations and frees cannot be paired", file=path,
+            column=f"traceEvents[{got.first_addr[odd]}].args.Addr",
+            expected="Addr on every [memory] event (torch >= 1.10) or on none (torch 1.9)",
+            found="an Addr" if odd else "no Addr")
+    unpaired = False in got.first_addr
     t = _add_base(mem, base, path)
     op = _attribute(path, got, t, mem.column("thread"), base)
     nbytes, addr, dtype = mem.column("nbytes"), mem.column("addr"), mem.column("dtype")
@@ -763,8 +948,9 @@ def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
     models = []
     for k, label in enumerate(labels):
         rows = order[label_of[order] == k]
-        models.append(_device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op,
-                              cpu=bool(dtype[rows[0]] == CPU)))
+        cpu = bool(dtype[rows[0]] == CPU)
+        models.append(_unpaired_device(path, label, rows, t, nbytes, total_alloc, total_res, op, cpu=cpu) if unpaired
+                      else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu))
     return models
 
 
@@ -842,6 +1028,63 @@ def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.
     return DeviceModel(device=label, series=series, blocks=blocks, blocks_source=str(path), window_relative=cpu)
 
 
+def _unpaired_device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.ndarray,
+                     total_alloc: tuple[np.ndarray, np.ndarray], total_res: tuple[np.ndarray, np.ndarray],
+                     op: np.ndarray, *, cpu: bool) -> DeviceModel:
+    """One device of a trace whose [memory] events carry no Addr (torch 1.9): a free names no
+    allocation, so the blocks are the allocations alone, component UNPAIRED, with no free time
+    (not "still live": unknown). The series is the totals where the events have them, else the
+    running sum of Bytes, window-relative: it starts at 0 whatever the window opened with.
+    """
+    b = nbytes[rows]
+    allocs = rows[b > 0]
+    n = len(allocs)
+    nothing = pd.array([None] * n, dtype="string")
+    blocks = pd.DataFrame({
+        "size": nullable_int64(nbytes[allocs]),
+        "t_alloc": nullable_int64(t[allocs]),
+        "t_free": missing_int64(n),
+        "op": pd.array(list(op[allocs]), dtype="string"),
+        "stream": nothing,
+        "owner": nothing.copy(),
+        "component": pd.array([UNPAIRED] * n, dtype="string"),
+        "alloc_total": missing_int64(n),
+    })[list(BLOCK_COLUMNS)]
+    totals = not total_alloc[1][rows].all()
+    if totals:
+        allocated = nullable_int64(total_alloc[0][rows], total_alloc[1][rows])
+    else:
+        if float(np.abs(b.astype(np.float64)).sum()) >= 2.0**63:
+            raise InputError("the Bytes of the [memory] events add up past int64", file=path,
+                             expected="a running total of allocated bytes that fits int64",
+                             found=f"{len(b)} events of up to {int(np.abs(b).max())} bytes")
+        allocated = nullable_int64(np.cumsum(b))
+    reserved = nullable_int64(total_res[0][rows], total_res[1][rows]) if totals and not cpu else missing_int64(len(rows))
+    frame = pd.DataFrame({"t_ns": nullable_int64(t[rows]), "allocated": allocated, "reserved": reserved,
+                          "active": missing_int64(len(rows))})
+    return DeviceModel(device=label, series={COMPONENT: Series(COMPONENT, frame, str(path))}, blocks=blocks,
+                       blocks_source=str(path), window_relative=cpu or not totals)
+
+
+def _unpaired_facts(got: _Collected) -> dict[str, Any]:
+    """What a trace without Addr (torch 1.9) can and cannot measure, for Profile.metadata."""
+    totals = bool(got.mem.count) and not got.mem.column("no_alloc").all()
+    pairing = ("its [memory] events carry no Addr (torch 1.9 writes only Bytes, Device Type and Device Id): "
+               "a free cannot be matched to its allocation, so no block is known to be live at a moment")
+    why = {key: pairing for key in ("leaked_bytes", "leak_undetermined_bytes", "top_at_peak")}
+    if not totals:
+        level = ("its [memory] events carry no Total Allocated / Total Reserved (torch 1.9): the level memory "
+                 "stood at when the window opened is unknown, so no peak is; step_growth_bytes (from the "
+                 "running sum of Bytes) and op_max_block_bytes are measured")
+        why |= {key: level for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation",
+                                       "external_fragmentation")}
+    elif (got.mem.column("dtype") == CPU).any():
+        why["peak_allocated_bytes"] = (
+            "its CPU totals may carry bytes from before the window (an earlier profiling session), which only "
+            "allocations paired with their frees tell apart, and its [memory] events carry no Addr")
+    return {"memory_events_without_addr": True, "not_measurable": why}
+
+
 def _attribute(path: Path, got: _Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:
     """The innermost cpu_op on the same (pid, tid) whose [ts, ts+dur] contains each memory event."""
     ops = got.ops
@@ -914,6 +1157,7 @@ def _rank_of(path: Path) -> str:
 
 def load_timeline(path: Path) -> Profile:
     check_readable(path)
+    limits.check_file_size(path)
     schema = load_schema(SCHEMA)
     items: list[Any] = []
     try:
@@ -965,8 +1209,159 @@ def load_timeline(path: Path) -> Profile:
     })
     device = DeviceModel(device="unknown", series={COMPONENT: Series(COMPONENT, frame, str(path))})
     return Profile(path=str(path), format=TIMELINE_FORMAT, rank=_rank_of(path), devices=(device,),
-                   metadata={"categories": width, "note": "export_memory_timeline does not record the device"})
+                   metadata={"categories": width, "note": "export_memory_timeline does not record the device",
+                             "not_measurable": dict(_TIMELINE_GAPS)})
+
+
+# ---- export_memory_timeline, raw form -------------------------------------------------------------
+
+RAW_TIMELINE_FORMAT = "torch_memory_timeline_raw"
+RAW_SCHEMA = "torch_memory_timeline_raw"
+_RAW_BATCH = 1 << 16  # rows checked and converted at once
+PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY = 1, 2, 3, 4  # torch.profiler._memory_profiler.Action
+_TIMELINE_GAPS = {
+    key: "the memory timeline records sizes by category, not which allocation a free releases nor which "
+         "operator allocated it (the Kineto trace of the same run has both)"
+    for key in ("leaked_bytes", "leak_undetermined_bytes", "op_max_block_bytes", "top_at_peak")}
+
+
+def load_raw_timeline(path: Path) -> Profile:
+    """``*.raw.json.gz`` of ``prof.export_memory_timeline``: ``[t_ns, action, bytes, category]`` rows.
+
+    The allocator series is the running sum of bytes, one sample per row in time order (rows of
+    memory that existed before profiling, t = -1, at the first time of the file). The device is not
+    recorded: ``unknown``. A ``*.raw.json`` holding the ``[times, sizes]`` form (what torch writes
+    for that name without ``.gz``) is read as that form.
+    """
+    check_readable(path)
+    limits.check_file_size(path)
+    if _coalesced_form(path):
+        return load_timeline(path)
+    props = resolve(load_schema(RAW_SCHEMA)["$defs"]["row"], load_schema(RAW_SCHEMA))["prefixItems"]
+    columns: list[list[np.ndarray]] = [[], [], [], []]
+    batch: list[Any] = []
+    done = 0
+    max_rows = limits.current().max_rows
+    with _open(path) as fh, _ijson_errors(path, path.name.lower().endswith(".gz"), lambda: f"[{done + len(batch)}]",
+                                          "item", lambda: done + len(batch)):
+        for row in ijson.items(guard(fh, path), "item"):
+            batch.append(row)
+            if len(batch) == _RAW_BATCH:
+                _raw_rows(path, batch, done, props, columns, max_rows)
+                done += len(batch)
+                batch = []
+    _raw_rows(path, batch, done, props, columns, max_rows)
+    t, action, nbytes, _ = (np.concatenate(c) if c else np.zeros(0, np.int64) for c in columns)
+    frame, note = _raw_series(path, t, action, nbytes)
+    device = DeviceModel(device="unknown", series={COMPONENT: Series(COMPONENT, frame, str(path))})
+    metadata = {"rows": len(t), "note": "export_memory_timeline does not record the device",
+                "not_measurable": dict(_TIMELINE_GAPS)}
+    if note:
+        metadata["times_note"] = note
+    return Profile(path=str(path), format=RAW_TIMELINE_FORMAT, rank=_rank_of(path), devices=(device,),
+                   metadata=metadata)
+
+
+def _coalesced_form(path: Path) -> bool:
+    """Does the file hold ``[times, sizes]`` (its second element an array of arrays, or empty)
+    rather than rows? Read until the second element's first token; a malformed file is left to the
+    raw reader, which names its error."""
+    try:
+        with _open(path) as fh:
+            elements = 0
+            for prefix, event, _ in ijson.parse(guard(fh, path)):
+                if prefix == "item" and event in ("start_array", "end_array") and elements == 2:
+                    return bool(event == "end_array")  # [[], []]: the [times, sizes] of an empty timeline
+                if prefix == "item.item" and elements == 2:
+                    return bool(event == "start_array")
+                if prefix == "item" and event == "start_array":
+                    elements += 1
+                elif prefix == "" and event == "end_array":
+                    return False
+    except (ijson.JSONError, InputError, EOFError, OSError, zlib.error, UnicodeDecodeError, RecursionError):
+        return False
+    return False
+
+
+def _raw_rows(path: Path, rows: list[Any], first: int, props: list[Mapping[str, Any]],
+              columns: list[list[np.ndarray]], max_rows: int) -> None:
+    """Check a batch of rows (row ``first`` the first) against the schema; append its columns as int64."""
+    if not rows:
+        return
+    if first + len(rows) > max_rows:
+        limits.check_rows(path, first + len(rows), what="timeline rows", column=f"[{max_rows}]")
+    bad = next((i for i, row in enumerate(rows) if type(row) is not list or len(row) != 4), None) \
+        if set(map(type, rows)) != {list} or set(map(len, rows)) != {4} else None
+    if bad is not None:
+        row = rows[bad]
+        raise InputError("a raw memory timeline row is [t, action, bytes, category]", file=path,
+                         column=f"[{first + bad}]", expected="an array of 4 integers",
+                         found=f"an array of {len(row)}" if isinstance(row, list) else row)
+    problems = []
+    arrays = []
+    for k, values in enumerate(zip(*rows, strict=True)):
+        arr, problem = check_column(list(values), props[k], name="", where=partial(_cell, first, k), required=True)
+        if problem is not None:
+            problems.append(problem)
+        arrays.append(arr)
+    if problems:
+        raise min(problems, key=lambda p: p.index).error(path)
+    for k, arr in enumerate(arrays):
+        columns[k].append(_ints(arr, len(rows)))
+
+
+def _cell(first: int, column: int, i: int) -> str:
+    return f"[{first + i}][{column}]"
+
+
+def _raw_series(path: Path, t: np.ndarray, action: np.ndarray, nbytes: np.ndarray) -> tuple[pd.DataFrame, str | None]:
+    """The allocator series of raw rows (checked against the file's own rules), and a note on its times."""
+    def fail(mask: np.ndarray, message: str, expected: str, column: int) -> None:
+        hits = np.flatnonzero(mask)
+        if len(hits):
+            row = int(hits[0])
+            raise InputError(message, file=path, column=f"[{row}][{column}]", expected=expected,
+                             found=f"[{t[row]}, {action[row]}, {nbytes[row]}, ...]")
+
+    fail((t == -1) != (action == PREEXISTING), "t is -1 exactly for PREEXISTING rows (memory from before profiling)",
+         "t = -1 with action 1 (PREEXISTING), a time in ns with the others", 0)
+    fail(((action == PREEXISTING) | (action == CREATE)) & (nbytes < 0), "a PREEXISTING or CREATE row frees bytes",
+         "bytes >= 0", 2)
+    fail((action == DESTROY) & (nbytes > 0), "a DESTROY row allocates bytes", "bytes <= 0", 2)
+    versions = np.flatnonzero(action == INCREMENT_VERSION)  # pairs: -n in the old version's category, +n in the new
+    old, new = versions[0::2], versions[1::2]
+    odd = np.zeros(len(t), dtype=bool)
+    if len(old) > len(new):
+        odd[old[-1]] = True
+    k = min(len(old), len(new))
+    broken = (new[:k] != old[:k] + 1) | (t[new[:k]] != t[old[:k]]) | (nbytes[new[:k]] != -nbytes[old[:k]]) | \
+        (nbytes[old[:k]] > 0)
+    odd[old[:k][broken]] = True
+    fail(odd, "an INCREMENT_VERSION row without its pair", "INCREMENT_VERSION rows in pairs at one t: -bytes, then "
+         "+bytes", 2)
+    if float(np.abs(nbytes.astype(np.float64)).sum()) >= 2.0**63:
+        raise InputError("the bytes of the rows add up past int64", file=path,
+                         expected="a running total that fits int64", found=f"{len(nbytes)} rows")
+    timed = t[t >= 0]
+    note = None
+    if len(timed):
+        start = int(timed.min())
+    else:
+        start, note = 0, "no row has a time (only PREEXISTING rows): every sample is at t = 0"
+    t_ns = np.where(t >= 0, t, start)
+    order = np.argsort(t_ns, kind="stable")
+    allocated = np.cumsum(nbytes[order])
+    below = np.flatnonzero(allocated < 0)
+    if len(below):
+        row = int(order[below[0]])
+        raise InputError("memory below zero: a row frees bytes the timeline never allocated", file=path,
+                         column=f"[{row}][2]", expected="a running total of bytes >= 0 (PREEXISTING rows hold what "
+                         "existed before profiling)", found=f"{int(allocated[below[0]])} bytes after this row")
+    frame = pd.DataFrame({"t_ns": nullable_int64(t_ns[order]), "allocated": nullable_int64(allocated),
+                          "reserved": missing_int64(len(t)), "active": missing_int64(len(t))})
+    return frame, note
 
 
 discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of))
+discover.register(discover.Format(RAW_TIMELINE_FORMAT, claims_raw_timeline, load_raw_timeline))
 discover.register(discover.Format(TIMELINE_FORMAT, claims_timeline, load_timeline))

@@ -44,7 +44,9 @@ import pandas as pd
 
 from memgate import discover
 from memgate.errors import InputError, MemgateError, cannot_read
-from memgate.loaders.torch_npu import read_profiler_info
+from memgate.loaders.crossfile import cross_file_facts
+from memgate.loaders.torch_npu import info_rank, rank_notes, read_profiler_info
+from memgate.loaders.torch_npu import run_window as torch_npu_run_window
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
 from memgate.readers import convert
 from memgate.readers.csvtable import CsvTable, read_header
@@ -64,11 +66,10 @@ NEVER_FREED = (1 << 63) - 1  # memory tracker's end_time_stamp of a live block
 MEMORY_RECORD_HEADER = ["Component", "Timestamp(us)", "Total Allocated(MB)", "Total Reserved(MB)",
                         "Total Active(MB)", "Device Type"]
 
-_TRACKER_OP = re.compile(r"^operator_memory_(\d+)\.csv$")
-_CPU_RECORD = re.compile(r"^cpu_ms_memory_record_(\d+)\.txt$")
-_INFO = re.compile(r"^profiler_info(?:_(\d+))?\.json$")
-_RANK_DIR = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-_NPU = re.compile(r"^NPU:(\d+)$")
+_TRACKER_OP = re.compile(r"^operator_memory_([0-9]+)\.csv$")
+_CPU_RECORD = re.compile(r"^cpu_ms_memory_record_([0-9]+)\.txt$")
+_RANK_DIR = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
+_NPU = re.compile(r"^NPU:([0-9]+)$")
 
 
 # ---- detection ---------------------------------------------------------------------------------
@@ -216,8 +217,10 @@ def _load_dir(profile_dir: Path) -> Profile:
         blocks_source=parts.blocks_source,
         sum_components={FRAMEWORK_SERIES: (MS_COMPONENT, "GE")} if FRAMEWORK_SERIES in parts.series else {},
     )
+    metadata = _metadata(info, profile_dir)
+    metadata["cross_file"] = cross_file_facts([device], profile_dir, steps, steps_source)
     return Profile(path=str(profile_dir), format=FORMAT, rank=rank, devices=(device,), steps=steps,
-                   steps_source=steps_source, metadata=_metadata(info))
+                   steps_source=steps_source, metadata=metadata)
 
 
 def _find_cpu_record(profile_dir: Path) -> Path | None:
@@ -426,7 +429,8 @@ def _load_tracker_dump(path: Path) -> Profile:
         series[MS_COMPONENT] = Series(MS_COMPONENT, read_cpu_memory_record(record), str(record))
     device = DeviceModel(device=f"npu:{rank}", series=series, blocks=blocks, blocks_source=blocks_source)
     return Profile(path=str(path), format=FORMAT, rank=rank, devices=(device,),
-                   metadata={"layout": "memory tracker profiling dump (operator_memory_{rank}.csv)"})
+                   metadata={"layout": "memory tracker profiling dump (operator_memory_{rank}.csv)",
+                             "cross_file": cross_file_facts([device], path)})
 
 
 def read_memory_block(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -486,11 +490,9 @@ def _load_memory_block(path: Path) -> Profile:
 
 def rank_of(profile_dir: Path, info: dict[str, Any], cpu_record: Path | None) -> str:
     """profiler_info's ``rank_id``, its file suffix, the cpu_ms_memory_record suffix, a rank_N dir name."""
-    rank = info.get("rank_id")
-    if isinstance(rank, (int, str)) and not isinstance(rank, bool) and str(rank).strip().isdigit():
-        return str(int(rank))
-    if (m := _INFO.match(str(info.get("_info_file", "")))) and m.group(1) is not None:
-        return str(int(m.group(1)))
+    rank = info_rank(profile_dir, info)
+    if rank is not None:
+        return str(rank)
     if cpu_record is not None and (m := _CPU_RECORD.match(cpu_record.name)):
         return str(int(m.group(1)))
     for part in (profile_dir.name, profile_dir.parent.name):
@@ -499,11 +501,13 @@ def rank_of(profile_dir: Path, info: dict[str, Any], cpu_record: Path | None) ->
     return "0"
 
 
-def _metadata(info: dict[str, Any]) -> dict[str, Any]:
+def _metadata(info: dict[str, Any], profile_dir: Path) -> dict[str, Any]:
     meta: dict[str, Any] = {"units": "memory_record MB = KB/1000 (bytes = MB x 1024000)"}
     for key in ("ms_version", "mindspore_version", "cann_version", "rank_id"):
         if key in info and isinstance(info[key], (str, int, float)):
             meta[key] = info[key]
+    if notes := rank_notes(profile_dir, info):
+        meta["notes"] = notes
     return meta
 
 
@@ -516,4 +520,9 @@ def rank_hint(path: Path) -> str | None:
 
 
 # MindSpore directories also look like torch_npu ones by file names: MindSpore claims first.
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=rank_hint), before="torch_npu")
+def run_window(path: Path) -> tuple[int, int] | None:
+    """When the profiler recorded (profiler_info, as torch_npu writes it), or None."""
+    return torch_npu_run_window(path) if path.is_dir() else None
+
+
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=rank_hint, run_window=run_window), before="torch_npu")

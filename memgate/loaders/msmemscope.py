@@ -23,7 +23,8 @@ How the events become the model:
 - **Steps.** ``SYSTEM`` / ``STEP`` rows (``msmemscope.step()``, Name = step number) start a step;
   it ends at the next STEP of the same process and device, else at STOP_TRACE, else at the
   process's last event. Steps of several processes are merged by number (earliest start, latest end).
-- **Devices.** ``npu:<Device Id>``; host pools and ``Device Id`` ``host`` → ``cpu``. IDs are unique
+- **Devices.** ``npu:<Device Id>``; host pools and ``Device Id`` ``host`` (old files) or ``cpu`` (what
+  msMemScope's ``DevID2String`` writes for host and host-pinned events) → ``cpu``. IDs are unique
   only per process and one file can hold several processes (old fixtures): with more than one
   process the label is ``npu:0/pid<pid>``, one device model per (process, device), since two
   processes' allocators are separate (globs like ``npu:0*`` still select them).
@@ -70,6 +71,9 @@ COLUMNS = ("ID", "Event", "Event Type", "Name", "Timestamp", "Process Id", "Thre
 POOL_COMPONENTS = {"PTA": "PTA", "PTA_WORKSPACE": "PTA_WORKSPACE", "ATB": "ATB", "MINDSPORE": "MindSpore",
                    "HAL": "HAL", "HOST": "HOST", "HOST_PINNED": "HOST_PINNED"}
 HOST_POOLS = ("HOST", "HOST_PINNED")
+# Device Id of host events: "host" (old files) and "cpu" (msMemScope's DevID2String for DEVICE_ID_CPU:
+# host and host-pinned memory, Event Type HOST / HOST_PINNED, and pinned HAL blocks).
+HOST_DEVICES = ("host", "cpu")
 SPAN_START = ("ATEN_START", "ATB_START")
 SPAN_END = ("ATEN_END", "ATB_END")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -163,6 +167,10 @@ class Rows:
 
     def col(self, name: str) -> pa.ChunkedArray:
         return self.table.column(name)
+
+    def where(self, row: int) -> str:
+        """Where a row is: ``line N`` of the CSV, ``rowid N`` of the db table."""
+        return f"line {row + 2}" if self.rowids is None else f"rowid {int(self.rowids[row])}"
 
     def error(self, row: int, message: str, column: str, *, expected: str | None = None,
               found: str | None = None) -> InputError:
@@ -382,7 +390,7 @@ def parse_attr(rows: Rows, mem_idx: np.ndarray, is_malloc: np.ndarray) -> Attr:
         try:
             values = convert.to_int(arrow)
         except convert.OutOfRange as exc:
-            raise fail(exc.row, f"{name} in Attr out of range", exc.expected) from None
+            raise fail(exc.row, f"{name} in Attr out of range", exc.expected or f"{name}:<int64>") from None
         return pd.Series(values.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get), dtype="Int64")
 
     none = np.zeros(m, dtype=bool)
@@ -501,7 +509,7 @@ def build_profile(rows: Rows) -> Profile:
     unplaced = int(m_dev.isna().sum())
     if unplaced:
         notes.append(f"{unplaced} FREE row(s) with Device Id N/A and no MALLOC to take a device from: dropped")
-    host = (m_comp.isin(list(HOST_POOLS)) | (m_dev == "host")).fillna(False)
+    host = (m_comp.isin(list(HOST_POOLS)) | m_dev.isin(list(HOST_DEVICES))).fillna(False)
     label = ("npu:" + m_dev).where(~host, "cpu")
     if len(processes) > 1:
         label = label + "/pid" + pd.Series(m_pid).astype("string")
@@ -615,8 +623,17 @@ def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np
     stops = frame[system & _np_bool(pc.equal(sub, "STOP_TRACE"))]
     stop_at = stops.groupby("pid")["t"].max()
     last_at = frame.groupby("pid")["t"].max()
-    marks = frame.iloc[step_idx].assign(step=number.astype("int64").to_numpy())
+    marks = frame.iloc[step_idx].assign(step=number.astype("int64").to_numpy(), row=step_idx)
     marks = marks.sort_values(["pid", "device", "t", "seq"], kind="stable")
+    again = marks.duplicated(["pid", "device", "step"], keep="first")
+    if again.any():  # one process marks each step once: a repeat would merge two spans into one
+        second = marks[again].iloc[0]
+        first = marks[(marks["pid"] == second["pid"]) & (marks["device"] == second["device"])
+                      & (marks["step"] == second["step"])].iloc[0]
+        raise rows.error(int(second["row"]), f"step {second['step']} appears twice in process {second['pid']}",
+                         "Name", expected="each step number once per process and device",
+                         found=f"STEP {second['step']} at {rows.where(int(first['row']))} and at "
+                               f"{rows.where(int(second['row']))}")
     following = marks.groupby(["pid", "device"], sort=False)["t"].shift(-1)
     stop = pd.Series(marks["pid"].map(stop_at), dtype="Int64")
     stop = stop.where(stop >= marks["t"])
@@ -626,7 +643,7 @@ def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np
     return steps[["step", "t_start", "t_end"]].astype("Int64")
 
 
-_DIR_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 
 
 def _rank(path: Path) -> str:

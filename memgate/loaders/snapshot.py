@@ -34,6 +34,7 @@ measurable (annotations carry real time only). A snapshot without any trace has 
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,16 @@ _A = {name: i for i, name in enumerate(ACTIONS)}
 # Actions that move a counter; only these need an address, a size and (in the time_us era) a time.
 _MEMORY_ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
                    "segment_map", "segment_unmap")
+
+
+def _is(*names: str) -> np.ndarray:
+    """A lookup table over action codes: ``_is(...)[code]`` is whether each entry's action is one of ``names``."""
+    return np.isin(np.arange(len(ACTIONS)), [_A[a] for a in names])
+
+
+_MOVES = _is(*_MEMORY_ACTIONS)
+_GROWS = _is("segment_alloc", "segment_map")
+_SHRINKS = _is("segment_free", "segment_unmap")
 _ACTIVE_STATES = ("active_allocated", "active_pending_free")
 _EMPTY_DICT, _EMPTY_LIST = 0x7D, 0x5D
 # Keys one of which a snapshot's first record names within its first bytes (dict or bare list).
@@ -310,7 +321,7 @@ def _ints(arr: pa.Array | None, n: int, fill: int | None = None) -> np.ndarray:
     """An int64 numpy array of a validated column (nulls → ``fill``)."""
     if arr is None or pa.types.is_null(arr.type):
         return np.full(n, 0 if fill is None else fill, dtype=np.int64)
-    if fill is not None:
+    if fill is not None and arr.null_count:
         arr = pc.fill_null(arr, fill)
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
 
@@ -328,19 +339,20 @@ class _Trace:
     stream: np.ndarray
     t_ns: np.ndarray  # per sorted entry
     order: np.ndarray  # sorted position -> index in the file's list
-    entries: Sequence[Any]
+    frames: Sequence[Any]  # per entry in the file's order, its frames list (None without one)
 
 
 def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, Any]) -> _Trace:
     n = len(entries)
     empty = np.zeros(0, dtype=np.int64)
     if n == 0:
-        return _Trace(dev, 0, "none", empty, empty, empty, empty, empty, empty, entries)
+        return _Trace(dev, 0, "none", empty, empty, empty, empty, empty, empty, [])
+    kept: dict[str, list[Any]] = {"frames": []}  # the frames lists as the check gathered them (read once)
     cols = check_records(entries, schema["$defs"]["trace_entry"], file=path,
-                         where=lambda i: f"device_traces[{dev}][{i}]", root=schema)
+                         where=lambda i: f"device_traces[{dev}][{i}]", root=schema, objects=kept)
     code = np.asarray(pc.index_in(cols["action"], value_set=pa.array(ACTIONS)).to_numpy(zero_copy_only=False),
                       dtype=np.int64)
-    moves = np.isin(code, [_A[a] for a in _MEMORY_ACTIONS])
+    moves = _MOVES[code]
     time_col = cols.get("time_us")
     timed = np.asarray(time_col.is_valid(), dtype=bool) if time_col is not None and not pa.types.is_null(
         time_col.type) else np.zeros(n, dtype=bool)
@@ -362,15 +374,21 @@ def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str,
             idx = np.where(timed, np.arange(n), 0)
             np.maximum.accumulate(idx, out=idx)
             raw = np.where(timed, raw, raw[idx])
-        order = np.argsort(raw, kind="stable")
-        t_ns = raw[order] * 1000
+        in_order = not (raw[1:] < raw[:-1]).any()  # torch's own traces; torch_npu inserts some at the front
+        order = np.arange(n, dtype=np.int64) if in_order else np.argsort(raw, kind="stable")
+        t_ns = (raw if in_order else raw[order]) * 1000
     else:
+        in_order = True
         order = np.arange(n, dtype=np.int64)
         t_ns = np.arange(1, n + 1, dtype=np.int64)
+
+    def sort(values: np.ndarray) -> np.ndarray:
+        return values if in_order else values[order]
+
     return _Trace(
-        device=dev, n=n, time_base=base, code=code[order],
-        addr=_ints(cols.get("addr"), n, fill=0)[order], size=_ints(cols.get("size"), n, fill=0)[order],
-        stream=_ints(cols.get("stream"), n, fill=0)[order], t_ns=t_ns, order=order, entries=entries,
+        device=dev, n=n, time_base=base, code=sort(code), addr=sort(_ints(cols.get("addr"), n, fill=0)),
+        size=sort(_ints(cols.get("size"), n, fill=0)), stream=sort(_ints(cols.get("stream"), n, fill=0)), t_ns=t_ns,
+        order=order, frames=kept["frames"],
     )
 
 
@@ -383,7 +401,7 @@ def pair_allocs(addr: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
     partner = np.full(n, -1, dtype=np.int64)
     if n < 2:
         return partner
-    by_addr = np.lexsort((np.arange(n), addr))
+    by_addr = np.argsort(addr, kind="stable")  # stable: time order within an address
     a = addr[by_addr]
     alloc = is_alloc[by_addr]
     matched = np.flatnonzero((a[1:] == a[:-1]) & alloc[:-1] & ~alloc[1:])
@@ -431,7 +449,7 @@ def _device_model(
         "t_alloc": t_alloc,
         "t_free": t_free,
         "op": _strings(ops, pa.nulls(n_early, pa.large_string()), live_ops),
-        "stream": _strings(pc.cast(pa.array(stream), pa.large_string())),
+        "stream": _strings(_int_text(stream)),
         "owner": _strings(owners, pa.nulls(n_early, pa.large_string()), live_owners),
         "component": _strings(pa.repeat(pa.scalar(COMPONENT, pa.large_string()), len(size))),
         "alloc_total": missing_int64(len(size)),
@@ -441,8 +459,8 @@ def _device_model(
     sizes = trace.size
     d_alloc = np.where(is_alloc, sizes, 0) - np.where(is_free, sizes, 0)
     d_active = np.where(is_alloc, sizes, 0) - np.where(is_done, sizes, 0)
-    grow = np.isin(code, [_A["segment_alloc"], _A["segment_map"]])
-    shrink = np.isin(code, [_A["segment_free"], _A["segment_unmap"]])
+    grow = _GROWS[code]
+    shrink = _SHRINKS[code]
     d_reserved = np.where(grow, sizes, 0) - np.where(shrink, sizes, 0)
     start_alloc = int(trace.size[early_frees].sum() + segs.requested[live_through].sum())
     start_active = int(segs.requested[mine & segs.active].sum()) - int(d_active.sum())
@@ -451,11 +469,23 @@ def _device_model(
     # The window start: the first entry's time; 0 on the trace-index clock; the profile's first time
     # for a device whose trace moves nothing.
     t0 = {"time_us": int(t[0]) if trace.n else t_origin, "trace_index": 0}.get(trace.time_base, t_origin)
+    every = len(changed) == trace.n  # the usual case: every entry moves a counter (no indexing then)
+
+    def level(start: int, deltas: np.ndarray) -> pd.arrays.IntegerArray:
+        levels = np.empty(len(changed) + 1, dtype=np.int64)
+        levels[0] = 0
+        if every:
+            np.cumsum(deltas, out=levels[1:])
+        else:
+            np.take(np.cumsum(deltas), changed, out=levels[1:])
+        levels += start
+        return nullable_int64(levels)
+
     frame = pd.DataFrame({
-        "t_ns": nullable_int64(np.concatenate([[t0], t[changed]])),
-        "allocated": nullable_int64(start_alloc + np.concatenate([[0], np.cumsum(d_alloc)[changed]])),
-        "reserved": nullable_int64(start_reserved + np.concatenate([[0], np.cumsum(d_reserved)[changed]])),
-        "active": nullable_int64(start_active + np.concatenate([[0], np.cumsum(d_active)[changed]])),
+        "t_ns": nullable_int64(np.concatenate([[t0], t if every else t[changed]])),
+        "allocated": level(start_alloc, d_alloc),
+        "reserved": level(start_reserved, d_reserved),
+        "active": level(start_active, d_active),
     }, copy=False)
     facts: dict[str, Any] = {
         "trace_entries": trace.n,
@@ -502,7 +532,7 @@ def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, pa
 def _attribution(path: Path, trace: _Trace, allocs: np.ndarray) -> tuple[pa.Array, pa.Array]:
     """(op, owner) of each trace allocation, from its frames."""
     rows = trace.order[allocs].tolist()
-    frames = list(map(dict.get, map(trace.entries.__getitem__, rows), repeat("frames")))
+    frames = list(map(trace.frames.__getitem__, rows))
     return _op_owner_each(frames, path, lambda j: f"device_traces[{trace.device}][{rows[j]}].frames")
 
 
@@ -515,35 +545,102 @@ def _op_owner_each(frames: list[Any], path: Path | None, where: Callable[[int], 
     """:func:`op_owner` of each frames list (None: no frames), each distinct stack read once.
 
     torch gives every trace entry a list of its own but shares the frame dicts among them (a real
-    snapshot: ~8k lists, ~170 distinct stacks), and some writers share the lists too. So lists are
-    grouped by identity (numpy), the distinct ones by the identities of their frames, and the results
-    spread back by index. Stacks are read in order of first use: a bad one is reported where it first occurs.
+    snapshot: ~8k lists, ~170 distinct stacks; the benchmark's 1M entries: 335k allocations over 187
+    stacks). :func:`_first_equal` groups the lists by content in C; the stacks are read in order of
+    first use, so a bad one is reported where it first occurs, and each frame dict once (``roles``),
+    however many stacks share it.
     """
-    ids = np.fromiter(map(id, frames), dtype=np.uint64, count=len(frames))
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    stack_of_list = np.empty(len(first), dtype=np.int64)
-    stacks: dict[Any, int] = {}
-    pairs: list[tuple[str | None, str | None]] = []
-    for u in np.argsort(first).tolist():
-        j = int(first[u])
-        listed = frames[j]
-        key = tuple(map(id, listed)) if isinstance(listed, (list, tuple)) else id(listed)
-        if key not in stacks:
-            stacks[key] = len(pairs)
-            pairs.append((None, None) if listed is None else op_owner(listed, path, where(j)))
-        stack_of_list[u] = stacks[key]
-    take = pa.array(stack_of_list[inverse])
+    first = _first_equal(frames)
+    reps = np.flatnonzero(first == np.arange(len(first)))  # each stack's first list, in order of first use
+    number = np.zeros(len(first), dtype=np.int64)
+    number[reps] = np.arange(len(reps))
+    roles: dict[int, _Role] = {}
+    pairs = [(None, None) if frames[j] is None else op_owner(frames[j], path, where(j), roles) for j in reps.tolist()]
+    take = pa.array(number[first])
     return (pa.array([p[0] for p in pairs], pa.large_string()).take(take),
             pa.array([p[1] for p in pairs], pa.large_string()).take(take))
 
 
+_ROUNDS = 8  # rounds of candidates before what is left is grouped by the identities of its frames
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _first_equal(lists: Sequence[Any]) -> np.ndarray:
+    """For each frames list, the index of the first list equal to it (``==``: the same frames).
+
+    Grouping by the identities of the frames costs a Python int per frame (6M for the benchmark's
+    335k allocations). Here each list is compared instead, in C (identity is checked first, so a
+    shared frame costs a pointer comparison), with a candidate: the first list not yet placed with
+    its length and its innermost frame. A list equal to its candidate is placed; the others meet the
+    next candidate of their kind in the next round. The lists are read as tuples: compact copies,
+    read ~3x faster than the lists the unpickler scattered. None and empty lists (no frames) are one
+    group; a value that is no list or tuple never joins a list of frame dicts (:func:`op_owner`
+    reports the first such value).
+
+    Lists equal by ``==`` hold the same frames or equal frame dicts (the same name and filename
+    strings), so :func:`op_owner` gives them the same answer; only a ``line`` of another type than
+    int (1.0 or True for 1) would print as the first list's.
+    """
+    m = len(lists)
+    first = np.arange(m, dtype=np.int64)
+    try:  # torch's case: all lists (tuple() of a str or a dict is harmless: no list of frame dicts equals it)
+        rows = list(map(tuple, lists))
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=m)
+        blank = lens == 0
+        if blank.any():  # an empty str or dict is no empty list: alone (op_owner reports it)
+            at = np.flatnonzero(blank)
+            blank[at] = np.fromiter(map(isinstance, map(lists.__getitem__, at.tolist()), repeat((list, tuple))),
+                                    dtype=bool, count=len(at))
+    except TypeError:  # None (no frames), or what op_owner will report: a value of another type
+        rows = [tuple(x) if isinstance(x, (list, tuple)) else () for x in lists]
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=m)
+        is_seq = np.fromiter(map(isinstance, lists, repeat((list, tuple))), dtype=bool, count=m)
+        blank = (is_seq & (lens == 0)) | np.fromiter(map(operator.is_, lists, repeat(None)), dtype=bool, count=m)
+        lens[~is_seq] = 0  # the other types: each alone (first = itself)
+    if blank.any():
+        first[blank] = np.flatnonzero(blank)[0]
+    todo = np.flatnonzero(lens > 0)
+    heads = np.fromiter(map(id, map(operator.itemgetter(0), map(rows.__getitem__, todo.tolist()))), dtype=np.uint64,
+                        count=len(todo))
+    key = lens[todo].astype(np.uint64) * _MIX + heads  # wraps around: a key only proposes, == decides
+    for _ in range(_ROUNDS):
+        if not len(todo):
+            break
+        _, at, kind = np.unique(key, return_index=True, return_inverse=True)
+        candidate = todo[at[kind]]  # the first of its kind still to place (itself for that one)
+        same = np.fromiter(map(operator.eq, map(rows.__getitem__, todo.tolist()),
+                               map(rows.__getitem__, candidate.tolist())), dtype=bool, count=len(todo))
+        first[todo[same]] = candidate[same]
+        todo, key = todo[~same], key[~same]
+    seen: dict[tuple[int, ...], int] = {}
+    for i in todo.tolist():
+        first[i] = seen.setdefault(tuple(map(id, rows[i])), i)
+    return first
+
+
+def _int_text(values: np.ndarray) -> pa.Array:
+    """``large_string`` decimal text of int64 values, each distinct value (a few streams) cast once."""
+    distinct, at = np.unique(values, return_inverse=True)
+    return pc.cast(pa.array(distinct), pa.large_string()).take(pa.array(at.astype(np.int64, copy=False)))
+
+
 def _strings(*parts: pa.Array) -> pd.api.extensions.ExtensionArray:
     """A pandas ``string`` column from ``large_string`` arrow pieces (its storage: no cast, no Python objects)."""
-    return pd.array(pa.concat_arrays(list(parts)), dtype="string")
+    pieces = [p for p in parts if len(p)] or list(parts[:1])
+    return pd.array(pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces), dtype="string")
 
 
-def op_owner(frames: Any, path: Path | None, where: str) -> tuple[str | None, str | None]:
-    """The innermost ATen op (``at::_ops::X::call`` → ``aten::X``) and the innermost Python frame."""
+# What one frame tells: the op it names, the owner it is (a .py frame), the fallback owner it can be.
+_Role = tuple[str | None, str | None, str | None]
+
+
+def op_owner(frames: Any, path: Path | None, where: str,
+             roles: dict[int, _Role] | None = None) -> tuple[str | None, str | None]:
+    """The innermost ATen op (``at::_ops::X::call`` → ``aten::X``) and the innermost Python frame.
+
+    ``roles``: what each frame dict already read told, by identity (the frames of the stacks read
+    in one call of :func:`_op_owner_each` stay alive through it).
+    """
     if not isinstance(frames, (list, tuple)):
         raise InputError("frames must be a list", file=path, column=where, expected="an array",
                          found=type(frames).__name__)
@@ -551,20 +648,31 @@ def op_owner(frames: Any, path: Path | None, where: str) -> tuple[str | None, st
     owner: str | None = None
     fallback: str | None = None
     for i, frame in enumerate(frames):
-        if not isinstance(frame, dict) or not isinstance(frame.get("name"), str) \
-                or not isinstance(frame.get("filename"), str):
-            raise InputError("malformed stack frame", file=path, column=f"{where}[{i}]",
-                             expected="an object with filename, line and name", found=repr(frame)[:60])
-        name, filename = frame["name"], frame["filename"]
-        if op is None and (m := _OP_FRAME.search(name)):
-            op = f"aten::{m.group(1)}"
-        if owner is None and filename.endswith(".py"):
-            owner = f"{filename}:{frame.get('line')}:{name}"
-        if fallback is None and filename not in ("??", "") and not any(s in name for s in _INTERNAL):
-            fallback = f"{filename}:{frame.get('line')}:{name}" if filename != "none" else name
+        role = roles.get(id(frame)) if roles is not None else None
+        if role is None:
+            role = _role(frame, path, f"{where}[{i}]")
+            if roles is not None:
+                roles[id(frame)] = role
+        op = op if op is not None else role[0]
+        owner = owner if owner is not None else role[1]
+        fallback = fallback if fallback is not None else role[2]
         if op is not None and owner is not None:
             break
     return op, owner or fallback
+
+
+def _role(frame: Any, path: Path | None, where: str) -> _Role:
+    if not isinstance(frame, dict) or not isinstance(frame.get("name"), str) \
+            or not isinstance(frame.get("filename"), str):
+        raise InputError("malformed stack frame", file=path, column=where,
+                         expected="an object with filename, line and name", found=frame)  # errors.show: bounded
+    name, filename = frame["name"], frame["filename"]
+    op = f"aten::{m.group(1)}" if (m := _OP_FRAME.search(name)) else None
+    owner = f"{filename}:{frame.get('line')}:{name}" if filename.endswith(".py") else None
+    fallback = None
+    if filename not in ("??", "") and not any(s in name for s in _INTERNAL):
+        fallback = f"{filename}:{frame.get('line')}:{name}" if filename != "none" else name
+    return op, owner, fallback
 
 
 def _steps(ann: dict[str, pa.Array | None]) -> pd.DataFrame:

@@ -18,12 +18,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError, cannot_read
+from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
     BLOCK_COLUMNS,
     DeviceModel,
     Profile,
     Series,
+    check_steps,
     empty_blocks,
     empty_series,
     empty_steps,
@@ -32,6 +34,7 @@ from memgate.model import (
 )
 from memgate.readers import convert
 from memgate.readers.csvtable import Converter, CsvTable, check_readable, keep_text
+from memgate.readers.jsonstream import loads_unique
 from memgate.readers.limits import check_file_size, read_csv
 from memgate.readers.memory import release_free_memory
 from memgate.schemas import load_schema
@@ -105,6 +108,7 @@ def _load(profile_dir: Path) -> Profile:
         path = out / "trace_view.json"
         trace = read_trace_view(path)
         if len(trace.steps):
+            check_steps(trace.steps, path, column="ProfilerStep")
             steps, steps_source = trace.steps, str(path)
         # NPU MEM counters: the device their process id names (trace_view.device_of_pid), each its
         # own device; a pid that names none belongs to this rank's only device, if it has one.
@@ -147,6 +151,8 @@ def _load(profile_dir: Path) -> Profile:
                 sum_components={"PTA+GE": ("PTA", "GE")} if "PTA+GE" in series else {},
             )
         )
+    metadata = _metadata(info, profile_dir)
+    metadata["cross_file"] = cross_file_facts(models, profile_dir, steps, steps_source)
     return Profile(
         path=str(profile_dir),
         format=FORMAT,
@@ -154,7 +160,7 @@ def _load(profile_dir: Path) -> Profile:
         devices=tuple(models),
         steps=steps,
         steps_source=steps_source,
-        metadata=_metadata(info, profile_dir),
+        metadata=metadata,
     )
 
 
@@ -386,17 +392,25 @@ def read_step_numbers(path: Path) -> pd.DataFrame:
     return frame.astype("Int64")
 
 
-_INFO_NAME = re.compile(r"^profiler_info(?:_(\d+))?\.json$")
+_INFO_NAME = re.compile(r"^profiler_info(?:_([0-9]+))?\.json$")
+_ASCII_INT = re.compile(r"-?[0-9]+")
 
 
 def read_profiler_info(profile_dir: Path) -> dict[str, Any]:
-    """``profiler_info[_{rank}].json`` merged with ``profiler_metadata.json`` (both optional)."""
+    """``profiler_info[_{rank}].json`` merged with ``profiler_metadata.json`` (both optional).
+
+    One profile directory is one rank: two profiler_info files in it (``profiler_info_0.json`` beside
+    ``profiler_info_1.json``) are two ranks' outputs mixed, an error rather than a pick.
+    """
     info: dict[str, Any] = {}
-    for candidate in sorted(profile_dir.glob("profiler_info*.json")):
-        if _INFO_NAME.match(candidate.name):
-            info.update(_read_small_json(candidate))
-            info["_info_file"] = candidate.name
-            break
+    found = [p for p in sorted(profile_dir.glob("profiler_info*.json")) if _INFO_NAME.match(p.name)]
+    if len(found) > 1:
+        raise InputError("two profiler_info files in one profile directory (the outputs of two ranks or runs mixed)",
+                         file=found[1], expected=f"one profiler_info[_{{rank}}].json per profile, as {found[0].name}",
+                         found=", ".join(p.name for p in found))
+    for candidate in found:
+        info.update(_read_small_json(candidate))
+        info["_info_file"] = candidate.name
     meta = profile_dir / "profiler_metadata.json"
     if meta.exists():
         info["_metadata"] = _read_small_json(meta)
@@ -407,7 +421,7 @@ def _read_small_json(path: Path) -> dict[str, Any]:
     check_readable(path)
     check_file_size(path, limit=SMALL_JSON_BYTES, why="profiler_info / profiler_metadata JSON is a few KB")
     try:
-        value = json.loads(path.read_bytes())
+        value = loads_unique(path.read_bytes(), path)  # a key repeated with another value: InputError
     except RecursionError:
         raise InputError("JSON nested too deeply", file=path, expected="a small JSON object (a few levels)") from None
     except json.JSONDecodeError as exc:
@@ -422,17 +436,52 @@ def _read_small_json(path: Path) -> dict[str, Any]:
     return value
 
 
-_DIR_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
+
+
+def info_rank(profile_dir: Path, info: dict[str, Any]) -> int | None:
+    """The rank profiler_info states: its ``rank_id`` (an int, or ASCII digits as text; -1 = not
+    distributed), else the ``_{rank}`` of its file name; None when it states none.
+
+    A ``rank_id`` that is not a whole number is an error. One that contradicts the file name
+    (``profiler_info_3.json`` holding ``rank_id`` 5: a renamed or copied file) is resolved, and the
+    resolution stated by :func:`rank_notes`: the content wins (torch_npu names the file after it).
+    """
+    name = str(info.get("_info_file", ""))
+    info_file = profile_dir / (name or "profiler_info.json")
+    m = _INFO_NAME.match(name)
+    from_name = int(m.group(1)) if m and m.group(1) is not None else None
+    raw = info.get("rank_id")
+    rank: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        rank = raw
+    elif isinstance(raw, str) and _ASCII_INT.fullmatch(raw.strip()):
+        rank = int(raw.strip())
+    elif not (raw is None or (isinstance(raw, str) and not raw.strip())):
+        raise InputError("rank_id is not a whole number", file=info_file, column="rank_id",
+                         expected="an integer in ASCII digits (-1 when not distributed)", found=repr(raw)[:60])
+    if rank is not None and rank < 0:
+        rank = None  # -1: not distributed
+    return rank if rank is not None else from_name
+
+
+def rank_notes(profile_dir: Path, info: dict[str, Any]) -> list[str]:
+    """What a reader must know about the rank: profiler_info's file name and its rank_id disagreeing."""
+    name = str(info.get("_info_file", ""))
+    m = _INFO_NAME.match(name)
+    rank = info_rank(profile_dir, info)
+    if m and m.group(1) is not None and rank is not None and int(m.group(1)) != rank:
+        note = (f"{name} holds rank_id {rank}: the rank is {rank} (the content; the file name's suffix "
+                f"{int(m.group(1))} disagrees: a renamed or copied file?)")
+        return [note]
+    return []
 
 
 def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
-    """Rank from profiler_info's ``rank_id`` (int or string), the file name, or the directory name."""
-    rank = info.get("rank_id")
-    if (isinstance(rank, (int, str)) and not isinstance(rank, bool) and str(rank).strip().lstrip("-").isdigit()
-            and int(rank) >= 0):  # -1: not distributed
-        return str(int(rank))
-    if (m := _INFO_NAME.match(info.get("_info_file", ""))) and m.group(1) is not None:
-        return m.group(1)
+    """Rank from profiler_info (:func:`info_rank`), or the directory name."""
+    rank = info_rank(profile_dir, info)
+    if rank is not None:
+        return str(rank)
     for part in (profile_dir.name, profile_dir.parent.name):
         if m := _DIR_RANK.search(part):
             return str(int(m.group(1)))
@@ -442,6 +491,29 @@ def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
 def rank_hint(profile_dir: Path) -> str:
     """The rank :func:`load` reports, from profiler_info and names only."""
     return rank_of(profile_dir, read_profiler_info(profile_dir))
+
+
+def _whole(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _ASCII_INT.fullmatch(value.strip()):
+        return int(value.strip())
+    return None
+
+
+def run_window(profile_dir: Path) -> tuple[int, int] | None:
+    """When the profiler recorded, in ns since the epoch, from profiler_info: it ends at
+    ``end_info.collectionTimeEnd`` and lasted ``MonotonicTimeEnd - start_info.start_monotonic``.
+    None when profiler_info does not say."""
+    info = read_profiler_info(profile_dir)
+    start, end = info.get("start_info"), info.get("end_info")
+    if not isinstance(start, dict) or not isinstance(end, dict):
+        return None
+    t_end, mono_end, mono_start = (_whole(end.get("collectionTimeEnd")), _whole(end.get("MonotonicTimeEnd")),
+                                   _whole(start.get("start_monotonic")))
+    if t_end is None or mono_end is None or mono_start is None or not 0 <= mono_start <= mono_end <= t_end:
+        return None
+    return t_end - (mono_end - mono_start), t_end
 
 
 def _device_from_info(info: dict[str, Any]) -> str:
@@ -461,4 +533,6 @@ def _metadata(info: dict[str, Any], profile_dir: Path) -> dict[str, Any]:
     dist = info.get("_metadata", {}).get("distributed_args") if isinstance(info.get("_metadata"), dict) else None
     if isinstance(dist, dict) and "world_size" in dist:
         meta["world_size"] = dist["world_size"]
+    if notes := rank_notes(profile_dir, info):
+        meta["notes"] = notes
     return meta

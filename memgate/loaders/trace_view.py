@@ -1,8 +1,13 @@
-"""torch_npu ``trace_view.json``: ProfilerStep#N spans and the "NPU MEM" counters, streamed."""
+"""torch_npu ``trace_view.json``: ProfilerStep#N spans and the "NPU MEM" counters, streamed.
+
+Numbers are exact: :func:`memgate.readers.jsonstream.iter_array` hands a number with a fraction
+over as a ``Decimal``, so a ``ts`` written as a number (``1736405443863674.401``, which a float
+rounds by ~100 ns) converts to its exact ns, as the text form does; KB become bytes exactly.
+An event that repeats a key with another value is an InputError (iter_array).
+"""
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -11,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from memgate.errors import InputError
+from memgate.errors import InputError, show
 from memgate.model import empty_steps
 from memgate.readers.jsonstream import iter_array, top_level_kind
 
@@ -58,18 +63,18 @@ class TraceView:
 def us_to_ns(value: Any, path: Path, where: str) -> int:
     """µs as a JSON string or number → exact int ns (0 ≤ ns < 2**63, i.e. before the year 2262)."""
     try:
-        us = Decimal(str(value).strip()) if isinstance(value, (str, int, float)) and not isinstance(value, bool) \
-            else Decimal("NaN")
+        us = Decimal(str(value).strip()) if isinstance(value, (str, int, float, Decimal)) and \
+            not isinstance(value, bool) else Decimal("NaN")
         # adjusted() first: int(Decimal("1e999999999")) would build a billion-digit integer
         ns = (int(us * 1000) if us.adjusted() < 20 else I64_MAX + 1) if us.is_finite() else None
     except (InvalidOperation, ValueError, OverflowError):  # text
         ns = None
     if ns is None:
         raise InputError("malformed time", file=path, column=where, expected="µs as a number or numeric string",
-                         found=repr(value)[:40])
+                         found=show(value, 40))
     if not 0 <= ns <= I64_MAX:
         raise InputError("time out of range", file=path, column=where,
-                         expected="µs >= 0 that fit int64 ns (before the year 2262)", found=repr(value)[:40])
+                         expected="µs >= 0 that fit int64 ns (before the year 2262)", found=show(value, 40))
     return ns
 
 
@@ -93,19 +98,20 @@ def read_trace_view(path: Path) -> TraceView:
             duration = us_to_ns(event.get("dur"), path, f"[{index}].dur")
             if start + duration > I64_MAX:
                 raise InputError("step end out of range", file=path, column=f"[{index}].dur",
-                                 expected="ts + dur before the year 2262 (int64 ns)", found=repr(event.get("dur"))[:40])
+                                 expected="ts + dur before the year 2262 (int64 ns)", found=show(event.get("dur"), 40))
             steps.append((int(m.group(1)), start, start + duration))
         elif ph == "C" and name in MEMORY_COUNTERS:
             args = event.get("args")
             kb = args.get("KB") if isinstance(args, dict) else None
-            if not isinstance(kb, (int, float)) or isinstance(kb, bool) or not math.isfinite(kb):
+            if not isinstance(kb, (int, float, Decimal)) or isinstance(kb, bool) or not Decimal(kb).is_finite():
                 raise InputError("memory counter without a finite KB value", file=path,
-                                 column=f"[{index}].args.KB", expected="a number", found=repr(kb)[:40])
-            if not 0 <= kb * 1024 <= I64_MAX:
-                raise InputError("memory counter out of range", file=path, column=f"[{index}].args.KB",
-                                 expected="KB >= 0 that fit int64 bytes", found=repr(kb)[:40])
+                                 column=f"[{index}].args.KB", expected="a number", found=kb)
+            if not 0 <= Decimal(kb) * 1024 <= I64_MAX:
+                raise InputError("memory counter out of range" + (": its bytes overflow int64" if kb > 0 else ""),
+                                 file=path, column=f"[{index}].args.KB", expected="KB >= 0 that fit int64 bytes",
+                                 found=kb)
             t = us_to_ns(event.get("ts"), path, f"[{index}].ts")
-            samples.setdefault((event.get("pid"), name), []).append((t, round(kb * 1024)))
+            samples.setdefault((event.get("pid"), name), []).append((t, round(Decimal(kb) * 1024)))
         elif ph == "M" and name == "process_name":
             args = event.get("args")
             if isinstance(args, dict) and args.get("name") == "NPU MEM":

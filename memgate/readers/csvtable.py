@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -29,7 +29,7 @@ from memgate.readers import convert
 from memgate.readers.numtext import proven_valid
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
-_ARROW_ROW = re.compile(r"Row #(\d+)")
+_ARROW_ROW = re.compile(r"Row #([0-9]+)")
 
 
 # Converts one text column of one block to what the loader keeps (e.g. int64 ns); raises
@@ -160,11 +160,17 @@ def _count_lines(path: Path) -> int:
     return count
 
 
+HEADER_BYTES = 1 << 20  # the longest header line read (real headers are well under 4 KiB)
+
+
 def read_header(path: Path) -> list[str]:
     """The header fields of a CSV file, BOM, CR and a trailing phantom column removed."""
     check_readable(path)
     with open(path, "rb") as fh:
-        first = fh.readline()
+        first = fh.readline(HEADER_BYTES + 1)
+    if len(first) > HEADER_BYTES and not first.endswith(b"\n"):
+        raise InputError(f"header line longer than {HEADER_BYTES} bytes", file=path, line=1,
+                         expected="one line of comma-separated column names", found=repr(first[:40]))
     try:
         text = first.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -192,12 +198,26 @@ def check_readable(path: Path) -> None:
 
 def match_header(path: Path, header: list[str], schema: dict[str, Any]) -> tuple[str, list[str]]:
     """Pick the header generation of ``schema`` this file was written with, or explain why none fits."""
+    check_unique(path, header)
     variants: dict[str, list[str]] = schema["x-memgate-headers"]
     subset = bool(schema.get("additionalProperties", False))
     for name, columns in variants.items():
         if (set(columns) <= set(header)) if subset else (header == columns):
             return name, columns
     return "", _explain_header(path, header, schema)
+
+
+def check_unique(path: Path, header: list[str]) -> None:
+    """A column named twice is an error: which of the two a loader would read is anyone's guess."""
+    seen: dict[str, int] = {}
+    for index, column in enumerate(header, start=1):
+        if not column:
+            continue  # a nameless field (a MindSpore writer's trailing comma): never read by name
+        if column in seen:
+            raise InputError(f"the header names this column twice (fields {seen[column]} and {index})",
+                             file=path, line=1, column=column, expected="each column named once",
+                             found=f"{column!r} at fields {seen[column]} and {index}")
+        seen[column] = index
 
 
 def _explain_header(path: Path, header: list[str], schema: dict[str, Any]) -> list[str]:
@@ -254,7 +274,7 @@ def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter
     # one, and a known column outside the matched header generation is still validated.
     known = schema["properties"]
     wanted = [c for c in header if c in known] if schema.get("additionalProperties", False) else header
-    plan = dict(columns) if columns is not None else {name: keep_text for name in wanted}
+    plan: dict[str, Converter] = dict(columns) if columns is not None else {name: keep_text for name in wanted}
     checks = [(name, known[name]) for name in wanted if name in known]
     kept: dict[str, list[pa.Array]] = {name: [] for name in plan}
     rows = 0
@@ -365,8 +385,48 @@ def _arrow_error(path: Path, exc: Exception, fields: int) -> InputError:
         line, count = _first_ragged_line(path, fields)
         return InputError("wrong number of fields (truncated or malformed row)", file=path, line=line,
                           expected=f"{fields} columns", found=f"{count} columns" if count is not None else None)
+    if "straddl" in text:  # a line longer than the block Arrow parses at a time
+        line, length = _straddling_line(path)
+        return InputError(f"a line longer than the {BLOCK_BYTES}-byte block the CSV is parsed in (a cell of megabytes)",
+                          file=path, line=line, expected=f"lines shorter than {BLOCK_BYTES} bytes",
+                          found=f"a line of {length} bytes" if length is not None else None)
     m = _ARROW_ROW.search(text)
     return InputError(f"cannot parse CSV: {text.splitlines()[0]}", file=path, line=int(m.group(1)) if m else None)
+
+
+def _straddling_line(path: Path, block: int | None = None) -> tuple[int | None, int | None]:
+    """(1-based line, its length) of the line Arrow's chunker cannot split (error path only).
+
+    Arrow reads the file in blocks of ``block`` bytes and fails on the first block that holds no line
+    break while a line is still open from the block before: that line spans it. Found the same way
+    here, one block at a time, counting line breaks with bytes.count (a line of gigabytes is never
+    held whole, a file of millions of lines is not walked line by line).
+    """
+    block = block or BLOCK_BYTES
+    breaks, line_start, after_cr, offset = 0, 0, False, 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            if offset and line_start < offset and b"\n" not in chunk and b"\r" not in chunk:
+                return breaks + 1, _line_end(fh, offset + len(chunk)) - line_start
+            breaks += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if after_cr and chunk.startswith(b"\n"):
+                breaks -= 1  # the LF of a CRLF the block boundary split: one break, counted at the CR
+            last = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+            if last >= 0:
+                line_start = offset + last + 1
+            after_cr = chunk.endswith(b"\r")
+            offset += len(chunk)
+    return None, None
+
+
+def _line_end(fh: BinaryIO, offset: int) -> int:
+    """The offset of the first line break at or after ``offset`` (where ``fh`` is), else the end of file."""
+    while chunk := fh.read(BLOCK_BYTES):
+        ends = [i for i in (chunk.find(b"\n"), chunk.find(b"\r")) if i >= 0]
+        if ends:
+            return offset + min(ends)
+        offset += len(chunk)
+    return offset
 
 
 def _first_ragged_line(path: Path, fields: int) -> tuple[int | None, int | None]:
@@ -463,4 +523,5 @@ def _first_true(mask: pa.ChunkedArray) -> int:
 
 def rows_as_dicts(table: CsvTable) -> list[dict[str, str | None]]:
     """The rows as the JSON objects the schemas describe (used by tests and `memgate validate`)."""
-    return table.table.to_pylist()
+    rows: list[dict[str, str | None]] = table.table.to_pylist()
+    return rows

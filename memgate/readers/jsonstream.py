@@ -9,19 +9,32 @@ than :data:`MAX_NUMBER` *before* ijson builds it: ijson's C backend builds a pre
 so its memory grows with the square of the depth (10^4 levels take ~250 MB, 10^5 several GB), and
 its time with the square of a string's length. A UTF-8 byte order mark before the JSON is skipped (RFC 8259 allows a
 parser to ignore one).
+
+Numbers are exact: ijson hands a number with a fraction or exponent over as a ``Decimal`` (never a
+float: a µs timestamp of 19 digits loses tens of ns in one), the json module's readers take
+:class:`NumberText` (the number's text) as ``parse_float``.
+
+Duplicate keys: RFC 8259 leaves an object that names a key twice undefined, and Python's readers
+keep the last value, so a second ``"Bytes"`` would change a peak without a word. An object may
+repeat a key with the same value (Kineto writes some keys twice); a key repeated with another value
+is an InputError naming the object's JSON path and the key. The json module checks each object in
+its ``object_pairs_hook`` (:func:`unique_pairs`: one ``dict`` and two ``len`` per object, ~20 % of
+the parse), ijson through a ``map_type`` whose ``__setitem__`` notes a key it already holds
+(:func:`unique_keys`), checked once the element is complete (:func:`first_conflict`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import ijson
 import numpy as np
 
-from memgate.errors import InputError
+from memgate.errors import InputError, show
 from memgate.readers import limits
 from memgate.readers.csvtable import check_readable
 
@@ -46,6 +59,12 @@ _STRIDE = 500
 _SAMPLED_RUN = b"0" * (MAX_NUMBER // _STRIDE)
 
 
+class Readable(Protocol):
+    """What the readers here need of a binary stream (a file, a gzip stream, limits.InflateCap)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class JsonLimitError(InputError):
     """The JSON nests too deeply or holds a too-long token (raised by :class:`GuardedReader`)."""
 
@@ -59,7 +78,7 @@ class GuardedReader:
     brackets outside strings. Only a chunk that could pass the depth cap is scanned exactly.
     """
 
-    def __init__(self, raw: IO[bytes], path: Path | None = None, *, max_depth: int = MAX_DEPTH,
+    def __init__(self, raw: Readable, path: Path | None = None, *, max_depth: int = MAX_DEPTH,
                  max_string: int = MAX_STRING) -> None:
         self._raw = raw
         self.path = path
@@ -134,23 +153,32 @@ def _has_digit_run(chunk: bytes) -> bool:
     return _SAMPLED_RUN in chunk[::_STRIDE].translate(_DIGIT_MAP) and _DIGIT_RUN in chunk.translate(_DIGIT_MAP)
 
 
-def guard(fh: IO[bytes], path: Path | None = None) -> GuardedReader:
+def guard(fh: Readable, path: Path | None = None) -> GuardedReader:
     """Wrap a binary stream for ijson (kineto's loader and :func:`iter_array` read through this)."""
     return GuardedReader(fh, path)
 
 
 def iter_array(path: Path, prefix: str = "item", fh: IO[bytes] | None = None) -> Iterator[Any]:
-    """Yield the elements under ``prefix`` (``item`` = the top-level array's elements)."""
+    """Yield the elements under ``prefix`` (``item`` = the top-level array's elements).
+
+    Numbers with a fraction are ``Decimal`` (exact); objects are dicts (of a subclass that notes
+    repeated keys: an element with a key repeated with another value is an InputError).
+    """
     check_readable(path)
     limits.check_file_size(path)
     max_rows = limits.current().max_rows
     own = fh is None
     stream = open(path, "rb") if fh is None else fh  # noqa: SIM115 - closed in the finally below
     index = -1
+    keys, seen = unique_keys()
     try:
-        for index, element in enumerate(ijson.items(guard(stream, path), prefix, use_float=True)):
+        for index, element in enumerate(ijson.items(guard(stream, path), prefix, map_type=keys)):
             if index >= max_rows:
                 limits.check_rows(path, index + 1, what="elements", column=_json_path(prefix, index))
+            if seen:
+                conflict = first_conflict(seen, element, _json_path(prefix, index), path)
+                if conflict is not None:
+                    raise conflict
             yield element
     except JsonLimitError as exc:
         raise InputError(exc.message, file=path, column=_json_path(prefix, index + 1), expected=exc.expected,
@@ -222,3 +250,198 @@ def _count_lines(path: Path) -> int:
             lines += chunk.count(b"\n")
             last = chunk
     return lines - 1 if last.endswith(b"\n") else lines
+
+
+# ---- exact numbers and duplicate keys -------------------------------------------------------------
+
+
+class NumberText(str):
+    """A JSON number with a fraction or exponent, as the json module reads it with
+    ``parse_float=NumberText``: its text, exact (``Decimal(text)``), cheaper to build than a Decimal."""
+
+    __slots__ = ()
+
+
+class DuplicateKey(Exception):
+    """An object names ``key`` twice with different values (raised by :func:`unique_pairs`)."""
+
+    def __init__(self, key: str, first: Any, second: Any) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _kind(value: Any) -> str:
+    kind = type(value)
+    if kind is bool or value is None:
+        return "literal"
+    if kind is int or kind is float or kind is Decimal or kind is NumberText:
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "object" if isinstance(value, dict) else kind.__name__
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Are ``a`` and ``b`` the same JSON value? Numbers by value (``1``, ``1.0`` and ``1e0`` are one
+    number; ``true`` is not ``1``), objects whatever their key order. Iterative: any depth."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        kind = _kind(x)
+        if kind != _kind(y):
+            return False
+        if kind == "number":
+            try:
+                if Decimal(x) != Decimal(y):
+                    return False
+            except (InvalidOperation, ValueError):
+                return False
+        elif kind == "array":
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif kind == "object":
+            if x.keys() != y.keys():
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif x != y or (kind == "literal" and x is not y):
+            return False
+    return True
+
+
+def unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for the json module: the object, or DuplicateKey for a key it names twice
+    with different values (the same value twice is fine)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        first: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in first and not same_json(first[key], value):
+                raise DuplicateKey(key, first[key], value)
+            first.setdefault(key, value)
+    return obj
+
+
+# (object, key, value it held, value set again): the repeats a unique_keys() map met, in file order
+Repeats = list[tuple[dict[Any, Any], Any, Any, Any]]
+
+
+def unique_keys() -> tuple[type[dict[Any, Any]], Repeats]:
+    """A ``map_type`` for ijson whose objects note each key set twice, and the list they note them in.
+
+    ijson's builder sets a member when its value starts (an object or array is still empty then),
+    so repeats are judged by :func:`first_conflict` once the element they are in is complete.
+    """
+    seen: Repeats = []
+    note = seen.append
+    get = dict.__getitem__
+    put = dict.__setitem__
+
+    class UniqueKeys(dict[Any, Any]):
+        __slots__ = ()
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            if key in self:
+                note((self, key, get(self, key), value))
+            put(self, key, value)
+
+    return UniqueKeys, seen
+
+
+def first_conflict(seen: Repeats, root: Any, where: str, path: Path | None) -> InputError | None:
+    """The InputError for the first key ``root`` (the complete element at JSON path ``where``)
+    repeats with another value, or None when each of its repeats holds the same value.
+
+    ijson builds the elements of a whole buffer before it yields the first of them, so ``seen`` may
+    hold repeats of later elements too: those stay in it for their element's turn.
+    """
+    paths = _object_paths(root, where)
+    later: Repeats = []
+    conflict = None
+    for repeat in seen:
+        obj, key, first, second = repeat
+        at = paths.get(id(obj))
+        if at is None:
+            later.append(repeat)
+        elif conflict is None and not same_json(first, second):
+            conflict = duplicate_key_error(path, at, key, first, second)
+    seen[:] = later
+    return conflict
+
+
+def duplicate_key_error(path: Path | None, where: str, key: Any, first: Any, second: Any) -> InputError:
+    name = show(key, 60)
+    return InputError(
+        f"conflicting duplicate key {name}: the object names it twice with different values", file=path,
+        column=_join(where, key if isinstance(key, str) and len(key) <= 60 else name),
+        expected="each key once, or repeated with the same value (a JSON reader keeps only the last one)",
+        found=f"{_shown(first)}, then {_shown(second)}")
+
+
+class Shown(str):
+    """A value already written as text for a message (duplicate_key_error shows it as it is)."""
+
+    __slots__ = ()
+
+
+def _shown(value: Any) -> str:
+    return str(value) if isinstance(value, Shown) else show(value, 36)
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _object_paths(root: Any, where: str) -> dict[int, str]:
+    """id() -> JSON path of every object in ``root`` (the error path and elements with repeats only)."""
+    out: dict[int, str] = {}
+    stack: list[tuple[Any, str]] = [(root, where)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, dict):
+            out[id(node)] = at or "(top level)"
+            stack.extend((value, _join(at, str(key))) for key, value in node.items()
+                         if isinstance(value, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((value, f"{at}[{i}]") for i, value in enumerate(node) if isinstance(value, (dict, list)))
+    return out
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object as its members in file order, repeats kept (``object_pairs_hook`` to locate one)."""
+
+
+def loads_unique(data: bytes | str, path: Path) -> Any:
+    """``json.loads`` of a small document (profiler_info, profiler_metadata) that refuses a key
+    repeated with another value, naming it by its JSON path; json's own errors pass through.
+
+    Numbers stay as json reads them (floats): no time is read from these files, and their values
+    travel into reports as JSON."""
+    try:
+        return json.loads(data, object_pairs_hook=unique_pairs)
+    except DuplicateKey as exc:
+        try:
+            _rebuild(json.loads(data, object_pairs_hook=_Pairs), "", path)
+        except InputError as located:
+            raise located from None
+        except RecursionError:
+            pass
+        raise duplicate_key_error(path, "", exc.key, exc.first, exc.second) from None
+
+
+def _rebuild(node: Any, where: str, path: Path) -> Any:
+    """``node`` (objects as _Pairs) as plain values; InputError at the first object, in the order
+    objects end, that repeats a key with another value."""
+    if isinstance(node, _Pairs):
+        obj: dict[str, Any] = {}
+        for key, child in node:
+            value = _rebuild(child, _join(where, key), path)
+            if key in obj and not same_json(obj[key], value):
+                raise duplicate_key_error(path, where, key, obj[key], value)
+            obj[key] = value
+        return obj
+    if isinstance(node, list):
+        return [_rebuild(child, f"{where}[{i}]", path) for i, child in enumerate(node)]
+    return node

@@ -16,6 +16,11 @@ environment (the CLI's ``--max-file-size`` and the plugin's ``--memgate-max-file
   a size; by default 32 bytes per byte of the file plus 256 MiB. Real snapshots take 6 to 8 times
   their size; a 9-byte pickle whose ``LONG_BINPUT`` names memo slot 2^29 asks CPython's unpickler
   for an 8 GiB memo. Enforced on Linux (``RLIMIT_AS`` while the pickle loads).
+- ``MEMGATE_MAX_INFLATED_BYTES``: the bytes a compressed file (``*.json.gz``) may decompress to, a
+  size; by default 100 times the compressed file (real traces inflate 10 to 20 times; deflate
+  at most ~1000 times), at least 16 MiB (the file cap applies to the compressed file). A gzip stream of a few MB can
+  inflate to tens of GB, which the file cap alone let a loader read for minutes: now a 1 MB
+  bomb stops after 100 MB (:class:`InflateCap`).
 
 Loaders check the file size before reading (:func:`check_file_size`) and the row count after
 parsing (:func:`check_rows`); :func:`read_csv` does both around :func:`memgate.readers.csvtable.read_csv`.
@@ -23,12 +28,13 @@ parsing (:func:`check_rows`); :func:`read_csv` does both around :func:`memgate.r
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from memgate.errors import ConfigError, InputError
 from memgate.readers.csvtable import Converter, CsvTable
@@ -47,6 +53,9 @@ MIN_PICKLE_OBJECTS = 1 << 20
 PICKLE_MEMORY_ENV = "MEMGATE_MAX_PICKLE_MEMORY"
 PICKLE_MEMORY_PER_BYTE = 32
 PICKLE_MEMORY_FLOOR = 256 << 20
+INFLATED_BYTES_ENV = "MEMGATE_MAX_INFLATED_BYTES"
+INFLATE_RATIO = 100
+MIN_INFLATED_BYTES = 16 << 20
 FILE_FLAGS = "--max-file-size (CLI) / --memgate-max-file-size (pytest)"
 _INTEGER = re.compile(r"\A\s*[0-9][0-9_]*\s*\Z")
 
@@ -104,6 +113,49 @@ def max_pickle_memory(file_bytes: int) -> int:
     return _size_env(PICKLE_MEMORY_ENV, file_bytes * PICKLE_MEMORY_PER_BYTE + PICKLE_MEMORY_FLOOR)
 
 
+def max_inflated_bytes(compressed_bytes: int) -> int:
+    """The bytes a ``compressed_bytes``-byte file may decompress to: ``$MEMGATE_MAX_INFLATED_BYTES``
+    when set, else 100 times the file, at least 16 MiB."""
+    default = max(compressed_bytes * INFLATE_RATIO, MIN_INFLATED_BYTES)
+    return _size_env(INFLATED_BYTES_ENV, default)
+
+
+class InflateCap:
+    """A decompressing stream (``gzip.open(path)``) that stops with an InputError once it has given
+    more than :func:`max_inflated_bytes` bytes: never asks its stream for more than one byte past
+    the cap, so a gzip bomb costs at most the cap in time and one read's size in memory."""
+
+    def __init__(self, raw: io.BufferedIOBase | IO[bytes], path: Path) -> None:
+        self._raw = raw
+        self.path = path
+        try:
+            self.compressed = os.stat(path).st_size
+        except OSError:
+            self.compressed = 0  # the open that follows says what is wrong
+        self.cap = max_inflated_bytes(self.compressed)
+        self.count = 0
+
+    def read(self, size: int = -1) -> bytes:
+        room = self.cap - self.count + 1
+        data = self._raw.read(room if size < 0 or size > room else size)
+        self.count += len(data)
+        if self.count > self.cap:
+            configured = bool(os.environ.get(INFLATED_BYTES_ENV, "").strip())
+            how = "" if configured else f"the default: {INFLATE_RATIO}x the compressed file, at least " \
+                f"{format_size(MIN_INFLATED_BYTES)}; "
+            raise InputError(
+                f"the compressed file inflates past the {format_size(self.cap)} limit on decompressed bytes",
+                file=self.path,
+                expected=f"at most {self.cap} bytes once decompressed ({how}raise the limit with "
+                         f"${INFLATED_BYTES_ENV})",
+                found=f"more than {self.cap} bytes from a {self.compressed}-byte file",
+            )
+        return data
+
+    def close(self) -> None:
+        self._raw.close()
+
+
 def check_file_size(path: Path, *, limit: int | None = None, why: str | None = None) -> int:
     """The file's size in bytes; InputError when it is over the cap (checked before any read).
 
@@ -147,3 +199,25 @@ def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter
     table = _read_csv(path, schema, columns)
     check_rows(path, table.num_rows)
     return table
+
+
+# --- sqlite query budget ---------------------------------------------------------------------------
+# Every sqlite query memgate runs (memgate.readers.sqlitetable.Database.query) stops after this many
+# seconds of wall time, checked by a progress handler every 100k VM instructions: a db cannot hang a
+# load (a table that is really a VIEW over an endless recursive query is refused before any read; this
+# budget is the guard behind that). Rows are capped while they are fetched by ``MEMGATE_MAX_ROWS``.
+QUERY_SECONDS_ENV = "MEMGATE_MAX_QUERY_SECONDS"
+DEFAULT_MAX_QUERY_SECONDS = 600.0
+_SECONDS = re.compile(r"\A\s*[0-9]+(\.[0-9]+)?\s*\Z")
+
+
+def max_query_seconds() -> float:
+    """Seconds one sqlite query may run: ``$MEMGATE_MAX_QUERY_SECONDS`` (a number above 0, decimals
+    allowed), else 600 s (the largest real dbs read in well under a minute per query)."""
+    raw = os.environ.get(QUERY_SECONDS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_QUERY_SECONDS
+    if not _SECONDS.match(raw) or float(raw) <= 0:
+        raise ConfigError(f"invalid ${QUERY_SECONDS_ENV}", expected="a number of seconds above 0 (e.g. 600 or 0.5)",
+                          found=repr(raw))
+    return float(raw)

@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate.errors import InputError
+from memgate.errors import InputError, show
 from memgate.readers.csvtable import re2_pattern
 
 Where = Callable[[int], str]  # record index -> JSON path of the record, e.g. "device_traces[0][12]"
@@ -112,7 +112,7 @@ def _type_name(value: Any) -> str:
 def _found(value: Any) -> str:
     if isinstance(value, (dict, list, tuple)):
         return _type_name(value)
-    return repr(value)
+    return show(value)  # repr() of a 5000-digit int raises; show() is bounded and never does
 
 
 def py_matches(value: Any, kinds: tuple[str, ...]) -> bool:
@@ -189,6 +189,20 @@ def check_column(
     ``present()`` is the mask of records that have the key at all (to tell a missing key from a null);
     computed only when the column has nulls it does not allow.
     """
+    arr, problem, _ = _check_column(values, prop, name=name, where=where, present=present, required=required)
+    return arr, problem
+
+
+def _check_column(
+    values: Sequence[Any],
+    prop: Mapping[str, Any],
+    *,
+    name: str,
+    where: Where,
+    present: Callable[[], np.ndarray] | None = None,
+    required: bool = False,
+) -> tuple[pa.Array | None, _Problem | None, int | None]:
+    """:func:`check_column`, and how many values are null (None where it did not count them)."""
     kinds = types_of(prop)
     scalar = is_scalar(prop)
     problems: list[_Problem] = []
@@ -197,6 +211,7 @@ def check_column(
         problems.append(_Problem(i, join(where(i), name), message, describe(prop), _found(values[i])))
 
     arr: pa.Array | None = None
+    wrong_type = False
     if scalar:
         try:
             arr = pa.array(values, from_pandas=False)
@@ -206,7 +221,9 @@ def check_column(
             allowed = (*kinds, "null")
             bad = next((i for i, v in enumerate(values) if not py_matches(v, allowed)), None)
             if bad is not None:
+                wrong_type = True
                 problem(bad, "wrong type")
+                _py_constraints(values[:bad], prop, problem)  # a value before it may break a bound
             arr = None  # e.g. ints mixed with Decimals in a number column: valid, but not one arrow type
         nulls = np.asarray(arr.is_null()) if arr is not None else _none_mask(values)
     elif kinds:
@@ -221,6 +238,7 @@ def check_column(
         nulls = _none_mask(values) if type(None) in found else np.zeros(len(values), dtype=bool)
     else:
         nulls = np.zeros(len(values), dtype=bool)
+    null_count = int(nulls.sum()) if kinds else None  # untyped: None values never looked for
 
     if nulls.any() and "null" not in kinds:
         has = present() if present is not None else np.ones(len(values), dtype=bool)
@@ -231,13 +249,13 @@ def check_column(
         elif missing is not None:
             problems.append(_Problem(missing, where(missing) or "(top level)", f"missing key {name!r}",
                                      f"an object with {name!r}", "no such key"))
-    if not problems and scalar:
+    if scalar and not wrong_type:  # bounds too when a null is wrong: the first bad record is reported
         if arr is not None and len(arr) and arr.null_count < len(arr):
             _constraints(arr, prop, problem)
         elif arr is None:  # valid types that share no arrow type (ints with Decimals and floats): per value
             _py_constraints(values, prop, problem)
     first = min(problems, key=lambda p: p.index) if problems else None
-    return (arr if scalar else None), first
+    return (arr if scalar else None), first, null_count
 
 
 def _constraints(arr: pa.Array, prop: Mapping[str, Any], problem: Callable[[int, str], None]) -> None:
@@ -298,13 +316,17 @@ def check_records(
     file: Path,
     where: Where,
     root: Mapping[str, Any] | None = None,
+    objects: dict[str, list[Any]] | None = None,
 ) -> dict[str, pa.Array | None]:
     """Validate ``records`` against the object ``schema``; return their scalar columns by (dotted) name.
 
-    Raises InputError at the first bad record (in record order), naming its JSON path.
+    Raises InputError at the first bad record (in record order), naming its JSON path. ``objects``:
+    for each top-level property named as one of its keys, it receives the checked values as the
+    gather read them (one per record, None where absent), so a caller that needs the objects
+    themselves (a snapshot's frames lists) does not read a million records again.
     """
     columns: dict[str, pa.Array | None] = {}
-    problem = _check_records(records, resolve(schema, root or schema), root or schema, where, columns, "")
+    problem = _check_records(records, resolve(schema, root or schema), root or schema, where, columns, "", objects)
     if problem is not None:
         raise problem.error(file)
     return columns
@@ -317,39 +339,70 @@ def _check_records(
     where: Where,
     columns: dict[str, pa.Array | None],
     prefix: str,
+    objects: dict[str, list[Any]] | None = None,
 ) -> _Problem | None:
-    bad = None if set(map(type, records)) <= {dict} else next(i for i, r in enumerate(records) if type(r) is not dict)
-    if bad is not None:
+    n = len(records)
+    try:  # one C pass: every record is a dict (TypeError if not), and how many keys they hold in all
+        keys_held = sum(map(dict.__len__, records))
+    except TypeError:
+        bad = next(i for i, r in enumerate(records) if not isinstance(r, dict))
         return _Problem(bad, where(bad) or "(top level)", "expected an object", "an object", _found(records[bad]))
     required = set(schema.get("required", ()))
+    properties = {name: resolve(raw, root) for name, raw in schema.get("properties", {}).items()}
+    head = records[0] if n else {}
+    # Read first: the required properties and those the first record has. The others are in no record
+    # of most files; that is proved without a pass over every record's keys when the first record has
+    # only properties of the schema and each key of every record is one read with a value (the counts agree).
+    later = [name for name in properties if n and name not in required and name not in head]
+    prove_absent = bool(later) and all(k in properties for k in head)
+    held = 0  # non-null values in the columns read (each one key of one record)
     problems: list[_Problem] = []
-    n = len(records)
-    keys: set[Any] | None = None  # every key of every record, gathered once, when a first record lacks one
-    for name, raw in schema.get("properties", {}).items():
-        prop = resolve(raw, root)
-        if name not in required and n and name not in records[0]:
-            keys = set().union(*records) if keys is None else keys
-            if name not in keys:
-                # In no record (most optional keys of most files): the all-null column a gather would give.
-                columns[prefix + name] = pa.nulls(n) if is_scalar(prop) else None
-                continue
-        values = list(map(dict.get, records, repeat(name)))  # C-level gather, one pass per property
+    read: dict[str, pa.Array | None] = {}
 
+    def check(name: str, prop: Mapping[str, Any], values: list[Any]) -> int | None:
         def present(key: str = name) -> np.ndarray:
             return np.fromiter(map(operator.contains, records, repeat(key)), dtype=bool, count=n)
 
         def inner(i: int, key: str = name) -> str:
             return join(where(i), key)
 
-        arr, found = check_column(values, prop, name=name, where=where, required=name in required, present=present)
+        arr, found, nulls = _check_column(values, prop, name=name, where=where, required=name in required,
+                                          present=present)
         if found is not None:
             problems.append(found)
-            continue
-        columns[prefix + name] = arr
+            return None
+        read[prefix + name] = arr
+        if objects is not None and not prefix and name in objects:
+            objects[name] = values
         if "object" in types_of(prop) and "properties" in prop and name in required:
-            nested = _check_records(values, prop, root, inner, columns, f"{prefix}{name}.")
+            nested = _check_records(values, prop, root, inner, read, f"{prefix}{name}.")
             if nested is not None:
                 problems.append(nested)
+        return nulls
+
+    for name, prop in properties.items():
+        if name in later:
+            continue
+        values = list(map(dict.get, records, repeat(name)))  # C-level gather, one pass per property
+        nulls = check(name, prop, values)
+        if prove_absent and not problems:
+            held += n - (nulls if nulls is not None else values.count(None))
+    if later:
+        absent = prove_absent and not problems and held == keys_held
+        keys: set[Any] = set() if absent else set().union(*records)  # every key of every record
+        for name in later:
+            prop = properties[name]
+            if name not in keys:
+                # In no record (most optional keys of most files): the all-null column a gather would give.
+                read[prefix + name] = pa.nulls(n) if is_scalar(prop) else None
+                if objects is not None and not prefix and name in objects:
+                    objects[name] = [None] * n
+                continue
+            check(name, prop, list(map(dict.get, records, repeat(name))))
+    # in the schema's order of properties (then their nested columns), as a single pass would give them
+    for name in properties:
+        for key in [k for k in read if k == prefix + name or k.startswith(f"{prefix}{name}.")]:
+            columns[key] = read.pop(key)
     if problems:
         return min(problems, key=lambda p: p.index)
     for clause in schema.get("allOf", ()):

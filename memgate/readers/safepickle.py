@@ -154,7 +154,7 @@ def max_bytes_default() -> int:
     raw = os.environ.get(MAX_BYTES_ENV, "").strip()
     if not raw:
         return DEFAULT_MAX_BYTES
-    if not raw.isdigit() or int(raw) <= 0:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0:  # "²".isdigit() is True, int("²") fails
         raise InputError(f"${MAX_BYTES_ENV} must be a positive number of bytes", found=raw)
     return int(raw)
 

@@ -8,18 +8,29 @@ have, and two annotations: ``x-memgate-table`` (the table name) and ``x-referenc
 SQL scan per table (``typeof()`` in a ``WHERE``), never a Python loop over rows; the first bad row in
 rowid order is reported with its rowid, column, what was expected and what was found.
 
-The file is opened with a ``mode=ro`` URI (``immutable=1`` unless a write-ahead log is pending), so
-nothing is ever written next to it: no journal, no ``-shm``, no lock file.
+The file is opened with a ``mode=ro&immutable=1`` URI, so nothing is ever written next to it: no
+journal, no ``-shm``, no lock file. A db whose changes still sit in a pending write-ahead log
+(``-wal``) or a hot rollback journal (``-journal``) would be read without them that way, and SQLite
+cannot apply them read-only without creating ``-shm`` next to the db (or rolling the file back): such
+a db is copied with its log into a private temporary folder and read there, never in the profile tree.
+
+Only real tables are read: a VIEW, a trigger or a virtual table named like an expected table is
+reported as such, never queried. Every query runs under a time budget (a progress handler,
+``$MEMGATE_MAX_QUERY_SECONDS``) and the row cap (``$MEMGATE_MAX_ROWS``, counted while fetching), so a
+hostile schema cannot hang the load or fill memory.
 """
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import struct
+import tempfile
+import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +40,13 @@ import pyarrow as pa
 
 from memgate.errors import InputError, cannot_read
 from memgate.readers.csvtable import check_readable
-from memgate.readers.limits import check_file_size, check_rows
+from memgate.readers.limits import QUERY_SECONDS_ENV, check_file_size, check_rows, current, max_query_seconds
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_SIZE = 100
+JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")  # the header of a hot rollback journal
+PROGRESS_STEPS = 100_000  # sqlite VM instructions between two checks of the query's time budget
+FETCH_ROWS = 65_536  # rows fetched at a time (the row cap is checked between two fetches)
 # Ascend dbs write this (uint32 -1) where an id is unknown (device, stream, string id).
 INVALID_ID = 4294967295
 
@@ -66,11 +80,14 @@ def sqlite_or_unreadable(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class Database:
-    """A read-only connection plus the names of its tables."""
+    """A read-only connection plus the names of its tables (real tables only: ``others`` maps the
+    names of views, triggers and virtual tables to what they are)."""
 
     path: Path
     conn: sqlite3.Connection
     tables: frozenset[str]
+    others: dict[str, str] = field(default_factory=dict)
+    read_log: str | None = None  # "-wal" / "-journal": read from a private copy with that log applied
 
     def has(self, table: str) -> bool:
         return table in self.tables
@@ -79,15 +96,43 @@ class Database:
         return [str(row[1]) for row in self.query(f"PRAGMA table_info({quote_ident(table)})", table=table)]
 
     def query(self, sql: str, params: Sequence[Any] = (), *, table: str | None = None) -> list[tuple[Any, ...]]:
-        """Run ``sql``; a corrupt page or any sqlite failure becomes an InputError naming the table."""
+        """Run ``sql`` under the time budget and the row cap; a corrupt page or any sqlite failure
+        becomes an InputError naming the table."""
+        seconds = max_query_seconds()
+        deadline = time.monotonic() + seconds
+        over: list[bool] = []
+
+        def progress() -> int:
+            if time.monotonic() > deadline:
+                over.append(True)
+                return 1  # sqlite stops the statement: OperationalError "interrupted"
+            return 0
+
+        cap = current().max_rows
+        self.conn.set_progress_handler(progress, PROGRESS_STEPS)
         try:
-            return self.conn.execute(sql, tuple(params)).fetchall()
+            cursor = self.conn.execute(sql, tuple(params))
+            rows: list[tuple[Any, ...]] = []
+            while chunk := cursor.fetchmany(FETCH_ROWS):
+                rows += chunk
+                if len(rows) > cap:
+                    cursor.close()
+                    check_rows(self.path, len(rows), column=table)  # raises, naming the cap
+            return rows
         except sqlite3.DatabaseError as exc:
+            if over:
+                where = f"table {table}: " if table else ""
+                raise InputError(f"{where}a query ran past the {seconds:g} s limit (a view or schema that never ends?)",
+                                 file=self.path, column=table,
+                                 expected=f"queries that finish within the limit (raise it with ${QUERY_SECONDS_ENV})",
+                                 found=f"still running after {seconds:g} s") from None
             raise _db_error(self.path, exc, table) from None
         except UnicodeDecodeError as exc:  # a TEXT value that is not UTF-8 (a flipped bit in a string)
             where = f"table {table}: " if table else ""
             raise InputError(f"{where}text that is not UTF-8", file=self.path, column=table, expected="UTF-8 text",
                              found=repr(exc.object[exc.start:exc.start + 8])) from None
+        finally:
+            self.conn.set_progress_handler(None, 0)
 
     def frame(self, sql: str, names: Sequence[str], kinds: Sequence[str], *, table: str | None = None) -> pd.DataFrame:
         """Rows of ``sql`` as a DataFrame: kind ``int`` → exact Int64 (never via float64), ``text`` → string."""
@@ -123,30 +168,74 @@ def quote_ident(name: str) -> str:
 
 @contextmanager
 def open_db(path: Path) -> Iterator[Database]:
-    """Open ``path`` read-only after checking it is a complete sqlite file."""
+    """Open ``path`` read-only after checking it is a complete sqlite file.
+
+    With a pending ``-wal`` or a hot ``-journal`` the db and its log are copied to a private temporary
+    folder and read there (see the module docstring); otherwise the file itself is opened immutable.
+    """
     check_readable(path)
     check_file_size(path)
     header = _read_header(path)
-    wal_pending = header[18] == 2 and (p := Path(str(path) + "-wal")).exists() and p.stat().st_size > 0
-    # immutable=1 skips locking and never creates -shm/-journal files; it would ignore a pending
-    # WAL, so such a db is opened plain read-only (sqlite then needs -shm next to it).
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + ("?mode=ro" if wal_pending else "?mode=ro&immutable=1")
+    log = pending_log(path, header)
+    with _private_copy(path, log) as copy:
+        if copy is None:
+            uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
+        else:  # our own copy: sqlite may apply the log to it (-shm, a rollback) in the temporary folder
+            uri = "file:" + urllib.parse.quote(str(copy)) + "?mode=rw"
+        try:
+            conn = sqlite3.connect(uri, uri=True)
+        except sqlite3.Error as exc:
+            raise InputError(f"cannot open the database read-only: {exc}", file=path) from None
+        try:
+            db = Database(path, conn, frozenset())
+            if copy is not None:
+                db.query("PRAGMA query_only = 1")
+            kinds = db.query("SELECT type, name, upper(ltrim(coalesce(sql, ''))) LIKE 'CREATE VIRTUAL%' "
+                             "FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')")
+            tables = frozenset(str(name) for kind, name, virtual in kinds if kind == "table" and not virtual)
+            others = {str(name): "virtual table" if virtual else str(kind) for kind, name, virtual in kinds
+                      if str(name) not in tables}
+            yield Database(path, conn, tables, others, log.name[len(path.name):] if log is not None else None)
+        finally:
+            conn.close()
+
+
+def pending_log(path: Path, header: bytes | None = None) -> Path | None:
+    """The ``-wal`` (WAL mode) or hot ``-journal`` (rollback mode) holding changes not in ``path`` yet."""
+    if header is None:
+        header = _read_header(path)
+    if header[18] == 2:  # WAL mode: frames in a non-empty -wal are committed data the db file lacks
+        wal = Path(str(path) + "-wal")
+        return wal if wal.is_file() and wal.stat().st_size > 0 else None
+    journal = Path(str(path) + "-journal")
     try:
-        conn = sqlite3.connect(uri, uri=True)
-    except sqlite3.Error as exc:
-        raise InputError(f"cannot open the database read-only: {exc}", file=path) from None
-    try:
-        db = Database(path, conn, frozenset())
-        names = db.query("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
-        yield Database(path, conn, frozenset(str(n[0]) for n in names))
-    except InputError as exc:
-        if wal_pending and "unable to open" in exc.message:
-            raise InputError("the database has a pending write-ahead log (-wal) and its directory is read-only",
-                             file=path, expected="a checkpointed db (open it once with sqlite3 where it is writable)"
-                             ) from None
-        raise
-    finally:
-        conn.close()
+        with open(journal, "rb") as fh:
+            hot = fh.read(len(JOURNAL_MAGIC)) == JOURNAL_MAGIC
+    except OSError:
+        return None
+    return journal if hot else None
+
+
+@contextmanager
+def _private_copy(path: Path, log: Path | None) -> Iterator[Path | None]:
+    """``path`` and ``log`` copied into a temporary folder (removed afterwards); None without a log."""
+    if log is None:
+        yield None
+        return
+    check_readable(log)
+    check_file_size(log)
+    with tempfile.TemporaryDirectory(prefix="memgate-db-") as tmp:
+        copy = Path(tmp) / path.name
+        try:
+            shutil.copyfile(path, copy)
+            shutil.copyfile(log, Path(str(copy) + log.name[len(path.name):]))
+        except OSError as exc:
+            raise InputError(f"the database has a pending {log.name[len(path.name):]} log: reading it needs a private "
+                             f"copy, which failed ({exc.strerror or exc})", file=path,
+                             expected=f"room for a copy of the db in {tempfile.gettempdir()} ($TMPDIR), or a "
+                             "checkpointed db (open it once with sqlite3 where it was written)",
+                             found=f"{log.name} of {log.stat().st_size} bytes") from None
+        yield copy
 
 
 def _read_header(path: Path) -> bytes:
@@ -183,6 +272,9 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError, table: str | None) -> Inpu
 
 
 def require_table(db: Database, table: str, why: str) -> None:
+    if table in db.others:  # a view over anything (an endless recursive query) is never read as data
+        raise InputError(f"{table} is a {db.others[table]}, not a table", file=db.path, column=table,
+                         expected=f"table {table} ({why})", found=f"a {db.others[table]} named {table}")
     if not db.has(table):
         present = ", ".join(sorted(db.tables)) or "none"
         raise InputError(f"missing table {table}", file=db.path, column=table, expected=f"table {table} ({why})",

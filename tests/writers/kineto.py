@@ -149,3 +149,33 @@ def write_trace(trace: Trace, directory: Path, opts: KinetoOptions, name: str = 
         path = directory / f"{name}.pt.trace.json"
         path.write_text(text, encoding="utf-8")
     return path
+
+
+# ---- the raw form of export_memory_timeline (torch.profiler._memory_profiler.export_memory_timeline_raw) ----
+
+RAW_PREEXISTING, RAW_CREATE, RAW_DESTROY = 1, 2, 4  # torch.profiler._memory_profiler.Action values
+
+
+def raw_timeline_rows(trace: Trace) -> list[list[int]]:
+    """``[t_ns, action, bytes, category]`` rows as torch writes them, sorted by (t, action): memory from
+    before the window (the hidden baseline, blocks allocated before it) as PREEXISTING rows at t = -1,
+    each allocation a CREATE, each free a DESTROY of minus its size; categories 0..7 by block."""
+    rows = [[-1, RAW_PREEXISTING, trace.hidden_baseline, 7]] if trace.hidden_baseline else []
+    for i, b in enumerate(trace.blocks):
+        rows.append([-1, RAW_PREEXISTING, b.size, i % 8] if b.t_alloc is None else [b.t_alloc, RAW_CREATE, b.size, i % 8])
+        if b.t_free is not None:
+            rows.append([b.t_free, RAW_DESTROY, -b.size, i % 8])
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return rows
+
+
+def write_raw_timeline(trace: Trace, directory: Path, name: str = "run", gz: bool = True) -> Path:
+    """What ``prof.export_memory_timeline("run.raw.json.gz")`` writes (json.dump of the rows)."""
+    text = json.dumps(raw_timeline_rows(trace))
+    if gz:
+        path = directory / f"{name}.raw.json.gz"
+        path.write_bytes(gzip.compress(text.encode("utf-8")))
+    else:
+        path = directory / f"{name}.raw.json"
+        path.write_text(text, encoding="utf-8")
+    return path

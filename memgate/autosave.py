@@ -1,0 +1,173 @@
+"""Saved runs under ``.memgate/`` (``--memgate-autosave``) and finding one to compare with
+(``--memgate-compare[=ID]``), as pytest-benchmark users know them from ``.benchmarks/``.
+
+Layout (version 1; the folder name carries it)::
+
+    .memgate/v1/<configuration>/<NNNN>_<commit>.json
+
+- ``<configuration>`` names what must match for numbers to be comparable, and nothing about the
+  machine: the profile format, device type, framework / CANN versions and world size
+  (:func:`memgate.compare.comparable_key`), as readable text plus a hash of the exact key, e.g.
+  ``torch_npu-npu-torch_npu2.1.0-ws8-1a2b3c4d``. A run whose profiles differ in these writes one
+  file per configuration, all with the run's number.
+- ``<NNNN>`` numbers the runs from 0001 across configurations; ``<commit>`` is the git commit of
+  the checkout (12 hex digits, ``-dirty`` with uncommitted changes to tracked files) or ``nogit``.
+- Each file is a baseline (:func:`memgate.compare.baseline_from_entries`) plus a ``memgate_run``
+  record: ``{"layout": 1, "id", "commit", "dirty", "saved_at", "configuration"}``. Any file can be
+  given to ``--memgate-baseline`` or ``memgate diff`` as is.
+
+A profile is compared with the file of its own configuration: the latest run (the highest number),
+run ``NNNN``, or the latest run of a commit (a hex prefix).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from memgate.compare import baseline_from_entries, comparable_key
+from memgate.errors import ConfigError
+from memgate.report import write_json_atomic
+
+LAYOUT = 1
+LAYOUT_DIR = f"v{LAYOUT}"
+_RUN_FILE = re.compile(r"\A(?P<number>[0-9]{4,})_(?P<commit>[0-9a-f]{4,40}|nogit)(?P<dirty>-dirty)?\.json\Z")
+_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+]+")
+# comparable_key names → the short prefix they get in a configuration name
+_KEY_PREFIX = {"torch_version": "torch", "torch_npu_version": "torch_npu", "cann_version": "cann",
+               "mindspore_version": "mindspore", "world_size": "ws"}
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    path: Path
+    number: int
+    commit: str | None
+
+
+def configuration_name(key: dict[str, Any]) -> str:
+    """A folder name for a comparability key: readable, and exact through a hash of the key."""
+    parts = [str(key.get("format") or "unknown"), str(key.get("device_type") or "nodevice")]
+    parts += [f"{_KEY_PREFIX.get(name, name)}{value}" for name, value in sorted(key.items())
+              if name not in ("format", "device_type") and value is not None]
+    readable = "-".join(_SLUG_UNSAFE.sub("_", p).strip("_") or "_" for p in parts)[:96]
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{readable}-{digest}"
+
+
+def git_commit(directory: Path) -> tuple[str | None, bool]:
+    """(HEAD commit, whether tracked files have uncommitted changes), or (None, False) outside a git
+    checkout or without git."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=30,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--verify", "HEAD")
+    if not commit or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit):
+        return None, False
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit, bool(status)
+
+
+def saved_runs(storage: Path, configuration: str | None = None) -> list[SavedRun]:
+    """The saved runs of one configuration (every configuration: None), by number."""
+    root = storage / LAYOUT_DIR
+    folders = [root / configuration] if configuration is not None else (
+        sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+    runs = []
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            match = _RUN_FILE.match(path.name)
+            if match is not None and path.is_file():
+                commit = None if match.group("commit") == "nogit" else match.group("commit")
+                runs.append(SavedRun(path, int(match.group("number")), commit))
+    return sorted(runs, key=lambda r: (r.number, r.path.name))
+
+
+def check_run_id(run_id: str) -> str:
+    """``""`` / ``latest``, a run number, or a commit prefix (4+ hex digits); else a ConfigError."""
+    text = run_id.strip()
+    if text in ("", "latest") or text.isdigit() or re.fullmatch(r"[0-9a-f]{4,40}", text):
+        return text
+    raise ConfigError(f"invalid --memgate-compare {run_id!r}",
+                      expected="nothing (the latest saved run), a run number (3 or 0003) or a git commit prefix; "
+                               "a bare --memgate-compare takes the next argument as its ID: write --memgate-compare=ID")
+
+
+def find_run(storage: Path, key: dict[str, Any], run_id: str = "") -> SavedRun | None:
+    """The saved run to compare a profile of comparability ``key`` with: the latest (``""``), run
+    number ``run_id``, or the latest run at a commit starting with ``run_id``."""
+    runs = saved_runs(storage, configuration_name(key))
+    run_id = run_id.strip()
+    if run_id in ("", "latest"):
+        return runs[-1] if runs else None
+    if run_id.isdigit():
+        chosen = [r for r in runs if r.number == int(run_id)]
+        if chosen:
+            return chosen[-1]
+    chosen = [r for r in runs if r.commit is not None and r.commit.startswith(run_id.lower())]
+    return chosen[-1] if chosen else None
+
+
+def missing_run(storage: Path, key: dict[str, Any], run_id: str = "") -> str:
+    """Why :func:`find_run` found nothing, with the configurations that do have saved runs."""
+    name = configuration_name(key)
+    which = "no saved run" if run_id.strip() in ("", "latest") else f"no saved run {run_id.strip()!r}"
+    others = sorted({r.path.parent.name for r in saved_runs(storage)} - {name})
+    text = f"{which} for configuration {name} in {storage / LAYOUT_DIR} (save one with --memgate-autosave)"
+    if others:
+        text += f"; saved configurations: {', '.join(others[:3])}" + (" …" if len(others) > 3 else "")
+    return text
+
+
+def _claim_number(root: Path) -> int:
+    """The next run number, claimed with an exclusive create so two sessions never share one."""
+    ids = root / ".ids"
+    ids.mkdir(parents=True, exist_ok=True)
+    used = [r.number for r in saved_runs(root.parent)]
+    used += [int(p.name) for p in ids.iterdir() if p.name.isdigit()]
+    number = max(used, default=0) + 1
+    while True:
+        try:
+            os.close(os.open(ids / f"{number:04d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return number
+        except FileExistsError:
+            number += 1
+
+
+def save_run(storage: Path, entries: Iterable[dict[str, Any]], *, commit: str | None, dirty: bool,
+             now: datetime | None = None) -> list[Path]:
+    """Write this run's profile entries as run NNNN, one file per configuration; return the files."""
+    groups: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for entry in entries:
+        key = comparable_key(entry)
+        groups.setdefault(configuration_name(key), (key, []))[1].append(entry)
+    if not groups:
+        return []
+    root = storage / LAYOUT_DIR
+    number = _claim_number(root)
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    name = f"{number:04d}_{commit[:12] if commit else 'nogit'}{'-dirty' if dirty else ''}.json"
+    written = []
+    for configuration, (key, group) in sorted(groups.items()):
+        document = baseline_from_entries(group)
+        document["memgate_run"] = {"layout": LAYOUT, "id": number, "commit": commit, "dirty": dirty,
+                                   "saved_at": stamp, "configuration": key}
+        path = root / configuration / name
+        write_json_atomic(path, document)
+        written.append(path)
+    return written

@@ -1,0 +1,79 @@
+"""What to do about data a profile lacks, in the words of the tool that made it. Pure.
+
+A "not measurable" reason says what is missing; the hint after it says how to record it, and that
+depends on how the profile was made: the ``memgate_record`` fixture (``metadata["recorded_by"]``,
+set by the plugin), ``torch.profiler`` (Kineto traces), ``torch_npu.profiler``, MindSpore's
+profiler, msMemScope, CANN msprof, or allocator snapshots. Advice for one tool given to users of
+another sends them the wrong way, so every hint is chosen here, by format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+RECORDED_BY_FIXTURE = "memgate_record"
+
+
+def recorded_by_fixture(metadata: Mapping[str, Any]) -> bool:
+    return metadata.get("recorded_by") == RECORDED_BY_FIXTURE
+
+
+def record_more_steps(fmt: str, metadata: Mapping[str, Any], needed: int, warmup: int) -> str:
+    """How to record ``needed`` counted steps after ``warmup`` warm-up steps with the tool of ``fmt``."""
+    total = needed + warmup
+    lower = "or lower warmup_steps" if warmup else ""
+    if recorded_by_fixture(metadata):
+        calls = metadata.get("recorded_steps")
+        done = f"this test called it {calls} time(s)" if isinstance(calls, int) else ""
+        return _join(f"call memgate_record.step() once per training step, at least {total} times "
+                     f"({needed} counted after {warmup} warm-up)", done, lower)
+    schedule = f"schedule(wait=1, warmup=1, active={total})"
+    active = f"record at least {total} active steps"
+    by_format = {
+        "kineto": f"{active}: torch.profiler.profile(..., {schedule}) and prof.step() once "
+                  "per training step",
+        "torch_npu": f"{active}: torch_npu.profiler.profile(..., torch_npu.profiler.{schedule}) "
+                     "and prof.step() once per training step",
+        "mindspore": f"{active}: mindspore.Profiler(..., mindspore.profiler.{schedule}) and "
+                     "prof.step() once per training step",
+        "msmemscope": f"{active}: call msmemscope.step() once per training step",
+        "torch_snapshot": (f"a snapshot's steps are the ProfilerStep#N annotations torch.profiler adds while "
+                           f"_record_memory_history() records: run both, with {schedule} and prof.step() once per "
+                           f"training step, for at least {total} steps"),
+        "cann": ("a CANN msprof profile has no step records: profile the run with torch_npu.profiler or "
+                 f"MindSpore's profiler ({schedule}) or msMemScope (msmemscope.step() per step) instead"),
+    }
+    if fmt == "ascend_db":
+        fmt = "cann" if metadata.get("export") == "msprof db" else "torch_npu"
+    text = by_format.get(fmt, active)
+    return _join(text, lower if fmt != "cann" else "")
+
+
+def no_memory_data(fmt: str, metadata: Mapping[str, Any]) -> str:
+    """Why a device has neither an allocator series nor blocks, and how to record them."""
+    if recorded_by_fixture(metadata):
+        return ("no allocator series and no blocks: the test allocated no tensor memory while memgate_record "
+                "recorded (it records with profile_memory=True)")
+    how = {
+        "kineto": "torch.profiler.profile(..., profile_memory=True) around code that allocates tensors",
+        "torch_npu": "torch_npu.profiler.profile(..., profile_memory=True)",
+        "ascend_db": "torch_npu.profiler.profile(..., profile_memory=True) or msprof --sys-hardware-mem=on",
+        "mindspore": "mindspore.Profiler(profile_memory=True)",
+        "msmemscope": "msMemScope with memory events (MALLOC/FREE) enabled",
+        "torch_snapshot": "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()",
+        "cann": "msprof --sys-hardware-mem=on (or the framework profiler with profile_memory=True)",
+    }.get(fmt, "a profiler that records memory")
+    return f"no allocator series and no blocks (record with {how})"
+
+
+def no_kineto_memory_events() -> tuple[str, str]:
+    """(message, expected) for a Kineto trace without ``[memory]`` events."""
+    return (("no [memory] events: the trace was recorded without profile_memory=True, or nothing allocated tensor "
+            "memory while it recorded"),
+            ("torch.profiler.profile(..., profile_memory=True) around code that allocates tensors, then "
+            "export_chrome_trace()"))
+
+
+def _join(*parts: str) -> str:
+    return ", ".join(p for p in parts if p)

@@ -1,0 +1,185 @@
+"""Saved runs under .memgate/ (--memgate-autosave) and comparing with one (--memgate-compare[=ID])."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scale import scaled_copy
+
+from memgate.autosave import (
+    check_run_id,
+    configuration_name,
+    find_run,
+    missing_run,
+    save_run,
+    saved_runs,
+)
+from memgate.compare import load_baseline
+from memgate.errors import ConfigError
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "profiles" / "alexnet_3016828_20250109_ascend_pt"
+BUDGETS = '[[budgets]]\nname = "train"\npeak_allocated = "4 GiB"\n'
+NPU_KEY = {"format": "torch_npu", "device_type": "npu"}  # what the example's metadata makes comparable
+NPU = f"torch_npu-npu-{hashlib.sha256(json.dumps(NPU_KEY, sort_keys=True).encode()).hexdigest()[:8]}"
+RULE = "--memgate-compare-fail=peak_allocated:5%"
+
+
+def _entry(rank: str, fmt: str = "torch_npu", device: str = "npu:0", **metadata: object) -> dict[str, Any]:
+    return {"path": f"prof/{rank}", "format": fmt, "rank": rank, "metadata": metadata,
+            "devices": [{"device": device, "metrics": {"peak_allocated_bytes": 100}, "pool_of": {}}]}
+
+
+def test_configuration_name_is_readable_and_exact() -> None:
+    key = {"format": "torch_npu", "device_type": "npu", "torch_npu_version": "2.1.0rc1", "cann_version": "8.0.RC1",
+           "world_size": 8}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
+    assert configuration_name(key) == f"torch_npu-npu-cann8.0.RC1-torch_npu2.1.0rc1-ws8-{digest}"
+    assert configuration_name(NPU_KEY) == NPU
+    assert configuration_name({**key, "world_size": 16}) != configuration_name(key)
+
+
+def test_runs_are_numbered_across_configurations(tmp_path: Path) -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    first = save_run(tmp_path, [_entry("0"), _entry("1")], commit="ab" * 20, dirty=False, now=now)
+    mixed = save_run(tmp_path, [_entry("0"), _entry("0", "kineto", "cpu")], commit=None, dirty=False, now=now)
+    third = save_run(tmp_path, [_entry("0")], commit="cd" * 20, dirty=True, now=now)
+    cpu = configuration_name({"format": "kineto", "device_type": "cpu"})
+    assert [p.relative_to(tmp_path).as_posix() for p in first + mixed + third] == [
+        f"v1/{NPU}/0001_abababababab.json",
+        f"v1/{cpu}/0002_nogit.json", f"v1/{NPU}/0002_nogit.json",  # one file per configuration, one number
+        f"v1/{NPU}/0003_cdcdcdcdcdcd-dirty.json",
+    ]
+    document = json.loads(first[0].read_text())
+    assert document["memgate_run"] == {"layout": 1, "id": 1, "commit": "ab" * 20, "dirty": False,
+                                       "saved_at": "2026-01-02T03:04:05Z", "configuration": NPU_KEY}
+    assert sorted(load_baseline(first[0])["profiles"]) == ["0", "1"]  # a saved run is a baseline as is
+    assert [r.number for r in saved_runs(tmp_path)] == [1, 2, 2, 3]
+
+
+def test_find_run_latest_by_number_and_by_commit(tmp_path: Path) -> None:
+    for commit in ("ab" * 20, "cd" * 20, "ab" * 20):
+        save_run(tmp_path, [_entry("0")], commit=commit, dirty=False)
+    assert find_run(tmp_path, NPU_KEY).number == 3  # type: ignore[union-attr]
+    assert find_run(tmp_path, NPU_KEY, "latest").number == 3  # type: ignore[union-attr]
+    assert find_run(tmp_path, NPU_KEY, "2").commit == "cd" * 6  # type: ignore[union-attr]
+    assert find_run(tmp_path, NPU_KEY, "0001").number == 1  # type: ignore[union-attr]
+    assert find_run(tmp_path, NPU_KEY, "abab").number == 3  # type: ignore[union-attr]  # the commit's latest run
+    assert find_run(tmp_path, NPU_KEY, "9") is None
+    assert find_run(tmp_path, {"format": "kineto", "device_type": "cpu"}) is None
+    why = missing_run(tmp_path, {"format": "kineto", "device_type": "cpu"})
+    assert why.startswith("no saved run for configuration kineto-cpu-") and why.endswith(f"saved configurations: {NPU}")
+
+
+@pytest.mark.parametrize("run_id", ["", "latest", "3", "0003", "abc1234"])
+def test_run_ids(run_id: str) -> None:
+    assert check_run_id(run_id) == run_id
+
+
+@pytest.mark.parametrize("run_id", ["tests/", "HEAD", "abc"])
+def test_bad_run_ids(run_id: str) -> None:
+    with pytest.raises(ConfigError, match="invalid --memgate-compare"):
+        check_run_id(run_id)
+
+
+# ---- through pytest ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makefile(".toml", memgate=BUDGETS)
+    (pytester.path / "base").mkdir()
+    scaled_copy(EXAMPLE, pytester.path / "base" / "run_ascend_pt", 1.0)
+    (pytester.path / "heavy").mkdir()
+    scaled_copy(EXAMPLE, pytester.path / "heavy" / "run_ascend_pt", 1.10)
+    return pytester
+
+
+def test_autosave_then_compare_with_the_latest_run(project: pytest.Pytester) -> None:
+    saved = project.runpytest("--memgate=base", "--memgate-autosave")
+    saved.assert_outcomes(passed=1)
+    run = project.path / ".memgate" / "v1" / NPU / "0001_nogit.json"  # pytester's folder is no git checkout
+    saved.stdout.fnmatch_lines([f"memgate: run saved to {run}"])
+    assert load_baseline(run)["profiles"]["0"]["devices"]["npu:0"]["metrics"]["peak_allocated_bytes"] == 1322299392
+    project.runpytest("--memgate=base", "--memgate-compare", RULE).assert_outcomes(passed=2)
+    heavy = project.runpytest("--memgate=heavy", "--memgate-compare", RULE)
+    heavy.assert_outcomes(passed=1, failed=1)
+    heavy.stdout.fnmatch_lines([
+        "*peak_allocated 1.35 GiB exceeds baseline 1.23 GiB by 126.1? MiB (+10.0%), allowed +5% — rank 0 npu:0*",
+        f"baseline: {run}",
+        "*= memgate compare =*",
+        f"compared with {run}:",
+        "*peak_allocated*1.23 GiB ->*1.35 GiB*+126.1? MiB (+10.0%)*",
+    ])
+
+
+def test_compare_with_a_run_by_number(project: pytest.Pytester) -> None:
+    project.runpytest("--memgate=base", "--memgate-autosave").assert_outcomes(passed=1)
+    project.runpytest("--memgate=heavy", "--memgate-autosave").assert_outcomes(passed=1)
+    project.runpytest("--memgate=heavy", "--memgate-compare", RULE).assert_outcomes(passed=2)  # latest: run 2
+    project.runpytest("--memgate=heavy", "--memgate-compare=1", RULE).assert_outcomes(passed=1, failed=1)
+    project.makeini("[pytest]\nmemgate_compare = 1\n")  # the ini twin
+    project.runpytest("--memgate=heavy", RULE).assert_outcomes(passed=1, failed=1)
+
+
+def test_no_saved_run_follows_the_missing_baseline_policy(project: pytest.Pytester) -> None:
+    result = project.runpytest("--memgate=base", "--memgate-compare", RULE, "--memgate-baseline-missing=skip", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines([(f"*no saved run for configuration {NPU} in {project.path / '.memgate' / 'v1'} "
+                                 "(save one with --memgate-autosave)*")])
+
+
+def test_storage_option_and_autosave_without_profiles(project: pytest.Pytester) -> None:
+    project.runpytest("--memgate=base", "--memgate-autosave", "--memgate-storage=runs").assert_outcomes(passed=1)
+    assert (project.path / "runs" / "v1" / NPU / "0001_nogit.json").is_file()
+    project.makepyfile(test_x="def test_x():\n    pass\n")
+    result = project.runpytest("--memgate-autosave")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["memgate: --memgate-autosave saved nothing (it saves the profiles of --memgate=PATH)"])
+
+
+def test_autosave_and_storage_ini_twins(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nmemgate_autosave = true\nmemgate_storage = ci-runs\n")
+    project.runpytest("--memgate=base").assert_outcomes(passed=1)
+    assert (project.path / "ci-runs" / "v1" / NPU / "0001_nogit.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--memgate-baseline=b.json", "--memgate-compare"], "*--memgate-baseline and --memgate-compare both*"),
+        ([RULE], "*--memgate-compare-fail needs --memgate-baseline=FILE or --memgate-compare[[]=ID[]]*"),
+        (["--memgate-compare=tests/"], "*invalid --memgate-compare 'tests/'*"),
+    ],
+)
+def test_usage_errors(project: pytest.Pytester, args: list[str], message: str) -> None:
+    result = project.runpytest("--memgate=base", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_runs_are_keyed_by_the_git_commit(project: pytest.Pytester) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=project.path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", "memgate.toml")
+    git("commit", "-q", "-m", "budgets")
+    commit = git("rev-parse", "HEAD")
+    project.runpytest("--memgate=base", "--memgate-autosave").assert_outcomes(passed=1)
+    (project.path / "memgate.toml").write_text(BUDGETS + "# changed\n")
+    project.runpytest("--memgate=heavy", "--memgate-autosave").assert_outcomes(passed=1)
+    folder = project.path / ".memgate" / "v1" / NPU
+    assert sorted(p.name for p in folder.iterdir()) == [f"0001_{commit[:12]}.json", f"0002_{commit[:12]}-dirty.json"]
+    assert json.loads((folder / f"0001_{commit[:12]}.json").read_text())["memgate_run"]["commit"] == commit
+    # a commit prefix picks that commit's latest run: run 2 (heavy), so heavy passes against it
+    project.runpytest("--memgate=heavy", f"--memgate-compare={commit[:7]}", RULE).assert_outcomes(passed=2)
+    project.runpytest("--memgate=heavy", "--memgate-compare=1", RULE).assert_outcomes(passed=1, failed=1)

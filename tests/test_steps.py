@@ -1,0 +1,119 @@
+"""Steps that overlap or repeat are an InputError naming the file and both steps (memgate.model.check_steps),
+through every loader that reads the steps a writer recorded: torch_npu trace_view.json ProfilerStep
+spans, the db's STEP_TIME, msMemScope STEP marks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import ASCEND, PTA271, SAMPLES, copy_sample, read_lines, write_lines
+
+from memgate.discover import discover, load
+from memgate.errors import InputError
+from memgate.loaders import ascend_db, msmemscope
+from memgate.model import check_steps
+
+
+def steps(*rows: tuple[int, int | None, int | None]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["step", "t_start", "t_end"]).astype("Int64")
+
+
+def test_steps_one_after_another_pass() -> None:
+    check_steps(steps((1, 0, 10), (2, 10, 20), (3, 25, 30)), "f")  # touching is fine
+    check_steps(steps((3, 25, 30), (1, 0, 10), (2, 10, 20)), "f")  # in any row order
+    check_steps(steps((1, None, None), (2, None, None)), "f")  # numbers without times
+    check_steps(steps((1, 0, 0), (2, 0, 0)), "f")  # two empty steps at one instant do not overlap
+    check_steps(steps((7, 5, 9)), "f")
+    check_steps(steps(), "f")
+
+
+def test_a_repeated_step_names_both() -> None:
+    with pytest.raises(InputError) as info:
+        check_steps(steps((1, 0, 10), (2, 10, 20), (1, 30, 40)), "trace.json", column="ProfilerStep",
+                    where=["[3]", "[9]", "[12]"])
+    err = info.value
+    assert (err.file, err.column, err.message) == ("trace.json", "ProfilerStep", "step 1 appears twice")
+    assert (err.expected, err.found) == ("each step once", "step 1 ([3]) and again ([12])")
+    with pytest.raises(InputError, match="step 4 appears twice"):
+        check_steps(steps((4, None, None), (4, None, None)), "f")
+
+
+@pytest.mark.parametrize(("rows", "message", "found"), [
+    (((1, 0, 10), (2, 9, 20)), "steps 1 and 2 overlap", "step 1 0..10 ns, step 2 9..20 ns"),
+    (((2, 9, 20), (1, 0, 10)), "steps 1 and 2 overlap", "step 1 0..10 ns, step 2 9..20 ns"),
+    (((1, 0, 100), (2, 10, 20), (3, 30, 40)), "steps 1 and 2 overlap", "step 1 0..100 ns, step 2 10..20 ns"),
+    (((1, 0, 10), (2, 10, 20), (3, 15, 15)), "steps 2 and 3 overlap", "step 2 10..20 ns, step 3 15..15 ns"),
+])
+def test_overlapping_steps_name_both(rows: tuple[tuple[int, int, int], ...], message: str, found: str) -> None:
+    with pytest.raises(InputError) as info:
+        check_steps(steps(*rows), "f")
+    assert (info.value.message, info.value.found) == (message, found)
+
+
+# ---- through the loaders ------------------------------------------------------------------------------
+
+def _trace_view(events: list[tuple[int, str, str]]) -> str:
+    return json.dumps([{"ph": "X", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                        "cat": "cpu_op"} for n, ts, dur in events])
+
+
+def test_trace_view_steps(tmp_path: Path) -> None:
+    root = copy_sample(PTA271, tmp_path / "run_ascend_pt")
+    view = root / "trace_view.json"
+    view.write_text(_trace_view([(13, "1764246877073569.640", "400000"), (14, "1764246877473569.640", "400000")]))
+    assert [int(s) for s in load(discover(root)[0]).steps["step"]] == [13, 14]
+    view.write_text(_trace_view([(13, "1764246877073569.640", "400000"), (14, "1764246877473569.639", "400000")]))
+    with pytest.raises(InputError) as info:
+        load(discover(root)[0])
+    assert (info.value.file, info.value.column, info.value.message) == (str(view), "ProfilerStep",
+                                                                         "steps 13 and 14 overlap")
+    view.write_text(_trace_view([(13, "1764246877073569.640", "1"), (13, "1764246877473569.640", "1")]))
+    with pytest.raises(InputError, match="step 13 appears twice"):
+        load(discover(root)[0])
+
+
+def _step_db(tmp_path: Path, *statements: str) -> Path:
+    path = tmp_path / "ascend_pytorch_profiler_0.db"
+    shutil.copyfile(ASCEND / "msinsight_pta21_db_level0_rank0" / path.name, path)
+    conn = sqlite3.connect(path)
+    try:
+        for sql in statements:
+            conn.execute(sql)
+        conn.commit()
+    finally:
+        conn.close()
+    return path
+
+
+def test_step_time_table(tmp_path: Path) -> None:
+    path = _step_db(tmp_path, "INSERT INTO STEP_TIME SELECT id, startNs, endNs FROM STEP_TIME")
+    with pytest.raises(InputError) as info:
+        ascend_db.load(path)
+    err = info.value
+    assert (err.file, err.column, err.message) == (str(path), "STEP_TIME", "step 50 appears twice")
+    assert err.found == "step 50 (rowid 1) and again (rowid 2)"
+    (tmp_path / "b").mkdir()
+    path = _step_db(tmp_path / "b", "INSERT INTO STEP_TIME SELECT id + 1, endNs - 1, endNs + 5 FROM STEP_TIME")
+    with pytest.raises(InputError, match="steps 50 and 51 overlap") as info:
+        ascend_db.load(path)
+    assert "(rowid 1)" in (info.value.found or "") and "(rowid 2)" in (info.value.found or "")
+
+
+def test_msmemscope_step_marked_twice(tmp_path: Path) -> None:
+    lines = read_lines(SAMPLES / "msmemscope" / "example_compare_baseline.csv")
+    lines[1:1] = [b"300,SYSTEM,STEP,1,1764753083997498270,3101864,3101864,0,N/A,,,\n",
+                  b"301,SYSTEM,STEP,2,1764753084427763120,3101864,3101864,0,N/A,,,\n",
+                  b"302,SYSTEM,STEP,1,1764753084487763120,3101864,3101864,0,N/A,,,\n"]
+    path = tmp_path / "memscope_dump_1.csv"
+    write_lines(path, lines)
+    with pytest.raises(InputError) as info:
+        msmemscope.load(path)
+    err = info.value
+    assert (err.file, err.line, err.column) == (str(path), 4, "Name")
+    assert err.message == "step 1 appears twice in process 3101864"
+    assert err.found == "STEP 1 at line 2 and at line 4"
