@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 
 class MemgateError(Exception):
@@ -81,7 +82,7 @@ class AmbiguousProfiles(ConfigError):
     """Profiles of two runs cannot be paired: only pids or timestamps tell some of them apart."""
 
 
-def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, object]) -> MemgateError:
+def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, Any]) -> MemgateError:
     return cls(message, **fields)
 
 
@@ -172,7 +173,7 @@ def _scalar(value: object, limit: int) -> str:
     return text if len(text) <= limit + 1 else text[: limit + 1]
 
 
-def cannot_read(exc: OSError, path: str | Path, **fields: str) -> InputError:
+def cannot_read(exc: OSError, path: str | Path, **fields: Any) -> InputError:
     """A read that failed although the file looked readable (ACLs, EIO, a file that vanished):
     the file the OS names, else ``path``."""
     return InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path, **fields)

@@ -858,3 +858,22 @@ def test_npu_frames_deep_in_a_shared_stack(tmp_path: Path) -> None:
 def test_real_cuda_samples_stay_cuda() -> None:
     for path in PICKLES:
         assert all(m.device.startswith("cuda:") for m in snapshot.load(path).devices), path.name
+
+
+@pytest.mark.parametrize("field", ["total_size", "size"])
+def test_a_number_nested_a_million_lists_deep_is_an_input_error(tmp_path: Path, field: str) -> None:
+    """pyarrow's type inference recursed into such a value and killed the process (exit 139)."""
+    depth = 1_000_000
+    nested = b"]" * depth + b"a" * (depth - 1)  # EMPTY_LIST pushed depth times, each APPENDed into the one below
+    data = {"segments": [{"device": 0, "address": 0, "total_size": 512, "stream": 0, "segment_type": "small",
+                          "allocated_size": 0, "active_size": 0, "blocks": []}],
+            "device_traces": [[{"action": "alloc", "addr": 0, "size": 512, "stream": 0, "frames": []}]]}
+    raw = pickle.dumps(data, protocol=2)
+    key = b"X" + len(field).to_bytes(4, "little") + field.encode()  # the pickled key (BINUNICODE)
+    at = raw.index(b"\x4d\x00\x02", raw.index(key))  # BININT2 512, the key's value
+    path = tmp_path / "nested.pickle"
+    path.write_bytes(raw[:at] + nested + raw[at + 3:])
+    where = "segments[0].total_size" if field == "total_size" else "device_traces[0][0].size"
+    with pytest.raises(InputError, match="wrong type") as info:
+        snapshot.load(path)
+    assert info.value.column == where

@@ -213,8 +213,11 @@ def _check_column(
     arr: pa.Array | None = None
     wrong_type = False
     if scalar:
+        # pyarrow's type inference recurses into nested lists (a value nested a million deep kills the
+        # process): a column holding any container is wrong already and goes to the Python scan.
+        holds_container = any(issubclass(t, (list, tuple, dict)) for t in set(map(type, values)))
         try:
-            arr = pa.array(values, from_pandas=False)
+            arr = None if holds_container else pa.array(values, from_pandas=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             arr = None
         if arr is None or not _arrow_ok(arr, kinds):
