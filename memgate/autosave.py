@@ -164,7 +164,7 @@ def save_run(storage: Path, entries: Iterable[dict[str, Any]], *, commit: str | 
     name = f"{number:04d}_{commit[:12] if commit else 'nogit'}{'-dirty' if dirty else ''}.json"
     written = []
     for configuration, (key, group) in sorted(groups.items()):
-        document = baseline_from_entries(group)
+        document = baseline_from_entries(group, commit=commit, dirty=dirty)
         document["memgate_run"] = {"layout": LAYOUT, "id": number, "commit": commit, "dirty": dirty,
                                    "saved_at": stamp, "configuration": key}
         path = root / configuration / name

@@ -18,7 +18,7 @@ from memgate.errors import ConfigError, NotMeasurable, NotSelected
 from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile, ProfileInfo
 from memgate.schemas import load_schema
-from memgate.sizes import format_size, parse_size
+from memgate.sizes import format_share, format_size, parse_share, parse_size
 from memgate.toml_lines import key_lines, line_of
 
 # Budget key → (metric key in the report, kind)
@@ -37,7 +37,9 @@ LIMITS: dict[str, tuple[str, str]] = {
     "free_block_fragmentation": ("free_block_fragmentation", "ratio"),
 }
 SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps", "leak_horizon_steps")
-MARKER_KEYS = frozenset(LIMITS) | {"op_caps", *SELECTORS}
+CROSS_RANK = "rank_imbalance"  # judged over every profile a budget selects, not per profile
+MARKER_KEYS = frozenset(LIMITS) | {"op_caps", "owner_caps", "device_capacity", *SELECTORS}
+BUDGET_KEYS = MARKER_KEYS | {CROSS_RANK}
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class Budget:
     warmup_steps: int = 1
     origin: str = ""  # where it was declared
     leak_horizon_steps: int = 1
+    owner_caps: dict[str, int] = field(default_factory=dict)  # owner glob → bytes live at the peak
+    rank_imbalance: dict[str, float] = field(default_factory=dict)  # budget key (LIMITS) → 1 - min/max
+    device_capacity: int | None = None  # bytes; for limits written as a percentage
+    shares: dict[str, float] = field(default_factory=dict)  # check → limit as a share of the capacity
 
     @property
     def options(self) -> MetricOptions:
@@ -58,7 +64,23 @@ class Budget:
 
     def checks(self) -> list[str]:
         """The metric names this budget produces items for, in a stable order."""
-        return [k for k in LIMITS if k in self.limits] + [f"op_caps[{g}]" for g in self.op_caps]
+        return ([k for k in LIMITS if k in self.limits or k in self.shares] + [f"op_caps[{g}]" for g in self.op_caps]
+                + [f"owner_caps[{g}]" for g in self.owner_caps])
+
+    def cross_rank_checks(self) -> list[str]:
+        """``rank_imbalance[peak_allocated]``, …: one item each, judged over all the ranks it selects."""
+        return [f"{CROSS_RANK}[{m}]" for m in self.rank_imbalance]
+
+    def declared_limit(self, check: str) -> int | float | str:
+        """The limit as written: bytes, a ratio, or a share of the capacity (``"92%"``)."""
+        if check in self.shares:
+            return format_share(self.shares[check])
+        if check.startswith(f"{CROSS_RANK}["):
+            return self.rank_imbalance[check[len(CROSS_RANK) + 1:-1]]
+        for prefix, caps in (("op_caps[", self.op_caps), ("owner_caps[", self.owner_caps)):
+            if check.startswith(prefix):
+                return caps[check[len(prefix):-1]]
+        return self.limits.get(check, 0)
 
     def selects_rank(self, rank: str) -> bool:
         return any(fnmatch.fnmatchcase(rank, g.strip()) or fnmatch.fnmatchcase(f"rank{rank}", g.strip())
@@ -96,7 +118,7 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     ``extra_keys``: keys the caller handles itself (a marker's ``profile``): accepted, ignored here.
     Errors are :class:`BudgetKeyError` naming ``origin`` and the offending key.
     """
-    known = MARKER_KEYS | set(extra_keys)
+    known = BUDGET_KEYS | set(extra_keys)
     unknown = sorted(set(raw) - known)
     if unknown:
         guessed = all(closest_key(k, known) for k in unknown)  # "did you mean" says it; else list them all
@@ -106,12 +128,17 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     if not isinstance(name, str) or not name:
         raise BudgetKeyError("a budget needs a non-empty 'name'", key="name", file=origin)
     limits: dict[str, int | float] = {}
+    shares: dict[str, float] = {}
     for key, (_, kind) in LIMITS.items():
         if key not in raw:
             continue
         value = raw[key]
         if kind == "size":
-            limits[key] = _parse_size_in(origin, value, f"{name}.{key}", key)
+            share = _parse_share_in(origin, value, f"{name}.{key}", key)
+            if share is not None:
+                shares[key] = share
+            else:
+                limits[key] = _parse_size_in(origin, value, f"{name}.{key}", key)
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
@@ -121,16 +148,44 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     if not isinstance(caps_raw, dict):
         raise BudgetKeyError(f"invalid {name}.op_caps", key="op_caps", file=origin,
                              expected="a table of op-name glob = size")
-    caps = {str(glob): _parse_size_in(origin, size, f"{name}.op_caps[{glob!r}]", "op_caps")
-            for glob, size in caps_raw.items()}
+    caps: dict[str, int] = {}
+    owner_caps: dict[str, int] = {}
+    for cap_key, parsed in (("op_caps", caps), ("owner_caps", owner_caps)):
+        table = raw.get(cap_key, {})
+        if not isinstance(table, dict):
+            raise BudgetKeyError(f"invalid {name}.{cap_key}", key=cap_key, file=origin,
+                                 expected=f"a table of {'op-name' if cap_key == 'op_caps' else 'owner'} glob = size")
+        for glob, size in table.items():
+            what = f"{name}.{cap_key}[{glob!r}]"
+            share = _parse_share_in(origin, size, what, cap_key)
+            if share is not None:
+                shares[f"{cap_key}[{glob}]"] = share
+                parsed[str(glob)] = 0
+            else:
+                parsed[str(glob)] = _parse_size_in(origin, size, what, cap_key)
+    imbalance_raw = raw.get(CROSS_RANK, {})
+    if not isinstance(imbalance_raw, dict):
+        raise BudgetKeyError(f"invalid {name}.{CROSS_RANK}", key=CROSS_RANK, file=origin,
+                             expected="a table of metric = ratio, e.g. { peak_allocated = 0.05 }")
+    imbalance: dict[str, float] = {}
+    for metric, ratio in imbalance_raw.items():
+        if metric not in LIMITS:
+            raise BudgetKeyError(f"invalid {name}.{CROSS_RANK}: {unknown_keys_message([metric], LIMITS, 'metric')}",
+                                 key=CROSS_RANK, file=origin, expected="one of " + ", ".join(LIMITS))
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            raise BudgetKeyError(f"invalid {name}.{CROSS_RANK}[{metric!r}] {ratio!r}", key=CROSS_RANK, file=origin,
+                                 expected="a ratio between 0 and 1 (1 - min/max over the ranks)")
+        imbalance[metric] = float(ratio)
+    capacity = (_parse_size_in(origin, raw["device_capacity"], f"{name}.device_capacity", "device_capacity")
+                if "device_capacity" in raw else None)
     warmup = _steps_count(raw, "warmup_steps", name, origin, default=1, least=0)
     horizon = _steps_count(raw, "leak_horizon_steps", name, origin, default=default_leak_horizon, least=1)
     for key in ("ranks", "devices", "component"):
         if key in raw and not isinstance(raw[key], str):
             raise BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin, expected="a string")
-    if not limits and not caps:
+    if not limits and not caps and not shares and not owner_caps and not imbalance:
         raise BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
-                             expected="at least one of " + ", ".join([*LIMITS, "op_caps"]))
+                             expected="at least one of " + ", ".join([*LIMITS, "op_caps", "owner_caps", CROSS_RANK]))
     return Budget(
         name=name,
         limits=limits,
@@ -141,6 +196,10 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
         warmup_steps=warmup,
         origin=origin,
         leak_horizon_steps=horizon,
+        owner_caps=owner_caps,
+        rank_imbalance=imbalance,
+        device_capacity=capacity,
+        shares=shares,
     )
 
 
@@ -150,6 +209,13 @@ def _steps_count(raw: dict[str, Any], key: str, name: str, origin: str, *, defau
         raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
                              expected=f"an integer >= {least}")
     return value
+
+
+def _parse_share_in(origin: str, value: object, what: str, key: str | None = None) -> float | None:
+    try:
+        return parse_share(value, what=what)
+    except ConfigError as exc:
+        raise BudgetKeyError(exc.message, key=key, file=origin, expected=exc.expected) from None
 
 
 def _parse_size_in(origin: str, value: object, what: str, key: str | None = None) -> int:
@@ -190,11 +256,15 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
         name = raw.get("name", "budget")
         sizes: list[tuple[tuple[str, ...], Any, str]] = [
             ((key,), raw[key], f"{name}.{key}") for key, (_, kind) in LIMITS.items() if kind == "size" and key in raw]
-        if isinstance(raw.get("op_caps"), dict):
-            sizes += [(("op_caps", glob), size, f"{name}.op_caps[{glob!r}]") for glob, size in raw["op_caps"].items()]
+        for cap_key in ("op_caps", "owner_caps"):
+            if isinstance(raw.get(cap_key), dict):
+                sizes += [((cap_key, glob), size, f"{name}.{cap_key}[{glob!r}]") for glob, size in raw[cap_key].items()]
+        if "device_capacity" in raw:
+            sizes.append((("device_capacity",), raw["device_capacity"], f"{name}.device_capacity"))
         for keys, value, what in sizes:
             try:
-                parse_size(value, what=what)
+                if keys[0] == "device_capacity" or parse_share(value, what=what) is None:
+                    parse_size(value, what=what)
             except ConfigError as exc:
                 raise BudgetKeyError(exc.message, key=str(keys[0]), file=origin, line=line("budgets", index, *keys),
                                      expected=exc.expected, found=exc.found) from None
@@ -230,6 +300,8 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
         declared = {"": line("budgets", index)}
         declared.update({key: line("budgets", index, key) for key in raw})
         declared.update({f"op_caps[{glob}]": line("budgets", index, "op_caps", glob) for glob in budget.op_caps})
+        declared.update({f"owner_caps[{glob}]": line("budgets", index, "owner_caps", glob) for glob in budget.owner_caps})
+        declared.update({f"{CROSS_RANK}[{m}]": line("budgets", index, CROSS_RANK, m) for m in budget.rank_imbalance})
         lines[budget.name] = {k: v for k, v in declared.items() if v is not None}
     return BudgetFile(path=origin, profiles=table.get("profiles"), budgets=tuple(budgets), lines=lines)
 
@@ -291,6 +363,7 @@ class Outcome:
     message: str  # the one-line verdict
     holders: tuple[dict[str, Any], ...]  # the largest live blocks at the peak of the worst device
     where: str  # the series and file the value came from
+    share: float | None = None  # the limit as a share of the device's capacity, where written so
 
     def detail(self, top: int = 5) -> str:
         """The section under the failure line: top ``top`` holders at the peak, then the source."""
@@ -351,6 +424,46 @@ class MetricCache:
         return self._cache[key]
 
 
+def capacity_of(info: ProfileInfo, device: str, budget: Budget) -> tuple[int | None, str]:
+    """The device's capacity in bytes and where it came from: the profile, else the budget's ``device_capacity``."""
+    recorded = (info.metadata.get("device_capacity_bytes") or {}).get(device)
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+        return recorded, "recorded in the profile"
+    if budget.device_capacity is not None:
+        return budget.device_capacity, f"device_capacity of budget {budget.name!r}"
+    return None, ""
+
+
+def resolve_limit(info: ProfileInfo, device: str, budget: Budget, metric: str) -> tuple[int | float, str]:
+    """The limit of ``metric`` in bytes (or a ratio) on ``device``, and how a share of the capacity resolved."""
+    if metric not in budget.shares:
+        limit = budget.declared_limit(metric)
+        assert not isinstance(limit, str)
+        return limit, ""
+    share = budget.shares[metric]
+    capacity, source = capacity_of(info, device, budget)
+    if capacity is None:
+        raise ConfigError(f"{budget.name}.{metric} = {format_share(share)} needs the capacity of {device}, "
+                          "which the profile does not record", file=info.path,
+                          expected=f'device_capacity = "64 GiB" (the device\'s memory) in budget {budget.name!r}')
+    limit = int(share * capacity)
+    return limit, f"limit {format_share(share)} of {format_size(capacity)} ({source}) = {limit} bytes"
+
+
+def _owner_cap(devices: list[DeviceMetrics], glob: str) -> list[tuple[int | float, DeviceMetrics, str]]:
+    """Per device: the bytes at the peak of the owners matching ``glob``, summed, and the largest of them."""
+    out = []
+    for m in devices:
+        owners = m.values.get("owner_bytes_at_peak")
+        if not isinstance(owners, dict):
+            continue
+        matching = {o: size for o, size in owners.items() if fnmatch.fnmatchcase(o, glob)}
+        if matching:
+            top = max(matching, key=lambda o: (matching[o], o))
+            out.append((sum(matching.values()), m, f"largest owner {top} {format_size(matching[top])}"))
+    return out
+
+
 def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     """Judge one (profile, budget, metric); raise NotMeasurable when the profile lacks the data."""
     profile = cache.info
@@ -359,39 +472,50 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     if not devices:
         raise NotSelected(f"not selected: budget {budget.name!r} selects devices={budget.devices!r}, the profile has "
                           f"{', '.join(d.device for d in cache.get(budget.options)) or 'none'}", file=profile.path)
+    candidates: list[tuple[int | float, DeviceMetrics, str]] = []
     if metric.startswith("op_caps["):
         glob = metric[len("op_caps["):-1]
-        limit: int | float = budget.op_caps[glob]
-        candidates = []
         for m in devices:
             ops = m.values.get("op_max_block_bytes") or {}
             matching = {op: size for op, size in ops.items() if fnmatch.fnmatchcase(op, glob)}
             if matching:
                 op = max(matching, key=lambda o: (matching[o], o))
-                candidates.append((matching[op], m, op))
+                candidates.append((matching[op], m, f"op {op}"))
         if not candidates:
             reasons = "; ".join(m.missing.get("op_max_block_bytes", "") for m in devices if m.missing.get("op_max_block_bytes"))
             raise NotMeasurable(f"{metric}: no operator name matches {glob!r}" + (f" ({reasons})" if reasons else ""),
                                 file=profile.path)
-        value, worst, op = max(candidates, key=lambda c: c[0])
-        extra = f"op {op}"
+        kind = "size"
+    elif metric.startswith("owner_caps["):
+        glob = metric[len("owner_caps["):-1]
+        candidates = _owner_cap(devices, glob)
+        if not candidates:
+            known = sorted({o for m in devices for o in (m.values.get("owner_bytes_at_peak") or {})})
+            raise NotMeasurable(f"{metric}: no owner of a block live at the peak matches {glob!r}"
+                                + (f" (owners: {', '.join(known[:10])})" if known else " (the profile records no owners)"),
+                                file=profile.path)
         kind = "size"
     else:
         key, kind = LIMITS[metric]
-        limit = budget.limits[metric]
         measured = [(m.values[key], m) for m in devices if m.values.get(key) is not None]
         if not measured:
             why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices)
             raise NotMeasurable(f"{metric} is not measurable: {why}", file=profile.path)
-        value, worst = max(measured, key=lambda c: c[0])
-        extras = []
-        if worst.peak_step is not None and metric == "peak_allocated":
-            extras.append(f"step {worst.peak_step}")
-        if key in worst.pool_of:
-            extras.append(f"pool {worst.pool_of[key]}")
-        if key in worst.notes:
-            extras.append(worst.notes[key])
-        extra = ", ".join(extras)
+        for value, m in measured:
+            extras = []
+            if m.peak_step is not None and metric == "peak_allocated":
+                extras.append(f"step {m.peak_step}")
+            if key in m.pool_of:
+                extras.append(f"pool {m.pool_of[key]}")
+            if key in m.notes:
+                extras.append(m.notes[key])
+            candidates.append((value, m, ", ".join(extras)))
+    # The worst device: the most over (or least under) its limit; with one limit for all, the largest value.
+    judged = []
+    for value, m, extra in candidates:
+        limit, resolved = resolve_limit(profile, m.device, budget, metric)
+        judged.append((value - limit, value, limit, m, ", ".join(x for x in (extra, resolved) if x)))
+    _, value, limit, worst, extra = max(judged, key=lambda c: c[0])
     passed = value <= limit
     where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
     message = verdict_line(metric, kind, value, limit, where)
@@ -408,7 +532,68 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         message=message,
         holders=tuple(worst.values.get("top_at_peak") or ()),
         where=source_lines(worst, profile),
+        share=budget.shares.get(metric),
     )
+
+
+@dataclass(frozen=True)
+class RankValue:
+    """One profile's value of a metric, as a rank_imbalance judges it (its worst selected device)."""
+
+    profile: str
+    rank: str
+    value: int | float | None
+    device: str | None
+    why: str = ""  # when value is None: why the profile could not be measured
+
+
+def rank_value(cache: MetricCache, budget: Budget, metric: str) -> RankValue:
+    """The value of budget key ``metric`` on this profile's worst device the budget selects."""
+    info = cache.info
+    key = LIMITS[metric][0]
+    devices = [m for m in cache.get(budget.options)
+               if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
+    measured = [(m.values[key], m.device) for m in devices if m.values.get(key) is not None]
+    if not measured:
+        why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices) or "no device selected"
+        return RankValue(info.path, info.rank, None, None, why)
+    value, device = max(measured, key=lambda c: c[0])
+    return RankValue(info.path, info.rank, value, device)
+
+
+def judge_rank_imbalance(budget: Budget, metric: str, values: Sequence[RankValue], root: str = "") -> dict[str, Any]:
+    """``rank_imbalance[metric]`` over the profiles the budget selects: ``1 - min/max``, as a report entry.
+
+    Raises NotMeasurable when fewer than two selected profiles measure the metric.
+    """
+    check = f"{CROSS_RANK}[{metric}]"
+    limit = budget.rank_imbalance[metric]
+    selected = [v for v in values if budget.selects_rank(v.rank)]
+    missing = [v for v in selected if v.value is None]
+    if missing:
+        raise NotMeasurable(f"{check}: {metric} is not measurable on rank {missing[0].rank}: {missing[0].why}",
+                            file=missing[0].profile)
+    if len(selected) < 2:
+        raise NotMeasurable(f"{check} needs at least two ranks; budget {budget.name!r} selects "
+                            f"{len(selected)} profile(s) under {root or 'the root'} (ranks={budget.ranks!r})",
+                            file=root or None)
+    kind = LIMITS[metric][1]
+    best = min(selected, key=lambda v: (v.value, v.rank))
+    worst = max(selected, key=lambda v: (v.value, v.rank))
+    assert best.value is not None and worst.value is not None
+    ratio = 0.0 if worst.value <= 0 else 1 - best.value / worst.value
+    passed = ratio <= limit
+    word = "within" if passed else "exceeds"
+    message = (f"{check} {ratio:.4f} {word} budget {limit:.4f} over {len(selected)} ranks — "
+               f"worst rank {worst.rank} {worst.device} {_fmt(worst.value, kind)}, "
+               f"best rank {best.rank} {best.device} {_fmt(best.value, kind)}")
+    return {
+        "profile": root, "rank": ",".join(sorted({v.rank for v in selected})), "budget": budget.name,
+        "metric": check, "limit": limit, "value": ratio, "passed": passed, "device": worst.device,
+        "message": message, "worst_rank": worst.rank, "best_rank": best.rank,
+        "worst_value": worst.value, "best_value": best.value,
+        "worst_profile": worst.profile, "best_profile": best.profile,
+    }
 
 
 def _fmt(value: float, kind: str) -> str:

@@ -42,8 +42,10 @@ def github_annotations(outcomes: list[dict[str, Any]], errors: Iterable[dict[str
 
 def metric_kind(metric: str) -> str:
     """``"size"`` or ``"ratio"`` for an outcome's metric: a LIMITS budget key by its kind there,
-    ``op_caps[glob]`` a size."""
+    ``op_caps[glob]`` / ``owner_caps[glob]`` a size, ``rank_imbalance[metric]`` a ratio."""
     base = metric.split("[")[0]
+    if base == "rank_imbalance":
+        return "ratio"
     return LIMITS[base][1] if base in LIMITS else "size"
 
 

@@ -171,7 +171,10 @@ def _check(args: argparse.Namespace) -> int:
     if args.path is None and budget_file.path:
         root = str(Path(budget_file.path).parent / root)
     results = _run(args, root, budget_file.budgets)
-    outcomes = sorted((o for r in results for o in r.outcomes), key=outcome_order)
+    from memgate.session import judge_cross_rank
+
+    cross = judge_cross_rank(budget_file.budgets, [r.rank_values for r in results], str(root))
+    outcomes = sorted([*(o for r in results for o in r.outcomes), *cross], key=outcome_order)
     errors = _report_errors(results)
     # With the JSON report on stdout, what people read goes to stderr.
     out = sys.stderr if args.json_out == "-" else sys.stdout
@@ -263,6 +266,8 @@ def _diff(args: argparse.Namespace) -> int:
             print(line)
         for entry, r in regressions:
             print(("FAILED " if not r.passed else "ok     ") + r.message + where(entry))
+            if not r.passed and r.detail:  # what grew most at the peak, and the baseline's commit
+                print("\n".join("       " + line for line in r.detail.splitlines()))
         for _, problem in errors:
             print(f"ERROR  {problem.one_line()}")
     if errors:

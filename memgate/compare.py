@@ -9,6 +9,10 @@ Every budget key of :data:`memgate.budgets.LIMITS` is compared, diffed and sugge
 there ("size" or "ratio") decides how it prints: sizes in IEC units, ratios with 3 decimals. A
 baseline saved before a metric existed lacks its key: that metric is left out of the comparison
 (a rule that asks for it says so), every other key still compares.
+
+A regression names its cause: per device the baseline keeps the bytes live at the peak per
+operator and per owner, and the git commit it was saved at; :attr:`Regression.detail` lists the
+operators and owners whose bytes at the peak grew most, and that commit.
 """
 
 from __future__ import annotations
@@ -133,10 +137,14 @@ def _baseline_keys(entries: list[dict[str, Any]]) -> list[str]:
     return keys
 
 
-def baseline_from_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every metric of every device (all of LIMITS' keys, op_max_block_bytes), and the pool each
-    per-pool metric comes from; ``top_at_peak`` is left out (it is who held the peak, not a number).
-    Each profile keeps its rank, format and path, by which a later run's profile finds it."""
+def baseline_from_entries(entries: list[dict[str, Any]], *, commit: str | None = None,
+                          dirty: bool = False) -> dict[str, Any]:
+    """Every metric of every device (all of LIMITS' keys, op_max_block_bytes, and the bytes live at
+    the peak per operator and per owner, ``op_bytes_at_peak`` / ``owner_bytes_at_peak``: top N plus
+    ``(other)``), and the pool each per-pool metric comes from; ``top_at_peak`` is left out (it is
+    who held the peak, not a number). Each profile keeps its rank, format and path, by which a later
+    run's profile finds it. ``commit`` (the git checkout's HEAD, :func:`memgate.autosave.git_commit`)
+    goes into ``metadata`` so a failed comparison can say what it compared with."""
     profiles: dict[str, Any] = {}
     for key, entry in zip(_baseline_keys(entries), entries):
         profiles[key] = {
@@ -151,7 +159,21 @@ def baseline_from_entries(entries: list[dict[str, Any]]) -> dict[str, Any]:
                 for d in entry["devices"]
             },
         }
-    return {"memgate_baseline": BASELINE_FORMAT, "memgate_version": __version__, "profiles": profiles}
+    document: dict[str, Any] = {"memgate_baseline": BASELINE_FORMAT, "memgate_version": __version__}
+    if commit is not None:
+        document["metadata"] = {"git_commit": commit, "git_dirty": dirty}
+    document["profiles"] = profiles
+    return document
+
+
+def baseline_commit(baseline: dict[str, Any]) -> str | None:
+    """The git commit a baseline was saved at (``-dirty`` with uncommitted changes), or None: from
+    its ``metadata``, else a saved run's ``memgate_run`` record; baselines saved without one have none."""
+    for record, commit_key, dirty_key in ((baseline.get("metadata"), "git_commit", "git_dirty"),
+                                          (baseline.get("memgate_run"), "commit", "dirty")):
+        if isinstance(record, dict) and isinstance(record.get(commit_key), str) and record[commit_key]:
+            return str(record[commit_key]) + ("-dirty" if record.get(dirty_key) else "")
+    return None
 
 
 def ratchet(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -217,9 +239,10 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
 def baseline_entries(baseline: dict[str, Any]) -> list[dict[str, Any]]:
     """A baseline's profiles as report-shaped entries (for :func:`diff_entries`), pools included.
     ``key`` is the stored comparability key; ``baseline`` the stored record itself."""
+    commit = baseline_commit(baseline)
     return [
         {"rank": str(p.get("rank", key)), "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
-         "key": p.get("key", {}), "baseline": p,
+         "key": p.get("key", {}), "baseline": p, "baseline_commit": commit,
          "devices": [{"device": d, "metrics": v.get("metrics", {}), "pool_of": v.get("pool_of") or {}}
                      for d, v in p.get("devices", {}).items()]}
         for key, p in baseline["profiles"].items()
@@ -257,6 +280,50 @@ class Regression:
     pool: str | None = None  # per-pool metrics: the pool of the current value
     base_pool: str | None = None  # and of the baseline value, when the baseline names it
     profile: str | None = None  # the current profile's path
+    # what grew at the peak on the judged device: {"ops": [...], "owners": [...]}, each item
+    # {"name", "base", "current", "delta"} (base None: not among the baseline's named ones)
+    attribution: dict[str, list[dict[str, Any]]] | None = None
+    baseline_commit: str | None = None  # the git commit the baseline was saved at
+
+    @property
+    def detail(self) -> str:
+        """Lines to print under the failure line: what grew most at the peak, and the baseline's commit."""
+        return "\n".join(attribution_lines(self.attribution or {}, self.baseline_commit))
+
+
+ATTRIBUTION_TOP = 5
+AT_PEAK = {"ops": "op_bytes_at_peak", "owners": "owner_bytes_at_peak"}  # attribution key → metric key
+
+
+def grown_at_peak(before: dict[str, Any], now: dict[str, Any], top: int | None = ATTRIBUTION_TOP
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """Per operator and per owner, the names whose bytes live at the peak grew, most growth first
+    (ties by name), at most ``top`` each; a kind one side lacks (a baseline saved before memgate
+    kept them) is left out, so old baselines give ``{}``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for what, key in AT_PEAK.items():
+        a, b = (before.get("metrics") or {}).get(key), (now.get("metrics") or {}).get(key)
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            continue
+        rows = [{"name": name, "base": a.get(name), "current": size, "delta": size - int(a.get(name) or 0)}
+                for name, size in b.items() if size > int(a.get(name) or 0)]
+        rows.sort(key=lambda r: (-r["delta"], r["name"]))
+        out[what] = rows if top is None else rows[:top]
+    return out
+
+
+def attribution_lines(attribution: dict[str, list[dict[str, Any]]], commit: str | None = None,
+                      indent: str = "") -> list[str]:
+    """``grew at the peak: op aten::mm 1.00 GiB -> 1.10 GiB (+102.40 MiB)``, one per name, and the commit."""
+    lines = []
+    for what, word in (("ops", "op"), ("owners", "owner")):
+        for row in attribution.get(what, []):
+            base = "-" if row["base"] is None else format_size(row["base"])
+            lines.append(f"{indent}grew at the peak: {word} {row['name']} {base} -> {format_size(row['current'])} "
+                         f"(+{format_size(row['delta'])})")
+    if commit:
+        lines.append(f"{indent}baseline saved at commit {commit}")
+    return lines
 
 
 def _fmt(metric: str, value: float) -> str:
@@ -335,7 +402,8 @@ def compare_pair(base: dict[str, Any], entry: dict[str, Any], rule: CompareRule)
     base_pool = (then.get("pool_of") or {}).get(metric_key)
     message = f"{head}, allowed {rule.describe()} — rank {rank} {device['device']}{_pool_text(pool, base_pool)}"
     return Regression(rank, rule.metric, base_value, value, allowed, passed, device["device"], message, pool, base_pool,
-                      profile=entry.get("path"))
+                      profile=entry.get("path"), attribution=grown_at_peak(then, device) or None,
+                      baseline_commit=base.get("baseline_commit"))
 
 
 # ---- diff ---------------------------------------------------------------------------------------
@@ -376,9 +444,13 @@ def _device_diff(before: dict[str, Any], dev: dict[str, Any]) -> dict[str, Any]:
         "ops_new": [{"op": o, "current": ops_b[o]} for o in sorted(set(ops_b) - set(ops_a), key=lambda o: -ops_b[o])],
         "ops_gone": [{"op": o, "base": ops_a[o]} for o in sorted(set(ops_a) - set(ops_b), key=lambda o: -ops_a[o])],
     }
+    # what grew at the peak, per operator and per owner (absent when either side predates them)
+    out["grew_at_peak"] = grown_at_peak(before, dev, top=None)
     if before["device"] != dev["device"]:
         out["base_device"] = before["device"]
-    out["changed"] = bool(out["ops_grew"] or out["ops_shrank"] or out["ops_new"] or out["ops_gone"]) or any(
+    at_peak_changed = any(k in before["metrics"] and k in dev["metrics"] and before["metrics"][k] != dev["metrics"][k]
+                          for k in AT_PEAK.values())
+    out["changed"] = at_peak_changed or bool(out["ops_grew"] or out["ops_shrank"] or out["ops_new"] or out["ops_gone"]) or any(
         row["base"] != row["current"] or row.get("base_pool") != row.get("current_pool") for row in metrics.values())
     return out
 
@@ -401,6 +473,8 @@ def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> d
             continue
         old = base[base_of[j]]
         item["base_profile"] = old["path"]
+        if old.get("baseline_commit"):
+            item["base_commit"] = old["baseline_commit"]
         old_devices = {str(d["device"]): d for d in old["devices"]}
         now_devices = {str(d["device"]): d for d in entry["devices"]}
         devices: list[dict[str, Any]] = []
@@ -471,6 +545,10 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
                 lines.append(f"  new op:  {o['op']} {format_size(o['current'])}")
             for o in dev["ops_gone"][:top]:
                 lines.append(f"  gone op: {o['op']} (was {format_size(o['base'])})")
+            grew = {what: rows[:ATTRIBUTION_TOP] for what, rows in (dev.get("grew_at_peak") or {}).items()}
+            lines.extend(attribution_lines(grew, indent="  "))
+        if rank.get("base_commit"):
+            lines.append(f"  base saved at commit {rank['base_commit']}")
     for missing in diff.get("missing_profiles", [{"rank": r} for r in diff["missing_ranks"]]):
         lines.append(f"{head(missing)}: missing from the current run")
     if not diff.get("changed", True):

@@ -36,6 +36,7 @@ from memgate.budgets import (
     budget_from_mapping,
     find_budget_file,
     judge,
+    judge_rank_imbalance,
     load_budget_file,
 )
 from memgate.cache import ProfileCache, open_profile
@@ -66,7 +67,7 @@ from memgate.report import (
     write_json_atomic,
     write_text_atomic,
 )
-from memgate.session import Measured, error_outcome, measure
+from memgate.session import Measured, error_outcome, measure, rank_values
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ STATE = pytest.StashKey[_State]()
 OUTCOME = pytest.StashKey[Outcome]()
 REGRESSION = pytest.StashKey[tuple[Regression, str]]()
 MARKER_OUTCOMES = pytest.StashKey[list[dict[str, Any]]]()
+CROSS_OUTCOME = pytest.StashKey[dict[str, Any]]()  # a rank_imbalance verdict, over every profile
 MARKER_BUDGET = pytest.StashKey[Budget]()
 MARKER_ERROR = pytest.StashKey[ConfigError]()
 MARKER_PROFILES = pytest.StashKey[list[dict[str, Any]]]()
@@ -367,6 +369,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 collector, name=f"{label}::baseline::{rule.metric}", found=entry, rule=rule))
         if not budgets and not settings.rules:
             generated.append(MemgateProfileItem.from_parent(collector, name=f"{label}::profile", found=entry))
+    if found:  # one item per (budget, metric), judged over every profile it selects
+        root_label = settings.root.resolve().name or str(settings.root)
+        for budget in budgets:
+            for metric in budget.rank_imbalance:
+                generated.append(MemgateRankImbalanceItem.from_parent(
+                    collector, name=f"{root_label}::{budget.name}::rank_imbalance[{metric}]", profiles=found,
+                    budget=budget, metric=metric))
     items.extend(generated)
     # Announce them like any collected items, so "collected N items" and --collect-only count them.
     session.ihook.pytest_collectreport(report=pytest.CollectReport(collector.nodeid, "passed", None, list(generated)))
@@ -410,6 +419,8 @@ def _marker_budget(item: pytest.Item, marker: pytest.Mark) -> Budget:
                                      default_leak_horizon=item.config.stash[STATE].settings.leak_horizon_steps)
     except ConfigError as exc:
         raise error(exc.message, exc) from None
+    if budget.rank_imbalance:
+        raise error("rank_imbalance compares the ranks of a run: declare it in a budget file, not a marker")
     if profile is None and "memgate_profile_dir" not in getattr(item, "fixturenames", ()):
         raise error("needs a profile: use the memgate_record fixture (or memgate_profile_dir) or pass profile='path'")
     # Named after its test, so two marked tests are two rows in every table, report and annotation.
@@ -494,6 +505,46 @@ class MemgateItem(_GateItem):
             raise BudgetExceeded(outcome.message, outcome.detail(_detail_top(self.config)))
 
 
+class MemgateRankImbalanceItem(_GateItem):
+    """One (budget, rank_imbalance metric): loads every profile the budget selects (wherever it runs,
+    so under xdist one process holds all the per-rank values) and judges ``1 - min/max`` over them."""
+
+    def __init__(self, *, profiles: list[Found], budget: Budget, metric: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.profiles = profiles
+        self.budget = budget
+        self.metric = metric
+
+    def reportinfo(self) -> tuple[Path | str, int | None, str]:
+        return self.config.stash[STATE].settings.root or self.name, None, f"memgate: {self.name}"
+
+    def declared_in(self) -> dict[str, Any] | None:
+        budget_file = self.config.stash[STATE].settings.budget_file
+        if budget_file is None or budget_file.path is None:
+            return None
+        return {"file": budget_file.path, "line": budget_file.line_of(self.budget.name, f"rank_imbalance[{self.metric}]")}
+
+    def setup(self) -> None:
+        state = self.config.stash[STATE]
+        values = []
+        for entry in self.profiles:
+            rank = rank_hint(entry)
+            if rank is not None and not self.budget.selects_rank(rank):
+                continue
+            value = rank_values(state.load(entry), (self.budget,)).get((self.budget.name, self.metric))
+            if value is not None:
+                values.append(value)
+        self.stash[CROSS_OUTCOME] = judge_rank_imbalance(self.budget, self.metric, values,
+                                                         str(state.settings.root or ""))
+
+    def runtest(self) -> None:
+        outcome = self.stash[CROSS_OUTCOME]
+        if not outcome["passed"]:
+            lines = [f"rank {outcome['worst_rank']}: {outcome['worst_profile']}",
+                     f"rank {outcome['best_rank']}: {outcome['best_profile']}"]
+            raise BudgetExceeded(outcome["message"], "\n".join(lines))
+
+
 class MemgateCompareItem(_GateItem):
     """One (profile, compare rule) against the baseline: a regression is a failed item."""
 
@@ -528,7 +579,7 @@ class MemgateCompareItem(_GateItem):
         if REGRESSION in self.stash:
             regression, where = self.stash[REGRESSION]
             if not regression.passed:
-                raise BudgetExceeded(regression.message, f"baseline: {where}")
+                raise BudgetExceeded(regression.message, "\n".join(filter(None, [regression.detail, f"baseline: {where}"])))
 
 
 def _detail_top(config: pytest.Config) -> int:
@@ -753,6 +804,8 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
     if call.when == "call":
         if OUTCOME in item.stash:
             outcomes = [outcome_entry(item.stash[OUTCOME])]
+        elif CROSS_OUTCOME in item.stash:
+            outcomes = [item.stash[CROSS_OUTCOME].copy()]
         elif MARKER_OUTCOMES in item.stash:
             outcomes = item.stash[MARKER_OUTCOMES].copy()
         elif REGRESSION in item.stash:
@@ -904,7 +957,8 @@ class _Reporter:
         if s.json_path is not None:
             write_json_atomic(s.json_path, build_report(self._all_entries(), outcomes, self.errors))
         if s.save_baseline is not None and entries:
-            baseline = baseline_from_entries(entries)
+            commit, dirty = git_commit(Path(self.config.rootpath))
+            baseline = baseline_from_entries(entries, commit=commit, dirty=dirty)
             if s.ratchet and s.save_baseline.exists():
                 baseline = ratchet(load_baseline(s.save_baseline), baseline)
             write_json_atomic(s.save_baseline, baseline)

@@ -9,7 +9,7 @@
 
 What is written:
 - ``torch_trace.json``: ``torch.profiler.profile(activities=[CPU], profile_memory=True,
-  with_stack=True)`` with a schedule that records every step from the first (``wait=0, warmup=0``:
+  with_stack=True, with_modules=True)`` with a schedule that records every step from the first (``wait=0, warmup=0``:
   Kineto's warm-up only steadies *timings*; memgate drops its own ``warmup_steps`` from the memory
   metrics), exported as a Chrome trace. Training step k is ``ProfilerStep#k`` (from 0).
   torch.profiler opens one more ``ProfilerStep`` at the last ``step()`` call (or at the start, when
@@ -19,7 +19,9 @@ What is written:
   ``with_stack`` adds the Python functions that ran (``python_function`` events):
   :func:`allocation_stacks` names the user functions that were running when a block was allocated.
   Kineto's Python tracer records where each function *starts* (its ``def`` line), not the line
-  inside it: a holder is placed in a function, not on a line.
+  inside it: a holder is placed in a function, not on a line. ``with_modules`` adds an
+  ``nn.Module: Name_k`` span around each module's call: the loader makes the modules around an
+  allocation its block's owner (``owner_bytes_at_peak``, ``owner_caps``).
 - ``cuda_snapshot.pickle`` (CUDA available) / ``npu_snapshot.pickle`` (torch_npu available):
   ``_record_memory_history`` while recording, ``_dump_snapshot`` at the end.
 
@@ -65,13 +67,15 @@ class Recorder:
     """Profiles a torch run into ``directory``; call :meth:`step` once per training step."""
 
     def __init__(self, directory: str | Path, *, warmup: int = 0, snapshots: bool = True,
-                 max_entries: int = 100_000, record_shapes: bool = False, with_stack: bool = True) -> None:
+                 max_entries: int = 100_000, record_shapes: bool = False, with_stack: bool = True,
+                 with_modules: bool = True) -> None:
         self.directory = Path(directory)
         self.warmup = warmup
         self.snapshots = snapshots
         self.max_entries = max_entries
         self.record_shapes = record_shapes
         self.with_stack = with_stack
+        self.with_modules = with_modules
         self.files: list[Path] = []
         self.steps = 0
         self.memory_events: int | None = None  # [memory] events in the trace, once stopped
@@ -104,6 +108,7 @@ class Recorder:
                 profile_memory=True,
                 record_shapes=self.record_shapes,
                 with_stack=self.with_stack,
+                with_modules=self.with_modules,
                 schedule=schedule(wait=0, warmup=self.warmup, active=_FOREVER, repeat=1),
                 on_trace_ready=export,
             )
@@ -167,14 +172,20 @@ def drop_step(path: Path, number: int) -> int:
     Numbers keep their exact text (µs with 3 decimals do not survive a float): the trace is parsed
     with ``Decimal`` and written back by :func:`_dump`; the file is replaced atomically.
     """
-    data = json.loads(path.read_bytes(), parse_float=Decimal)
+    raw = path.read_bytes()
+    try:
+        data = json.loads(raw, parse_float=Decimal)
+        repaired = False
+    except json.JSONDecodeError:
+        data = json.loads(escape_names(raw), parse_float=Decimal)  # still bad: torch's error stands
+        repaired = True
     name = f"ProfilerStep#{number}"
     events = data.get("traceEvents")
     if not isinstance(events, list):
         return 0
     memory = sum(1 for e in events if isinstance(e, dict) and e.get("name") == "[memory]")
     kept = [e for e in events if not (isinstance(e, dict) and e.get("ph") == "X" and e.get("name") == name)]
-    if len(kept) == len(events):
+    if len(kept) == len(events) and not repaired:
         return memory
     data["traceEvents"] = kept
     tmp = path.with_name(path.name + ".tmp")
@@ -182,6 +193,26 @@ def drop_step(path: Path, number: int) -> int:
         _dump(data, fh)
     os.replace(tmp, path)
     return memory
+
+
+# torch writes each event's name on a line of its own, unescaped: with the Python tracer on, a
+# frame name can hold quotes (seen in torch 2.13: `"name": "torch/profiler/_cupti_monitor.py(0):     "seed",",`).
+_NAME_LINE = re.compile(rb'^(\s*"name": ")(.*)("(?:,)?)$', re.MULTILINE)
+
+
+def escape_names(raw: bytes) -> bytes:
+    """The trace with every ``"name"`` value that is not a valid JSON string escaped as one."""
+
+    def escape(match: re.Match[bytes]) -> bytes:
+        inner = match.group(2)
+        try:
+            json.loads(b'"' + inner + b'"')
+            return match.group(0)
+        except json.JSONDecodeError:
+            text = json.dumps(inner.decode("utf-8", "replace"), ensure_ascii=False)[1:-1]
+            return match.group(1) + text.encode("utf-8") + match.group(3)
+
+    return _NAME_LINE.sub(escape, raw)
 
 
 def _dump(value: Any, fh: Any, indent: str = "") -> None:
@@ -308,13 +339,15 @@ def allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[list[s
 
 
 def with_allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``holders`` with ``stack`` (user functions, innermost first) and, where none was known, an
+    """``holders`` with ``stack`` (user functions, innermost first) and, where no module owns the block, an
     ``owner`` (the innermost user function) — for a recording's failure detail and report."""
     out = []
     for holder, stack in zip(holders, allocation_stacks(trace, holders)):
         entry = dict(holder)
         if stack:
             entry["stack"] = stack
-            entry["owner"] = entry.get("owner") or stack[0]
+            # a raw frame owner (``file.py(7): make``) reads better as the stack shows it; a module path stays
+            owner = entry.get("owner")
+            entry["owner"] = stack[0] if not owner or _FRAME.match(str(owner)) else owner
         out.append(entry)
     return out

@@ -32,6 +32,7 @@ def outcome_entry(outcome: Outcome) -> dict[str, Any]:
         "passed": outcome.passed,
         "device": outcome.device,
         "message": outcome.message,
+        **({"limit_share": outcome.share} if outcome.share is not None else {}),
     }
 
 
@@ -70,7 +71,7 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 def _cell(metric: str, value: Any) -> str:
     if value is None:
         return "-"
-    if metric == "fragmentation" or (metric in LIMITS and LIMITS[metric][1] == "ratio"):
+    if metric in ("fragmentation", "rank_imbalance") or (metric in LIMITS and LIMITS[metric][1] == "ratio"):
         return f"{value:.3f}"
     return format_size(value)
 
@@ -118,7 +119,8 @@ def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
             o["budget"],
             o["metric"],
             _cell(o["metric"].split("[")[0], o.get("value")),
-            _cell(o["metric"].split("[")[0], o["limit"]),
+            o["limit_text"] if o.get("limit_text") else _cell(o["metric"].split("[")[0], o["limit"])
+            + (f" ({o['limit_share'] * 100:.6g}%)" if o.get("limit_share") is not None else ""),
             result_word(o),
             profile_label(o, labels),
         ))
@@ -133,6 +135,17 @@ _SIZE_ROWS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_
 _RATIO_ROWS = ("fragmentation", "external_fragmentation", "free_block_fragmentation")
 
 
+def capacity_headroom(entry: dict[str, Any], dev: dict[str, Any]) -> tuple[int, int] | None:
+    """The device's capacity as the profile records it, and what its peak (reserved, else allocated)
+    leaves of it; None where the capacity or the peak is not known."""
+    capacity = (entry.get("metadata", {}).get("device_capacity_bytes") or {}).get(dev["device"])
+    m = dev["metrics"]
+    peak = m.get("peak_reserved_bytes") if m.get("peak_reserved_bytes") is not None else m.get("peak_allocated_bytes")
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0 or peak is None:
+        return None
+    return capacity, capacity - int(peak)
+
+
 def inspect_text(entry: dict[str, Any]) -> list[str]:
     """Human-readable metrics of one profile (``memgate inspect``)."""
     lines = [f"{entry['path']}  [{entry['format']}, rank {entry['rank']}]"]
@@ -140,6 +153,11 @@ def inspect_text(entry: dict[str, Any]) -> list[str]:
         m = dev["metrics"]
         pool_of, notes = dev.get("pool_of", {}), dev.get("notes", {})
         lines.append(f"  {dev['device']}  series {dev['component'] or '-'}")
+        headroom = capacity_headroom(entry, dev)
+        if headroom is not None:
+            capacity, room = headroom
+            lines.append(f"    {'capacity':<24} {format_size(capacity)} ({capacity} B), headroom {format_size(room)} "
+                         f"({room / capacity:.1%}) above the peak reserved")
         for key in (*_SIZE_ROWS, *_RATIO_ROWS):
             value = m.get(key)
             if value is None:
@@ -160,6 +178,9 @@ def inspect_text(entry: dict[str, Any]) -> list[str]:
         ops = sorted((m.get("op_max_block_bytes") or {}).items(), key=lambda kv: -kv[1])[:5]  # None: not measurable
         if ops:
             lines.append("    largest block per operator: " + ", ".join(f"{op} {format_size(v)}" for op, v in ops))
+        owners = list((m.get("owner_bytes_at_peak") or {}).items())[:5]  # largest first
+        if owners:
+            lines.append("    owners at peak: " + ", ".join(f"{owner} {format_size(v)}" for owner, v in owners))
         for block in (m.get("top_at_peak") or [])[:5]:
             lines.append(f"    at peak: {format_size(block['size']):>12}  {block['op'] or block['owner'] or '(no op)'}")
         for name, facts in dev["reconciliation"]["components"].items():

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgate.budgets import LIMITS, Budget, MetricCache, judge
+from memgate.budgets import LIMITS, Budget, MetricCache, RankValue, judge, judge_rank_imbalance, rank_value
 from memgate.cache import ProfileCache, open_profile
 from memgate.discover import Found, discover, load
 from memgate.errors import MemgateError, NotMeasurable, NotSelected
@@ -32,6 +32,8 @@ class ProfileResult:
     entry: dict[str, Any] | None
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     error: MemgateError | None = None
+    # (budget name, metric) → this profile's value, for the budgets' rank_imbalance (judged over all profiles)
+    rank_values: dict[tuple[str, str], RankValue] = field(default_factory=dict)
 
     def error_entry(self) -> dict[str, Any]:
         assert self.error is not None
@@ -40,12 +42,14 @@ class ProfileResult:
 
 def error_outcome(profile: ProfileInfo | None, path: str, budget: Budget, metric: str, error: MemgateError) -> dict[str, Any]:
     """The report entry of a (profile, budget, metric) that could not be judged."""
-    limit = budget.limits.get(metric, budget.op_caps.get(metric[len("op_caps["):-1], 0))
+    declared = budget.declared_limit(metric)
+    limit = 0 if isinstance(declared, str) else declared  # a share of the capacity not resolved: "limit_text" says it
     what = "skipped" if isinstance(error, NotSelected) else "error"  # a budget for other devices: not an error
     return {
         "profile": profile.path if profile else path, "rank": profile.rank if profile else "?",
         "budget": budget.name, "metric": metric, "limit": limit, "value": None, "passed": None,
         "device": None, what: error.one_line(), "message": error.one_line(),
+        **({"limit_text": declared} if isinstance(declared, str) else {}),
     }
 
 
@@ -75,7 +79,37 @@ def process_profile(
         entry = profile_entry(metrics.info, metrics.get(options))
     except MemgateError as exc:
         return ProfileResult(str(found.path), found.format.name, None, error=exc)
-    return ProfileResult(metrics.info.path, metrics.info.format, entry, judge_profile(metrics, budgets))
+    result = ProfileResult(metrics.info.path, metrics.info.format, entry, judge_profile(metrics, budgets))
+    result.rank_values = rank_values(metrics, budgets)
+    return result
+
+
+def rank_values(cache: MetricCache, budgets: Sequence[Budget]) -> dict[tuple[str, str], RankValue]:
+    """This profile's value of every metric a budget's rank_imbalance asks for (where it selects the rank)."""
+    out = {}
+    for budget in budgets:
+        if budget.rank_imbalance and budget.selects_rank(cache.info.rank):
+            for metric in budget.rank_imbalance:
+                try:
+                    out[(budget.name, metric)] = rank_value(cache, budget, metric)
+                except MemgateError as exc:
+                    out[(budget.name, metric)] = RankValue(cache.info.path, cache.info.rank, None, None, exc.one_line())
+    return out
+
+
+def judge_cross_rank(budgets: Sequence[Budget], values: Sequence[dict[tuple[str, str], RankValue]],
+                     root: str) -> list[dict[str, Any]]:
+    """One verdict per (budget, rank_imbalance metric), over the per-profile values of every profile."""
+    outcomes = []
+    for budget in budgets:
+        for metric in budget.rank_imbalance:
+            check = f"rank_imbalance[{metric}]"
+            per_rank = [v[(budget.name, metric)] for v in values if (budget.name, metric) in v]
+            try:
+                outcomes.append(judge_rank_imbalance(budget, metric, per_rank, root))
+            except MemgateError as exc:
+                outcomes.append(error_outcome(None, root, budget, check, exc))
+    return outcomes
 
 
 def run_profiles(
@@ -134,7 +168,7 @@ class Measured:
     @property
     def metrics(self) -> dict[str, Any]:
         """Every metric key → the worst device's value; op_max_block_bytes merged (largest per op);
-        top_at_peak of the device with the largest peak_allocated."""
+        top_at_peak, op_bytes_at_peak and owner_bytes_at_peak of the device with the largest peak_allocated."""
         values: dict[str, Any] = {}
         for key in METRIC_KEYS:
             measured = [m.values[key] for m in self.devices if m.values.get(key) is not None]
@@ -148,6 +182,10 @@ class Measured:
                 peaks = [m for m in self.devices if m.values.get("peak_allocated_bytes") is not None]
                 worst = max(peaks, key=lambda m: m.values["peak_allocated_bytes"]) if peaks else None
                 values[key] = list(worst.values.get("top_at_peak") or []) if worst is not None else []
+            elif key in ("op_bytes_at_peak", "owner_bytes_at_peak"):  # of the device with the largest peak
+                peaks = [m for m in self.devices if m.values.get("peak_allocated_bytes") is not None]
+                worst = max(peaks, key=lambda m: m.values["peak_allocated_bytes"]) if peaks else None
+                values[key] = dict(worst.values.get(key) or {}) if worst is not None else {}
             else:
                 values[key] = max(measured) if measured else None
         return values

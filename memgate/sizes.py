@@ -65,3 +65,24 @@ def format_size(nbytes: float) -> str:
         if value >= factor:
             return f"{sign}{value / factor:.2f} {unit}"
     return f"{sign}{value:.0f} B" if value == int(value) else f"{sign}{value:.2f} B"
+
+
+_SHARE_RE = re.compile(r"\A\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*%\s*\Z")
+
+
+def parse_share(value: object, *, what: str = "size") -> float | None:
+    """A limit written as a percentage of the device's capacity (``"92%"``) → 0.92; None if not one."""
+    if not isinstance(value, str):
+        return None
+    match = _SHARE_RE.match(value)
+    if match is None:
+        return None
+    share = float(match.group("num")) / 100
+    if share <= 0:
+        raise ConfigError(f"invalid {what} {value!r}", expected="a percentage above 0%")
+    return share
+
+
+def format_share(share: float) -> str:
+    """0.92 → ``92%``; 0.925 → ``92.5%``."""
+    return f"{share * 100:.6g}%"

@@ -394,6 +394,7 @@ def test_a_bad_limit_is_a_usage_error(value: str, tmp_path: Path, monkeypatch: p
 # Kept apart from CASES (their own block): the same three ways, loader API, CLI, and one through pytest.
 
 from corpus_boundary import BOUNDARY
+from corpus_json import JSON_CASES, raw_timeline_file
 
 
 def test_the_boundary_cases_cover_their_classes() -> None:
@@ -402,7 +403,7 @@ def test_the_boundary_cases_cover_their_classes() -> None:
     assert not {c.id for c in BOUNDARY} & {c.id for c in CASES}
 
 
-@pytest.mark.parametrize("broken", _params(BOUNDARY), indirect=True)
+@pytest.mark.parametrize("broken", _params([*BOUNDARY, *JSON_CASES]), indirect=True)
 def test_boundary_loader_raises_input_error(broken: Expect) -> None:
     try:
         load_all(broken.root)
@@ -412,7 +413,7 @@ def test_boundary_loader_raises_input_error(broken: Expect) -> None:
         pytest.fail(f"{broken.root} loaded without an error")
 
 
-@pytest.mark.parametrize("broken", _params(BOUNDARY), indirect=True)
+@pytest.mark.parametrize("broken", _params([*BOUNDARY, *JSON_CASES]), indirect=True)
 def test_boundary_cli_validate_exits_2_with_one_line(broken: Expect, capsys: pytest.CaptureFixture[str]) -> None:
     result = in_process(["validate", broken.root], capsys)
     assert result.rc == 2, result
@@ -436,8 +437,6 @@ def test_boundary_pytest_shows_an_error_item(broken: Expect, pytester: pytest.Py
 # Repeated keys, inflated bytes, Addr on some events only, the raw memory timeline, a value repr() cannot
 # write: their own block, the same three ways (loader API, CLI, a few through pytest).
 
-from corpus_json import JSON_CASES, raw_timeline_file
-
 FORMATS.update(c.format for c in JSON_CASES)  # the raw memory timeline is a registered format: covered here
 
 
@@ -445,24 +444,6 @@ def test_the_json_boundary_cases_cover_their_classes() -> None:
     assert len({c.id for c in JSON_CASES}) == len(JSON_CASES) >= 15
     assert {c.format for c in JSON_CASES} == {"kineto", "torch_npu", "torch_memory_timeline_raw", "torch_snapshot"}
     assert not {c.id for c in JSON_CASES} & {c.id for c in CASES}
-
-
-@pytest.mark.parametrize("broken", _params(JSON_CASES), indirect=True)
-def test_json_boundary_loader_raises_input_error(broken: Expect) -> None:
-    try:
-        load_all(broken.root)
-    except BaseException as exc:  # noqa: BLE001 - the point: nothing but InputError may escape
-        _check_error(exc, broken, locate=True)
-    else:
-        pytest.fail(f"{broken.root} loaded without an error")
-
-
-@pytest.mark.parametrize("broken", _params(JSON_CASES), indirect=True)
-def test_json_boundary_cli_validate_exits_2_with_one_line(broken: Expect, capsys: pytest.CaptureFixture[str]) -> None:
-    result = in_process(["validate", broken.root], capsys)
-    assert result.rc == 2, result
-    assert "Traceback" not in result.stdout + result.stderr
-    assert str(broken.file) in one_stderr_line(result.stderr)
 
 
 @pytest.mark.parametrize("broken", _params([c for c in JSON_CASES if c.pytest_sample]), indirect=True)

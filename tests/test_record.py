@@ -216,3 +216,18 @@ def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pyte
     assert by_test["test_stack.py::test_train"]["metadata"]["recorded_steps"] == 6
     page = (pytester.path / "report.html").read_text()
     assert "2 profile(s)" in page and page.count("<svg") >= 2 and STACK[0] in page
+
+
+def test_drop_step_repairs_names_torch_left_unescaped(tmp_path: Path) -> None:
+    """torch 2.13 with the Python tracer wrote this name line verbatim (under xdist): invalid JSON."""
+    from memgate.record import drop_step
+
+    trace = tmp_path / TRACE_NAME
+    trace.write_bytes(b'{\n  "traceEvents": [\n  {\n    "ph": "X",\n    "cat": "python_function",\n'
+                      b'    "name": "torch/profiler/_cupti_monitor.py(0):     "seed",",\n    "ts": 1.500, "dur": 2\n  },\n'
+                      b'  {\n    "ph": "X", "cat": "user_annotation",\n    "name": "ProfilerStep#1",\n'
+                      b'    "ts": 1.000, "dur": 9\n  }\n  ]\n}\n')
+    assert drop_step(trace, 1) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert [e["name"] for e in events] == ['torch/profiler/_cupti_monitor.py(0):     "seed",']
+    assert "1.500" in trace.read_text()  # numbers keep their text

@@ -11,6 +11,12 @@ read:
 - ``ProfilerStep#N`` complete (``X``) events: the steps.
 - ``cpu_op`` complete events: a memory event belongs to the innermost op on the same (pid, tid)
   whose span ``[ts, ts + dur]`` contains its ts; that op names the block.
+- ``python_function`` complete events (``with_stack=True``; ``with_modules=True`` adds the
+  ``nn.Module: Name_k`` spans): the module spans around a memory event on the same (pid, tid),
+  outermost first, joined by ``/``, are its block's owner; where none encloses it, the innermost
+  frame in user code (``file.py(12): fn`` outside a ``torch``/``torch_npu`` package directory).
+- ``deviceProperties[]`` (header): ``totalGlobalMem`` of the GPU with that ``id`` becomes
+  ``metadata["device_capacity_bytes"][label]``.
 
 Reading: the json module (C) parses the ``traceEvents`` array a chunk of bytes at a time, and only
 what memgate needs is kept: the few ProfilerStep events whole, memory events and cpu_ops as int64
@@ -42,7 +48,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from functools import partial
 from itertools import repeat, takewhile
@@ -58,7 +64,7 @@ import pyarrow.compute as pc
 
 from memgate import discover, hints
 from memgate.errors import InputError, show
-from memgate.loaders.snapshot import pair_allocs
+from memgate.loaders.snapshot import is_torch_file, pair_allocs
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.readers import convert, limits
 from memgate.readers.csvtable import check_readable
@@ -94,6 +100,8 @@ DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "
                 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia", 20: "npu"}
 CPU = 0
 _BASE_MAX = 9 * 10**18
+MODULE_PREFIX = "nn.Module: "  # python_function spans of traces recorded with_modules=True
+_FRAME = re.compile(r"^(?!<built-in)(.+?)\(\d+\): ")  # a with_stack frame: ``file.py(12): forward``
 _I64_MAX = (1 << 63) - 1
 
 
@@ -518,8 +526,13 @@ def _scalar_digest(value: Any) -> bytes:
 def _head_fields(head: bytes) -> dict[str, Any]:
     """Top-level scalars written before ``traceEvents`` (Kineto's header), plus ``distributedInfo.rank``."""
     fields: dict[str, Any] = {}
+    props: list[dict[str, Any]] = []
     try:
         for prefix, event, value in ijson.parse(guard(io.BytesIO(head))):
+            if prefix == "deviceProperties.item" and event == "start_map":
+                props.append({})
+            elif prefix in ("deviceProperties.item.id", "deviceProperties.item.totalGlobalMem") and props:
+                props[-1][prefix.rsplit(".", 1)[1]] = value
             if prefix == "traceEvents":
                 fields["traceEvents"] = event  # start_array, or what it is instead
                 break
@@ -527,7 +540,20 @@ def _head_fields(head: bytes) -> dict[str, Any]:
                 fields[prefix] = value
     except (ijson.JSONError, JsonLimitError):
         pass  # the head ends mid-document (or nests absurdly: the full read reports that)
+    fields["deviceProperties"] = props
     return fields
+
+
+def _capacities(props: list[dict[str, Any]], devices: list[DeviceModel]) -> dict[str, int]:
+    """Each GPU's memory as the trace records it: ``deviceProperties[].totalGlobalMem`` by ``id``."""
+    by_id = {p["id"]: p["totalGlobalMem"] for p in props
+             if all(type(p.get(k)) is int and p[k] >= 0 for k in ("id", "totalGlobalMem"))}
+    capacity = {}
+    for device in devices:
+        kind, _, number = device.device.partition(":")
+        if kind != "cpu" and number.isdigit() and int(number) in by_id:
+            capacity[device.device] = int(by_id[int(number)])
+    return capacity
 
 
 def _collect(path: Path, gz: bool, schema: dict[str, Any], base: int) -> _Collected:
@@ -606,6 +632,8 @@ class _Collected:
         self.mem = _Kept()
         self.ops = _Kept()
         self.op_names = _Codes()
+        self.py = _Kept()  # python_function spans: nn.Module spans and user-code frames (owners)
+        self.py_names = _Codes()
         self.pids = _Codes()
         self.tids = _Codes()
         self.first_addr: dict[bool, int] = {}  # has Addr -> index of the first memory event that (has) not
@@ -636,6 +664,8 @@ class _Collected:
         op_index: list[int] = []
         op_columns: dict[str, list[Any]] = {name: [] for name in _OP_FIELDS}
         add_name, add_ts, add_dur, add_pid, add_tid = (op_columns[name].append for name in _OP_FIELDS)
+        py_index: list[int] = []
+        py_columns: dict[str, list[Any]] = {name: [] for name in _OP_FIELDS}
         for i, event in enumerate(events):
             get = event.get
             ph = get("ph")
@@ -653,6 +683,11 @@ class _Collected:
                     add_dur(get("dur"))
                     add_pid(get("pid"))
                     add_tid(get("tid"))
+                elif cat == "python_function" and type(name) is str and (name.startswith(MODULE_PREFIX)
+                                                                          or _user_frame(name)):
+                    py_index.append(first + i)
+                    for key in _OP_FIELDS:
+                        py_columns[key].append(get(key))
             elif ph == "i" and get("name") == "[memory]":
                 mem.append(event)
                 mem_index.append(first + i)
@@ -662,6 +697,9 @@ class _Collected:
             self._add_memory(mem, mem_index)
         if op_index and self.ops.problem is None:
             self._add_ops(op_columns, op_index)
+        self.py.count += len(py_index)
+        if py_index and self.py.problem is None:
+            self._add_ops(py_columns, py_index, self.py, self.py_names)
 
     def _threads(self, pids: list[Any], tids: list[Any], arrays: Mapping[str, pa.Array | None]) -> np.ndarray:
         """One int64 per distinct (pid, tid); ``arrays``: the checked pid and tid columns."""
@@ -706,7 +744,11 @@ class _Collected:
                         total_alloc=total_alloc, no_alloc=no_alloc, total_res=total_res, no_res=no_res,
                         thread=self._threads(pids, tids, cols))
 
-    def _add_ops(self, columns: dict[str, list[Any]], index: list[int]) -> None:
+    def _add_ops(self, columns: dict[str, list[Any]], index: list[int], kept: _Kept | None = None,
+                 names: _Codes | None = None) -> None:
+        """Keep complete events (cpu_ops, or ``kept``: python_function spans) as columns."""
+        kept = self.ops if kept is None else kept
+        names = self.op_names if names is None else names
         n = len(index)
         t, dur = (_plain_us_ns(columns[name], self.op_props[name]) for name in ("ts", "dur"))
         arrays = None
@@ -721,14 +763,14 @@ class _Collected:
             try:
                 arrays = self._check_ops(columns, index, n)
             except InputError as exc:
-                self.ops.problem = _first_error(lambda k: self._check_ops(columns, index, k), n, exc)
+                kept.problem = _first_error(lambda k: self._check_ops(columns, index, k), n, exc)
                 return
             t, dur = us_to_ns(columns["ts"], 0), us_to_ns(columns["dur"], 0)
-        self.ops.note_times(t, columns["ts"])
+        kept.note_times(t, columns["ts"])
         past = dur > (_I64_MAX - self.base) - t
-        if self.ops.past_end is None and past.any():
-            self.ops.past_end = str(_legacy(columns["dur"][int(np.argmax(past))]))
-        self.ops.append(t=t, dur=dur, name=self.op_names.encode(columns["name"]),
+        if kept.past_end is None and past.any():
+            kept.past_end = str(_legacy(columns["dur"][int(np.argmax(past))]))
+        kept.append(t=t, dur=dur, name=names.encode(columns["name"]),
                         thread=self._threads(columns["pid"], columns["tid"], arrays))
 
     def _check_ops(self, columns: dict[str, list[Any]], index: list[int], k: int,
@@ -812,6 +854,8 @@ def load(path: Path) -> Profile:
                                 "cpu_ops": got.ops.count}
     if got.first_addr.keys() == {False}:
         metadata |= _unpaired_facts(got)
+    if capacity := _capacities(fields["deviceProperties"], devices):
+        metadata["device_capacity_bytes"] = capacity
     if not got.mem.count:
         message, expected = hints.no_kineto_memory_events()
         raise InputError(message, file=path, expected=expected, found=f"{got.events} events, none of them [memory]")
@@ -935,6 +979,7 @@ def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
     unpaired = False in got.first_addr
     t = _add_base(mem, base, path)
     op = _attribute(path, got, t, mem.column("thread"), base)
+    owner = _owners(path, got, t, mem.column("thread"), base)
     nbytes, addr, dtype = mem.column("nbytes"), mem.column("addr"), mem.column("dtype")
     total_alloc = (mem.column("total_alloc"), mem.column("no_alloc"))
     total_res = (mem.column("total_res"), mem.column("no_res"))
@@ -949,8 +994,9 @@ def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
     for k, label in enumerate(labels):
         rows = order[label_of[order] == k]
         cpu = bool(dtype[rows[0]] == CPU)
-        models.append(_unpaired_device(path, label, rows, t, nbytes, total_alloc, total_res, op, cpu=cpu) if unpaired
-                      else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu))
+        model = (_unpaired_device(path, label, rows, t, nbytes, total_alloc, total_res, op, cpu=cpu) if unpaired
+                 else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu))
+        models.append(_with_owners(model, rows, nbytes, owner))
     return models
 
 
@@ -1087,18 +1133,11 @@ def _unpaired_facts(got: _Collected) -> dict[str, Any]:
 
 def _attribute(path: Path, got: _Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:
     """The innermost cpu_op on the same (pid, tid) whose [ts, ts+dur] contains each memory event."""
-    ops = got.ops
     result = np.full(len(t_mem), None, dtype=object)
-    if not ops.count or not len(t_mem):
+    spans = _spans(path, got.ops, base) if len(t_mem) else None
+    if spans is None:
         return result
-    if ops.problem is not None:
-        raise ops.problem
-    start = _add_base(ops, base, path)
-    if ops.past_end is not None:
-        raise InputError("ts + dur is past the year 2262 (int64 ns)", file=path, expected="a shorter dur",
-                         found=ops.past_end)
-    end = start + ops.column("dur")
-    op_thread, op_name = ops.column("thread"), ops.column("name")
+    start, end, op_thread, op_name = spans
     names = np.array(got.op_names.values, dtype=object)
     for g in np.unique(mem_thread):
         on_thread = np.flatnonzero(op_thread == g)
@@ -1109,6 +1148,74 @@ def _attribute(path: Path, got: _Collected, t_mem: np.ndarray, mem_thread: np.nd
         hit = inner >= 0
         result[queries[hit]] = names[op_name[on_thread[inner[hit]]]]
     return result
+
+
+def _spans(path: Path, kept: _Kept, base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(start, end, thread, name code) of kept complete events, None when there are none."""
+    if not kept.count:
+        return None
+    if kept.problem is not None:
+        raise kept.problem
+    start = _add_base(kept, base, path)
+    if kept.past_end is not None:
+        raise InputError("ts + dur is past the year 2262 (int64 ns)", file=path, expected="a shorter dur",
+                         found=kept.past_end)
+    return start, start + kept.column("dur"), kept.column("thread"), kept.column("name")
+
+
+def _user_frame(name: str) -> bool:
+    """A with_stack frame (``path.py(line): function``) in user code, not in torch's own files."""
+    frame = _FRAME.match(name)
+    return frame is not None and not is_torch_file(frame.group(1))
+
+
+def _owners(path: Path, got: _Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:
+    """Each memory event's owner: the nn.Module spans around it on the same (pid, tid), outermost to
+    innermost, joined by ``/`` (``M_0/Encoder_0/Linear_0``: a glob on an outer module covers the inner
+    ones); where no module span encloses it, the innermost user-code frame (with_stack); else None."""
+    result = np.full(len(t_mem), None, dtype=object)
+    spans = _spans(path, got.py, base) if len(t_mem) else None
+    if spans is None:
+        return result
+    start, end, thread, name = spans
+    names = np.array(got.py_names.values, dtype=object)
+    is_module = np.array([isinstance(v, str) and v.startswith(MODULE_PREFIX) for v in got.py_names.values] + [False],
+                         dtype=bool)[name]
+    for g in np.unique(mem_thread):
+        queries = np.flatnonzero(mem_thread == g)
+        on_thread = thread == g
+        for modules in (True, False):  # module spans first; frames for what no module span encloses
+            kind = np.flatnonzero(on_thread & (is_module == modules))
+            todo = queries[pd.isna(result[queries])]
+            if not len(kind) or not len(todo):
+                continue
+            inner = innermost(start[kind], end[kind], t_mem[todo])
+            hit = inner >= 0
+            labels = _module_paths(start[kind], end[kind], names[name[kind]]) if modules else names[name[kind]]
+            result[todo[hit]] = labels[inner[hit]]
+    return result
+
+
+def _module_paths(start: np.ndarray, end: np.ndarray, names: np.ndarray) -> np.ndarray:
+    """For one thread's nn.Module spans: each span's path of module names, outermost first."""
+    order = np.lexsort((-end, start))
+    parent = _enclosing(end[order])
+    paths = np.empty(len(order), dtype=object)
+    for k, i in enumerate(order):  # a parent comes before its children in this order
+        own = str(names[i])[len(MODULE_PREFIX):]
+        paths[i] = own if parent[k] < 0 else f"{paths[order[parent[k]]]}/{own}"
+    return paths
+
+
+def _with_owners(model: DeviceModel, rows: np.ndarray, nbytes: np.ndarray, owner: np.ndarray) -> DeviceModel:
+    """Fill the owner column of the blocks (allocations, in the order _device made them)."""
+    if not pd.notna(owner[rows]).any():
+        return model
+    allocs = rows[nbytes[rows] > 0]  # the blocks from allocations come first, in time order
+    column = np.full(len(model.blocks), None, dtype=object)
+    column[:len(allocs)] = owner[allocs]
+    blocks = model.blocks.assign(owner=pd.array(list(column), dtype="string"))
+    return replace(model, blocks=blocks)
 
 
 def innermost(start: np.ndarray, end: np.ndarray, t: np.ndarray) -> np.ndarray:

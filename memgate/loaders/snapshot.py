@@ -661,6 +661,14 @@ def op_owner(frames: Any, path: Path | None, where: str,
     return op, owner or fallback
 
 
+_TORCH_DIR = re.compile(r"(^|/)(torch|torch_npu)/")
+
+
+def is_torch_file(filename: str) -> bool:
+    """Does ``filename`` lie under a ``torch`` / ``torch_npu`` package directory (torch's own code)?"""
+    return _TORCH_DIR.search(filename.replace("\\", "/")) is not None
+
+
 def _role(frame: Any, path: Path | None, where: str) -> _Role:
     if not isinstance(frame, dict) or not isinstance(frame.get("name"), str) \
             or not isinstance(frame.get("filename"), str):
@@ -668,7 +676,9 @@ def _role(frame: Any, path: Path | None, where: str) -> _Role:
                          expected="an object with filename, line and name", found=frame)  # errors.show: bounded
     name, filename = frame["name"], frame["filename"]
     op = f"aten::{m.group(1)}" if (m := _OP_FRAME.search(name)) else None
-    owner = f"{filename}:{frame.get('line')}:{name}" if filename.endswith(".py") else None
+    # the innermost frame in user code: torch's own Python files (under a torch/torch_npu package) are skipped
+    owner = f"{filename}:{frame.get('line')}:{name}" if filename.endswith(".py") and not is_torch_file(filename) \
+        else None
     fallback = None
     if filename not in ("??", "") and not any(s in name for s in _INTERNAL):
         fallback = f"{filename}:{frame.get('line')}:{name}" if filename != "none" else name

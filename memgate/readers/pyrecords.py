@@ -254,7 +254,10 @@ def _check_column(
                                      f"an object with {name!r}", "no such key"))
     if scalar and not wrong_type:  # bounds too when a null is wrong: the first bad record is reported
         if arr is not None and len(arr) and arr.null_count < len(arr):
-            _constraints(arr, prop, problem)
+            try:
+                _constraints(arr, prop, problem)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # e.g. 0E-20 vs an int bound: precision 39
+                _py_constraints(values, prop, problem)
         elif arr is None:  # valid types that share no arrow type (ints with Decimals and floats): per value
             _py_constraints(values, prop, problem)
     first = min(problems, key=lambda p: p.index) if problems else None
