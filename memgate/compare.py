@@ -605,6 +605,54 @@ def op_globs(ops: dict[str, int]) -> dict[str, int]:
     return {glob: max(size for op, size in ops.items() if fnmatch.fnmatchcase(op, glob)) for glob in globs}
 
 
+OWNER_CAPS_TOP = 10  # owner_caps suggested for at most this many owner globs, the largest at the peak
+
+
+def owner_cap_sizes(entries: list[dict[str, Any]]) -> tuple[dict[str, int], str]:
+    """Owner caps to suggest: owners at the peak grouped into globs as :func:`op_globs` groups ops,
+    each with the most bytes the owners it matches hold at the peak on one device (an owner cap sums
+    them), and only globs that match an owner on every profile (a profile where none matches could
+    not be judged). Also why none is suggested, when none is."""
+    per_device: list[tuple[int, dict[str, int]]] = []  # (entry index, owners at the peak of one device)
+    for i, entry in enumerate(entries):
+        for dev in entry["devices"]:
+            owners = dev["metrics"].get("owner_bytes_at_peak")
+            if isinstance(owners, dict) and owners:
+                per_device.append((i, {str(o): int(size) for o, size in owners.items()}))
+    if not per_device:
+        return {}, "the profiles record no owners at the peak"
+    largest: dict[str, int] = {}
+    for _, owners in per_device:
+        for owner, size in owners.items():
+            largest[owner] = max(largest.get(owner, 0), size)
+    caps: dict[str, int] = {}
+    for glob in op_globs(largest):
+        matched = [(i, [size for o, size in owners.items() if fnmatch.fnmatchcase(o, glob)]) for i, owners in per_device]
+        if {i for i, sizes in matched if sizes} == set(range(len(entries))):
+            caps[glob] = max(sum(sizes) for _, sizes in matched)
+    if not caps:
+        return {}, "no owner at the peak is common to every profile"
+    return caps, ""
+
+
+def rank_imbalance_measured(entries: list[dict[str, Any]], metric: str = "peak_allocated") -> tuple[float | None, str]:
+    """``1 - min/max`` of ``metric`` over the profiles (each its worst device), as ``rank_imbalance``
+    judges it; None and why when it cannot be judged (fewer than two ranks, a profile without it)."""
+    key = LIMITS[metric][0]
+    ranks = {str(e.get("rank")) for e in entries}
+    if len(ranks) < 2:
+        return None, f"needs at least two ranks, these profiles hold {len(ranks)}"
+    values: list[float] = []
+    for entry in entries:
+        measured = [v for dev in entry["devices"] if isinstance(v := dev["metrics"].get(key), (int, float))
+                    and not isinstance(v, bool)]
+        if not measured:
+            return None, f"{metric} is not measured on rank {entry.get('rank')}"
+        values.append(max(measured))
+    worst, best = max(values), min(values)
+    return (0.0 if worst <= 0 else 1 - best / worst), ""
+
+
 def suggested_size(measured: int, factor: Decimal) -> str:
     """Measured bytes plus headroom, rounded up to a readable size, at least :data:`SIZE_FLOOR`."""
     return _round_up_size(max(int(Decimal(measured) * factor), SIZE_FLOOR))
@@ -674,6 +722,24 @@ def suggest_toml(entries: list[dict[str, Any]], headroom: Decimal, name: str = "
     if biggest:
         caps = ", ".join(f"{_toml_string(glob)} = \"{suggested_size(size, factor)}\"" for glob, size in biggest)
         lines.append(f"op_caps = {{ {caps} }}")
+    owner_caps, why = owner_cap_sizes(entries)
+    if owner_caps:
+        top = sorted(owner_caps.items(), key=lambda kv: (-kv[1], kv[0]))[:OWNER_CAPS_TOP]
+        caps = ", ".join(f"{_toml_string(glob)} = \"{suggested_size(size, factor)}\"" for glob, size in top)
+        lines.append(f"owner_caps = {{ {caps} }}")
+    else:
+        remarks.append(f"# owner_caps not suggested: {why}")
+    imbalance, why = rank_imbalance_measured(entries)
+    ratio = None if imbalance is None else suggested_ratio(imbalance, factor)
+    if imbalance is None:
+        remarks.append(f"# rank_imbalance not suggested: {why}")
+    elif ratio is None:
+        remarks.append(f"# rank_imbalance not suggested (measured {imbalance:.3f} on peak_allocated): no ratio "
+                       "limit below 1 leaves headroom")
+    else:
+        note = f"; {RATIO_FLOOR} is the smallest suggested ratio" if ratio == RATIO_FLOOR else ""
+        lines.append(f"rank_imbalance = {{ peak_allocated = {ratio} }}  # measured {imbalance:.3f} over "
+                     f"{len(entries)} profiles{note}")
     unmeasured = [k for k in LIMITS if k not in worst]
     if unmeasured:
         remarks.append("# not measured in these profiles: " + ", ".join(unmeasured))

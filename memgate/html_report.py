@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from memgate import __version__
-from memgate.budgets import LIMITS
+from memgate.budgets import CROSS_RANK, LIMITS
 from memgate.lttb import downsample_steps
 from memgate.model import APP_COMPONENT, DeviceModel, Profile
 from memgate.sizes import format_size
@@ -148,10 +148,15 @@ RATIO_METRICS = frozenset(k for budget_key, (metric_key, kind) in LIMITS.items()
                           for k in (budget_key, metric_key))
 
 
+def _is_ratio(metric: str) -> bool:
+    """A ratio check: a ratio metric, or a ``rank_imbalance[...]`` (1 − min/max over ranks, whatever it compares)."""
+    return metric in RATIO_METRICS or metric.startswith(f"{CROSS_RANK}[")
+
+
 def _metric_text(metric: str, value: float | None) -> str:
     if value is None:
         return "-"
-    if metric in RATIO_METRICS:
+    if _is_ratio(metric):
         return f"{value:.4f} ({value:.2%})"
     return format_size(value)
 
@@ -475,6 +480,7 @@ COLUMN_HELP = {
     "component": "the allocator (series) the block belongs to",
     "allocated at": "when the block was allocated, relative to the profile start (absolute time on hover)",
     "largest block": "the operator's largest block (exact on hover)",
+    "live at the peak": "bytes of its blocks live at the device's peak allocated (exact on hover)",
     # reconciliation
     "blocks": "block rows of this allocator in the window",
     "allocated before window": "blocks freed in the window but allocated before it began",
@@ -506,7 +512,54 @@ def _size_cell(value: float | None) -> str:
     return f'<td class="num" title="{_e(_exact(value))}">{_e(_size(value))}</td>'
 
 
-def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str]) -> list[str]:
+def _share_text(share: float) -> str:
+    return f"{share * 100:.6g}%"
+
+
+def _limit_text(o: dict[str, Any], capacities: dict[tuple[str, str], int]) -> str:
+    """The limit cell: the limit, and for a share of the device's capacity ``75% of 2.00 GiB``."""
+    metric, limit = str(o.get("metric", "")), o.get("limit")
+    if o.get("limit_text"):
+        return str(o["limit_text"])  # a share whose capacity could not be resolved
+    text = _metric_text(metric, limit)
+    share = o.get("limit_share")
+    if share is not None and limit is not None:
+        capacity = capacities.get((str(o.get("profile")), str(o.get("device"))))
+        if capacity is None and share > 0:
+            capacity = round(limit / share)
+        text += f" ({_share_text(share)} of {format_size(capacity)})" if capacity else f" ({_share_text(share)})"
+    return text
+
+
+def _measured_text(o: dict[str, Any]) -> str:
+    """The measured cell; for a rank_imbalance the worst and the best rank (with their values) named."""
+    metric = str(o.get("metric", ""))
+    text = _metric_text(metric, o.get("value"))
+    if metric.startswith(f"{CROSS_RANK}[") and o.get("worst_rank") is not None:
+        inner = metric[len(CROSS_RANK) + 1:-1]
+        parts = []
+        for which in ("worst", "best"):
+            value = o.get(f"{which}_value")
+            shown = "" if value is None else " " + _metric_text(inner, value)
+            parts.append(f"{which} rank {o.get(f'{which}_rank')}{shown}")
+        text += " — " + ", ".join(parts)
+    return text
+
+
+def _capacities(entries: Iterable[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """(profile path, device) → the capacity in bytes the profile records (metadata ``device_capacity_bytes``)."""
+    out = {}
+    for e in entries:
+        recorded = (e.get("metadata") or {}).get("device_capacity_bytes")
+        if isinstance(recorded, dict):
+            for device, cap in recorded.items():
+                if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+                    out[(str(e.get("path")), str(device))] = cap
+    return out
+
+
+def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str],
+                 capacities: dict[tuple[str, str], int] | None = None) -> list[str]:
     rows = []
     for o in outcomes:
         metric = str(o.get("metric", ""))
@@ -518,7 +571,9 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str]) -> lis
         else:
             result, cls = ("pass", "pass") if o["passed"] else ("FAIL", "fail")
         headroom = "-"
-        if value is not None and limit is not None and metric not in RATIO_METRICS:
+        if o.get("limit_text"):
+            pass  # the share's capacity is unknown: no limit to measure room against
+        elif value is not None and limit is not None and not _is_ratio(metric):
             headroom = format_size(limit - value)
         elif value is not None and limit is not None:
             headroom = f"{limit - value:+.4f}"
@@ -528,8 +583,8 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str]) -> lis
         rows.append(
             f'<tr class="{cls}"><td>{rank_cell}</td><td>{_e(o.get("device") or "-")}</td><td>{_e(o.get("budget"))}</td>'
             f"<td>{_e(metric)}</td>"
-            f'<td class="num" title="{_e(_exact(value))}">{_e(_metric_text(metric, value))}</td>'
-            f'<td class="num" title="{_e(_exact(limit))}">{_e(_metric_text(metric, limit))}</td>'
+            f'<td class="num" title="{_e(_exact(value))}">{_e(_measured_text(o))}</td>'
+            f'<td class="num" title="{_e(_exact(limit))}">{_e(_limit_text(o, capacities or {}))}</td>'
             f'<td class="num">{_e(headroom)}</td><td class="result">{result}</td>'
             f'<td class="msg">{_e(o.get("error") or o.get("skipped") or o.get("message") or "")}</td></tr>'
         )
@@ -632,6 +687,37 @@ def _ops_table(device_entry: dict[str, Any], n: int = 10) -> str:
             for op, size in top]
     return (f"<h4>Largest block per operator (top {len(top)} of {len(ops)})</h4>"
             + _table(("op", "largest block", "bytes"), rows, "ops"))
+
+
+def _at_peak_table(device_entry: dict[str, Any], key: str, what: str, n: int = 10) -> str:
+    """The bytes live at the peak per owner (``owner_bytes_at_peak``) or per operator (``op_bytes_at_peak``)."""
+    named = (device_entry.get("metrics", {}) or {}).get(key) or {}
+    if not isinstance(named, dict) or not named:
+        return ""
+    top = sorted(named.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    rows = [f'<tr><td class="{what}">{_e(name)}</td>{_size_cell(size)}<td class="num exact">{_e(size)}</td></tr>'
+            for name, size in top]
+    title = "Owners at the peak" if what == "owner" else "Operators at the peak"
+    return (f"<h4>{title} (top {len(top)} of {len(named)})</h4>"
+            + _table((what, "live at the peak", "bytes"), rows, f"{what}s-at-peak"))
+
+
+def _capacity_note(entry: dict[str, Any], device_entry: dict[str, Any]) -> str:
+    """The device's recorded capacity and the room left above its peak (reserved, else allocated)."""
+    recorded = ((entry.get("metadata") or {}).get("device_capacity_bytes") or {})
+    capacity = recorded.get(str(device_entry.get("device"))) if isinstance(recorded, dict) else None
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        return ""
+    metrics = device_entry.get("metrics", {}) or {}
+    for key, word in (("peak_reserved_bytes", "peak reserved"), ("peak_allocated_bytes", "peak allocated")):
+        peak = metrics.get(key)
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            room = capacity - peak
+            return (f'<p class="capacity">device capacity <span title="{_e(_exact(capacity))}">{_e(format_size(capacity))}'
+                    f"</span>; headroom above the {word}: <span title=\"{_e(_exact(room))}\">{_e(format_size(room))}"
+                    f"</span> ({_e(f'{room / capacity:.2%}')} of the capacity)</p>")
+    return (f'<p class="capacity">device capacity <span title="{_e(_exact(capacity))}">{_e(format_size(capacity))}'
+            "</span>; no peak measured</p>")
 
 
 def _reconciliation(device_entry: dict[str, Any]) -> str:
@@ -745,7 +831,7 @@ def render_html(
     out.append("<h2>Budgets</h2>")
     if outcomes:
         out.append(_table(("rank", "device", "budget", "metric", "measured", "limit", "headroom", "result", "message"),
-                          _budget_rows(outcomes, anchors), "budgets"))
+                          _budget_rows(outcomes, anchors, _capacities(entries)), "budgets"))
     else:
         out.append('<p class="note">no budget was judged (run memgate check or pytest --memgate with budgets)</p>')
     if errors:
@@ -780,6 +866,7 @@ def _profile_section(i: int, entry: dict[str, Any], outcomes: list[dict[str, Any
         out.append(f'<section class="device" id="p{i}-d{j}"><h3>{_e(name)} <small class="meta">series '
                    f'{_e(dev.get("component") or "-")} from <span class="path">{_e(dev.get("source") or "-")}'
                    "</span></small></h3>")
+        out.append(_capacity_note(entry, dev))
         model = _find_device(profile, name)
         t0: int | None = None
         if model is not None:
@@ -794,6 +881,8 @@ def _profile_section(i: int, entry: dict[str, Any], outcomes: list[dict[str, Any
             out.append('<p class="note">' + ("the normalized profile was not given: no curves"
                                              if not profiles_given else "no curves for this device") + "</p>")
         out.append(f'<div class="cols"><div>{_metrics_table(dev, entry.get("format"), t0)}{_reconciliation(dev)}</div>'
-                   f"<div>{_holders_table(dev, t0)}{_ops_table(dev)}</div></div></section>")
+                   f"<div>{_holders_table(dev, t0)}{_ops_table(dev)}"
+                   f'{_at_peak_table(dev, "owner_bytes_at_peak", "owner")}{_at_peak_table(dev, "op_bytes_at_peak", "op")}'
+                   "</div></div></section>")
     out.append("</section>")
     return "".join(out)

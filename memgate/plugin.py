@@ -813,7 +813,8 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> dict[str, Any]:
             found = getattr(item, "found", None)
             outcomes = [{"profile": str(found.path) if found else "", "rank": r.rank, "budget": "baseline",
                          "metric": r.metric, "limit": r.allowed, "value": r.value, "passed": r.passed,
-                         "device": r.device, "message": r.message, "baseline_value": r.base, "baseline": where}]
+                         "device": r.device, "message": r.message, "baseline_value": r.base, "baseline": where,
+                         "attribution": r.attribution, "baseline_commit": r.baseline_commit}]
     error = call.excinfo.value if call.excinfo is not None and isinstance(call.excinfo.value, MemgateError) else None
     if not outcomes and error is not None:
         found = getattr(item, "found", None)

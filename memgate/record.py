@@ -47,6 +47,8 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, Self
 
+from memgate.readers.jsonstream import escape_names
+
 TRACE_NAME = "torch_trace.json"
 CUDA_SNAPSHOT = "cuda_snapshot.pickle"
 NPU_SNAPSHOT = "npu_snapshot.pickle"
@@ -193,26 +195,6 @@ def drop_step(path: Path, number: int) -> int:
         _dump(data, fh)
     os.replace(tmp, path)
     return memory
-
-
-# torch writes each event's name on a line of its own, unescaped: with the Python tracer on, a
-# frame name can hold quotes (seen in torch 2.13: `"name": "torch/profiler/_cupti_monitor.py(0):     "seed",",`).
-_NAME_LINE = re.compile(rb'^(\s*"name": ")(.*)("(?:,)?)$', re.MULTILINE)
-
-
-def escape_names(raw: bytes) -> bytes:
-    """The trace with every ``"name"`` value that is not a valid JSON string escaped as one."""
-
-    def escape(match: re.Match[bytes]) -> bytes:
-        inner = match.group(2)
-        try:
-            json.loads(b'"' + inner + b'"')
-            return match.group(0)
-        except json.JSONDecodeError:
-            text = json.dumps(inner.decode("utf-8", "replace"), ensure_ascii=False)[1:-1]
-            return match.group(1) + text.encode("utf-8") + match.group(3)
-
-    return _NAME_LINE.sub(escape, raw)
 
 
 def _dump(value: Any, fh: Any, indent: str = "") -> None:

@@ -482,3 +482,57 @@ def test_a_budget_for_other_devices_shows_as_not_selected(sample: tuple[Profile,
     assert re.search(r'<tr class="skipped">.*?<td class="result">not selected</td><td class="msg">not selected: '
                      r"budget &#x27;gpu&#x27; …</td></tr>", page)
     assert "1 of 4 budget checks failed, 1 not selected" in page
+
+
+def _row_cells(page: str, metric: str) -> list[str]:
+    [row] = [r for r in re.findall(r'<tr class="\w+">.*?</tr>', page) if f"<td>{metric}</td>" in r]
+    return re.findall(r"<td[^>]*>(.*?)</td>", row)
+
+
+def test_issue13_budget_rows_imbalance_owner_caps_and_shares() -> None:
+    """rank_imbalance rows are ratios naming the worst and best rank; owner_caps rows are sizes;
+    a limit written as a share of the capacity says of what."""
+    gib = 1 << 30
+    entry = {"path": "/r/rank0", "rank": "0", "format": "x", "metadata": {"device_capacity_bytes": {"npu:0": 2 * gib}},
+             "devices": []}
+    outcomes = [
+        {"profile": "/r", "rank": "0,1", "budget": "b", "metric": "rank_imbalance[peak_allocated]", "limit": 0.05,
+         "value": 0.25, "passed": False, "device": "npu:0", "message": "m", "worst_rank": "1", "best_rank": "0",
+         "worst_value": 4 * gib, "best_value": 3 * gib},
+        {"profile": "/r/rank0", "rank": "0", "budget": "b", "metric": "owner_caps[layers.*]", "limit": 512 << 20,
+         "value": 256 << 20, "passed": True, "device": "npu:0", "message": "m"},
+        {"profile": "/r/rank0", "rank": "0", "budget": "b", "metric": "peak_allocated", "limit": int(0.75 * 2 * gib),
+         "value": gib, "passed": True, "device": "npu:0", "message": "m", "limit_share": 0.75},
+        {"profile": "/r/rank0", "rank": "0", "budget": "c", "metric": "peak_reserved", "limit": 0, "value": gib,
+         "passed": None, "device": "npu:0", "message": "", "error": "needs the capacity", "limit_text": "80%"},
+    ]
+    page = render_html([entry], outcomes)
+    assert _row_cells(page, "rank_imbalance[peak_allocated]")[4:7] == [
+        "0.2500 (25.00%) — worst rank 1 4.00 GiB, best rank 0 3.00 GiB", "0.0500 (5.00%)", "-0.2000"]
+    assert _row_cells(page, "owner_caps[layers.*]")[4:7] == ["256.00 MiB", "512.00 MiB", "256.00 MiB"]
+    assert _row_cells(page, "peak_allocated")[4:7] == ["1.00 GiB", "1.50 GiB (75% of 2.00 GiB)", "512.00 MiB"]
+    assert _row_cells(page, "peak_reserved")[4:7] == ["1.00 GiB", "80%", "-"]
+
+
+def test_issue13_owners_and_ops_at_the_peak_and_capacity_headroom() -> None:
+    gib = 1 << 30
+    entry = {"path": "/r/rank0", "rank": "0", "format": "x",
+             "metadata": {"device_capacity_bytes": {"npu:0": 4 * gib}},
+             "devices": [{"device": "npu:0", "metrics": {
+                 "peak_reserved_bytes": 3 * gib, "peak_allocated_bytes": 2 * gib,
+                 "owner_bytes_at_peak": {"<script>x</script>": 1 << 20, "layers.0": 2 * gib},
+                 "op_bytes_at_peak": {"aten::mm": 3 << 20}}},
+                 {"device": "npu:1", "metrics": {"peak_allocated_bytes": gib}}]}
+    page = render_html([entry], [])
+    assert_offline(page)
+    assert "<script>x" not in page
+    owners = re.search(r"<h4>Owners at the peak \(top 2 of 2\)</h4><table class=\"owners-at-peak\">.*?</table>", page)
+    assert owners is not None
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", owners.group(0)) if "<td" in r]
+    assert rows == [["layers.0", "2.00 GiB", str(2 * gib)], ["&lt;script&gt;x&lt;/script&gt;", "1.00 MiB", str(1 << 20)]]
+    ops = re.search(r"<h4>Operators at the peak \(top 1 of 1\)</h4><table class=\"ops-at-peak\">.*?</table>", page)
+    assert ops is not None
+    assert re.findall(r"<td[^>]*>(.*?)</td>", ops.group(0)) == ["aten::mm", "3.00 MiB", str(3 << 20)]
+    notes = re.findall(r'<p class="capacity">(.*?)</p>', page)
+    assert [re.sub(r"<[^>]+>", "", n) for n in notes] == [
+        "device capacity 4.00 GiB; headroom above the peak reserved: 1.00 GiB (25.00% of the capacity)"]

@@ -11,6 +11,7 @@ and that an error does not depend on where batches end.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import random
@@ -378,3 +379,89 @@ def test_repeats_in_later_events_of_one_buffer_are_named_in_their_own_event(tmp_
     events = ['{"ph": "M", "args": {"k": 1, "k": 1}}'] * 40 + ['{"ph": "M", "args": {"j": 1, "j": 2}}']
     error = ijson_reader(('{"traceEvents": [' + ", ".join(events) + "]}").encode(), tmp_path)
     assert isinstance(error, InputError) and error.column == "traceEvents[40].args.j"
+
+
+# ---- torch's unescaped names (torch 2.13, with_stack=True) -----------------------------------------
+
+ACTIVE6 = TORCH / "cpu_train_active6_profile_memory.json"
+ODD_NAME = 'torch/profiler/_cupti_monitor.py(0):     "seed",'
+ODD_EVENT = """  {
+    "ph": "X",
+    "cat": "python_function",
+    "name": "torch/profiler/_cupti_monitor.py(0):     "seed",",
+    "pid": 15437,
+    "tid": 15437,
+    "ts": 4633982515560.000,
+    "dur": 1.5
+  },
+"""
+
+
+def _with_odd_name(tmp_path: Path, name: str) -> tuple[Path, int]:
+    """The sample with a python_function event whose name line torch left unescaped; and that line's number."""
+    text = ACTIVE6.read_text(encoding="utf-8")
+    at = text.index('"traceEvents": [\n') + len('"traceEvents": [\n')
+    data = (text[:at] + ODD_EVENT + text[at:]).encode()
+    line = text[:at].count("\n") + 4
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(path, "wb") as fh:
+            fh.write(data)
+    else:
+        path.write_bytes(data)
+    return path, line
+
+
+@pytest.mark.parametrize("name", ["trace.json", "trace.json.gz"])
+def test_a_name_torch_left_unescaped_is_read_as_its_text(name: str, tmp_path: Path) -> None:
+    path, line = _with_odd_name(tmp_path, name)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes())
+    original, repaired = kineto.load(ACTIVE6), kineto.load(path)
+    got, expected = profile_metrics(repaired), profile_metrics(original)
+    assert [(m.device, m.component, m.values) for m in got] == [(m.device, m.component, m.values) for m in expected]
+    assert got[0].values["peak_allocated_bytes"] and got[0].values["op_max_block_bytes"]
+    assert repaired.metadata["trace_events"] == original.metadata["trace_events"] + 1
+    assert repaired.metadata["cpu_ops"] == original.metadata["cpu_ops"]
+    assert repaired.metadata["repaired_names"] == 1
+    [note] = repaired.metadata["notes"]
+    assert f"line(s) {line}" in note
+    assert "notes" not in original.metadata and "repaired_names" not in original.metadata
+    with kineto._open(path, repair=True) as fh:
+        events = json.loads(fh.read())["traceEvents"]
+    assert events[0]["name"] == ODD_NAME and events[0]["cat"] == "python_function"
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
+def test_name_repair_streams_what_escape_names_repairs_at_once(chunk: int) -> None:
+    raw = ACTIVE6.read_bytes()
+    at = raw.index(b'"traceEvents": [\n') + len(b'"traceEvents": [\n')
+    data = raw[:at] + ODD_EVENT.encode() * 3 + raw[at:] + b'\n    "name": "a\\"b"'  # the last: valid, kept
+    stream = jsonstream.NameRepair(io.BytesIO(data))
+    out = b"".join(iter(lambda: stream.read(chunk), b""))
+    assert out == jsonstream.escape_names(data)
+    assert out.count(b"\n") == data.count(b"\n") and stream.count == 3
+    assert jsonstream.escape_names(raw) == raw
+
+
+@pytest.mark.parametrize("name", ["trace.json", "trace.json.gz"])
+def test_other_syntax_errors_are_still_refused(name: str, tmp_path: Path) -> None:
+    text = ACTIVE6.read_text(encoding="utf-8")
+    at = text.index('"cat": "cpu_op",')
+    broken = text[:at] + text[at:].replace('"cat": "cpu_op",', '"cat": "cpu_op"', 1)  # a missing comma
+    line = text[:at].count("\n") + 2  # the line after the comma's
+    plain = tmp_path / "plain.json"
+    plain.write_text(broken, encoding="utf-8")
+    odd, _ = _with_odd_name(tmp_path, "odd.json")  # and with an unescaped name before it
+    odd.write_text(odd.read_text(encoding="utf-8").replace('"cat": "cpu_op",', '"cat": "cpu_op"', 1), encoding="utf-8")
+    for path, shift in ((plain, 0), (odd, ODD_EVENT.count("\n"))):
+        if name.endswith(".gz"):
+            gz = path.with_name(path.name + ".gz")
+            gz.write_bytes(gzip.compress(path.read_bytes()))
+            path = gz
+        with pytest.raises(InputError) as caught:
+            kineto.load(path)
+        assert "invalid JSON" in str(caught.value)
+        if not name.endswith(".gz"):  # a gzip stream names the event, not the line
+            assert caught.value.line == line + shift, str(caught.value)
+        assert caught.value.column is not None and caught.value.column.startswith("traceEvents[")

@@ -173,3 +173,17 @@ def test_diff_of_a_baseline_with_a_commit_names_it() -> None:
     lines = diff_text(diff)
     assert "  grew at the peak: op a 1 B -> 2 B (+1 B)" in lines
     assert f"  base saved at commit {COMMIT}" in lines
+
+
+def test_plugin_json_report_carries_the_attribution_and_the_commit(pytester: pytest.Pytester, runs: tuple[Path, Path],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("memgate.plugin.git_commit", lambda directory: (COMMIT, False))
+    base, heavy = runs
+    pytester.runpytest(f"--memgate={base}", "--memgate-save-baseline=baseline.json").assert_outcomes(passed=1)
+    pytester.runpytest(f"--memgate={heavy}", "--memgate-baseline=baseline.json",
+                       "--memgate-compare-fail=peak_allocated:5%", "--memgate-json=report.json").assert_outcomes(failed=1)
+    report = json.loads((pytester.path / "report.json").read_text())
+    [row] = [o for o in report["budgets"] if o["budget"] == "baseline"]
+    assert row["baseline_commit"] == COMMIT
+    assert row["attribution"] == {"ops": [{"name": "aten::mm", "base": MM_BASE, "current": MM_HEAVY,
+                                           "delta": MM_HEAVY - MM_BASE}], "owners": []}

@@ -24,7 +24,10 @@ columns. So memory stays a small multiple of one chunk, not of the file (a 1 GB 
 peak, where orjson.loads peaks at 6.5 GB). A file that reader cannot vouch for (a syntax error, a
 limit, a surrogate escape) is read again event by event with ijson, which names the first
 error with its element and line: both readers accept the same files and read them to the same
-events. Each batch of events is checked against the schema as it comes; of several bad events,
+events. One writer defect is tolerated: torch (2.13, ``with_stack=True``) can write a
+``"name": "..."`` line whose text holds raw quotes; after a syntax error, and only if such a line
+comes before it, the file is streamed again through ``jsonstream.NameRepair``, which reads that
+name as its text, and ``metadata["notes"]`` says so. Valid files never take that path. Each batch of events is checked against the schema as it comes; of several bad events,
 the first in the file is reported.
 
 Time: ``ts`` is µs with 3 decimals, relative to ``baseTimeNanoseconds`` when the trace has it.
@@ -72,6 +75,7 @@ from memgate.readers.jsonstream import (
     DuplicateKey,
     GuardedReader,
     JsonLimitError,
+    NameRepair,
     NumberText,
     Readable,
     Shown,
@@ -167,16 +171,17 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
 
 
 @contextmanager
-def _open(path: Path, *, capped: bool = True) -> Iterator[Readable]:
+def _open(path: Path, *, capped: bool = True, repair: bool = False) -> Iterator[Readable]:
     """The file's bytes; a ``.gz`` one decompressed, past the cap on inflated bytes an InputError
     (limits.InflateCap: a few MB of gzip can inflate to tens of GB). ``capped=False``: for a head,
-    a read of a few KB."""
+    a read of a few KB. ``repair``: through :class:`NameRepair` (torch's unescaped names escaped)."""
     if path.name.lower().endswith(".gz"):
         with gzip.open(path, "rb") as fh:
-            yield limits.InflateCap(fh, path) if capped else fh
+            raw: Readable = limits.InflateCap(fh, path) if capped else fh
+            yield NameRepair(raw) if repair else raw
     else:
         with open(path, "rb") as fh:
-            yield fh
+            yield NameRepair(fh) if repair else fh
 
 
 # ---- streaming ------------------------------------------------------------------------------------
@@ -198,6 +203,16 @@ _OP_FIELDS = ("name", "ts", "dur", "pid", "tid")  # what is kept of a cpu_op, in
 
 class _Unproven(Exception):
     """The json reader cannot vouch for the file: the ijson reader reads it (and names its first error)."""
+
+
+class _BadSyntax(Exception):
+    """A syntax error of the ijson reader (``error``), met ``offset`` bytes into the file: load()
+    reads the file again with torch's unescaped names repaired if one comes before that."""
+
+    def __init__(self, error: InputError, offset: int) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.offset = offset
 
 
 def _no_constant(name: str) -> Any:
@@ -371,7 +386,7 @@ def _objects(events: list[Any]) -> list[dict[str, Any]]:
     return events
 
 
-def _ijson_batches(path: Path, fh: Readable, gz: bool) -> Iterator[list[dict[str, Any]]]:
+def _ijson_batches(path: Path, fh: Readable, gz: bool, escaped: bool = False) -> Iterator[list[dict[str, Any]]]:
     """The traceEvents array as lists of events streamed by ijson, the reader that names a file's first error.
 
     Objects are built as unique_keys() maps, so a key an event repeats with another value is named
@@ -382,9 +397,10 @@ def _ijson_batches(path: Path, fh: Readable, gz: bool) -> Iterator[list[dict[str
     position = [-1]  # the index of the last event read (for the errors of _ijson_errors)
     keys, seen = unique_keys()
     max_rows = limits.current().max_rows
+    reader = guard(fh, path)
     with _ijson_errors(path, gz, lambda: f"traceEvents[{position[0] + 1}]", "traceEvents.item",
-                       lambda: position[0] + 1):
-        for index, event in enumerate(ijson.items(guard(fh, path), "traceEvents.item", map_type=keys)):
+                       lambda: position[0] + 1, syntax=reader, escaped=escaped):
+        for index, event in enumerate(ijson.items(reader, "traceEvents.item", map_type=keys)):
             position[0] = index
             if index >= max_rows:
                 limits.check_rows(path, index + 1, what="trace events", column=f"traceEvents[{index}]")
@@ -404,9 +420,13 @@ def _ijson_batches(path: Path, fh: Readable, gz: bool) -> Iterator[list[dict[str
 
 
 @contextmanager
-def _ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str,
-                  element: Callable[[], int]) -> Iterator[None]:
-    """ijson's and the stream's exceptions as InputErrors at ``where()`` (element ``element()`` under ``prefix``)."""
+def _ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str, element: Callable[[], int], *,
+                  syntax: GuardedReader | None = None, escaped: bool = False) -> Iterator[None]:
+    """ijson's and the stream's exceptions as InputErrors at ``where()`` (element ``element()`` under ``prefix``).
+
+    ``syntax``: the reader ijson reads; a syntax error is raised as a _BadSyntax at its offset.
+    ``escaped``: the file is read through NameRepair (an error is located in the repaired text).
+    """
     try:
         yield
     except JsonLimitError as exc:
@@ -415,8 +435,12 @@ def _ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str,
     except ijson.JSONError as exc:
         if gz:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise InputError(f"invalid JSON: {reason}", file=path, column=where()) from None
-        raise syntax_error(path, exc, element(), prefix=prefix) from None
+            error = InputError(f"invalid JSON: {reason}", file=path, column=where())
+        else:
+            error = syntax_error(path, exc, element(), prefix=prefix, escaped=escaped)
+        if syntax is not None:
+            raise _BadSyntax(error, syntax.offset) from None
+        raise error from None
     except UnicodeDecodeError:
         raise InputError("file is not UTF-8 text", file=path, column=where()) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -429,7 +453,7 @@ def _ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str,
 _EVENTS_END = ("traceEvents", "end_array", None)  # ijson.parse's event at the end of the top-level array
 
 
-def _top_level_conflict(path: Path, gz: bool) -> None:
+def _top_level_conflict(path: Path, gz: bool, repair: bool = False) -> None:
     """InputError for a key repeated with another value outside traceEvents: in the top-level object
     (a second traceEvents array included) or in an object among its other members.
 
@@ -437,7 +461,8 @@ def _top_level_conflict(path: Path, gz: bool) -> None:
     (``takewhile``), the rest kept as digests per key (:class:`_Members`), never as values.
     """
     members = _Members(path)
-    with _open(path) as fh, _ijson_errors(path, gz, lambda: "(top level)", "item", lambda: 0):
+    with _open(path, repair=repair) as fh, _ijson_errors(path, gz, lambda: "(top level)", "item", lambda: 0,
+                                                         escaped=repair):
         events = ijson.parse(guard(fh, path))
         feed = members.feed
         for prefix, event, value in events:
@@ -556,18 +581,48 @@ def _capacities(props: list[dict[str, Any]], devices: list[DeviceModel]) -> dict
     return capacity
 
 
-def _collect(path: Path, gz: bool, schema: dict[str, Any], base: int) -> _Collected:
-    """Read the events with the json reader, or with ijson's when the json reader cannot vouch for the file."""
+def _collect(path: Path, gz: bool, schema: dict[str, Any], base: int) -> tuple[_Collected, NameRepair | None]:
+    """Read the events with the json reader, or with ijson's when the json reader cannot vouch for the file.
+
+    torch's unescaped names (``"name": "...(0):     "seed",",``, see jsonstream.escape_names): only
+    after a syntax error, and only if such a line comes before it, the file is read again through
+    :class:`NameRepair` (streamed; the lines are kept, so another error names the file's own line).
+    Returned with the events: that repairing stream, or None.
+    """
     with collector_paused():
         try:
-            with _open(path) as fh:
-                return _Collected.of(_json_batches(guard(fh, path)), path, schema, base)
-        except _Unproven:
+            return _read_events(path, gz, schema, base, repair=False)
+        except _BadSyntax as bad:
+            if not _has_bad_name(path, bad.offset):
+                raise bad.error from None
+        try:
+            return _read_events(path, gz, schema, base, repair=True)
+        except _BadSyntax as bad:
+            raise bad.error from None
+
+
+def _read_events(path: Path, gz: bool, schema: dict[str, Any], base: int, *,
+                 repair: bool) -> tuple[_Collected, NameRepair | None]:
+    try:
+        with _open(path, repair=repair) as fh:
+            got = _Collected.of(_json_batches(guard(fh, path)), path, schema, base)
+            return got, fh if isinstance(fh, NameRepair) else None
+    except _Unproven:
+        pass
+    with _open(path, repair=repair) as fh:
+        got = _Collected.of(_ijson_batches(path, fh, gz, escaped=repair), path, schema, base)
+        repaired = fh if isinstance(fh, NameRepair) else None
+    _top_level_conflict(path, gz, repair)
+    return got, repaired
+
+
+def _has_bad_name(path: Path, offset: int) -> bool:
+    """Does a name line that NameRepair escapes end within ``offset`` bytes (or one line past them)?"""
+    with _open(path) as raw:
+        fh = NameRepair(raw)
+        while fh.count == 0 and fh.done <= offset and fh.read(CHUNK_BYTES):
             pass
-        with _open(path) as fh:
-            got = _Collected.of(_ijson_batches(path, fh, gz), path, schema, base)
-        _top_level_conflict(path, gz)
-        return got
+        return fh.count > 0
 
 
 # ---- what is kept of the events -------------------------------------------------------------------
@@ -834,7 +889,7 @@ def load(path: Path) -> Profile:
                              expected="'{' with traceEvents (a Kineto trace)", found=repr(head[:20]))
         fields = _head_fields(head)
         base = fields.get("baseTimeNanoseconds", 0)
-        got = _collect(path, gz, schema, base if _valid_base(base) else 0)
+        got, repaired = _collect(path, gz, schema, base if _valid_base(base) else 0)
     except PermissionError:
         raise InputError("file is not readable (permission denied)", file=path) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -854,6 +909,12 @@ def load(path: Path) -> Profile:
                                 "cpu_ops": got.ops.count}
     if got.first_addr.keys() == {False}:
         metadata |= _unpaired_facts(got)
+    if repaired is not None and repaired.count:
+        lines = ", ".join(map(str, repaired.repaired)) + (", ..." if repaired.count > len(repaired.repaired) else "")
+        metadata["repaired_names"] = repaired.count
+        note = (f"{repaired.count} event name(s) that torch wrote with unescaped quotes (invalid JSON; the "
+                f"Python tracer's, with_stack=True) read as their text: line(s) {lines}")
+        metadata["notes"] = [note]
     if capacity := _capacities(fields["deviceProperties"], devices):
         metadata["device_capacity_bytes"] = capacity
     if not got.mem.count:

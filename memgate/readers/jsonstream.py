@@ -26,6 +26,7 @@ the parse), ijson through a ``map_type`` whose ``__setitem__`` notes a key it al
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -203,11 +204,13 @@ def top_level_kind(path: Path) -> str:
     return {b"[": "array", b"{": "object"}.get(head[:1], "other")
 
 
-def syntax_error(path: Path, exc: Exception, element: int, *, prefix: str = "item") -> InputError:
+def syntax_error(path: Path, exc: Exception, element: int, *, prefix: str = "item",
+                 escaped: bool = False) -> InputError:
     """An InputError for a JSON syntax error met while streaming element ``element`` under ``prefix``.
 
     A file that ends early (a trace cut off by a full disk or a killed job) says so, with the line
-    it ends on; other errors are located by line and character when the file is small enough.
+    it ends on; other errors are located by line and character when the file is small enough
+    (``escaped``: in the file as :func:`escape_names` repairs it, which keeps its lines).
     """
     where = _json_path(prefix, element)
     size = path.stat().st_size
@@ -220,7 +223,8 @@ def syntax_error(path: Path, exc: Exception, element: int, *, prefix: str = "ite
     if size <= _LOCATE_LIMIT:
         try:
             with open(path, "rb") as fh:
-                json.loads(fh.read().removeprefix(BOM))
+                data = fh.read().removeprefix(BOM)
+                json.loads(escape_names(data) if escaped else data)
         except json.JSONDecodeError as located:
             return InputError(f"invalid JSON at char {located.colno}: {located.msg}", file=path,
                               line=located.lineno, column=where)
@@ -250,6 +254,111 @@ def _count_lines(path: Path) -> int:
             lines += chunk.count(b"\n")
             last = chunk
     return lines - 1 if last.endswith(b"\n") else lines
+
+
+# ---- torch's unescaped names -----------------------------------------------------------------------
+
+# torch writes each event's name on a line of its own, unescaped: with the Python tracer on, a
+# frame name can hold quotes (seen in torch 2.13: `"name": "torch/profiler/_cupti_monitor.py(0):     "seed",",`).
+_NAME_LINE = re.compile(rb'^(\s*"name": ")(.*)("(?:,)?)$', re.MULTILINE)
+_PLAIN_NAME = re.compile(rb'[^"\\\x00-\x1f]*')  # a valid JSON string's inside without a quote or escape
+_REPAIR_LINE_MAX = 2 * MAX_STRING  # a longer line is passed on as it is (no name line is that long)
+
+
+def escape_names(raw: bytes) -> bytes:
+    """The trace with every ``"name"`` value that is not a valid JSON string escaped as one."""
+    return _NAME_LINE.sub(_escape_name, raw)
+
+
+def _escape_name(match: re.Match[bytes]) -> bytes:
+    inner = match.group(2)
+    if _PLAIN_NAME.fullmatch(inner):
+        return match.group(0)  # the common case, without a parse
+    try:
+        json.loads(b'"' + inner + b'"')
+        return match.group(0)
+    except json.JSONDecodeError:
+        text = json.dumps(inner.decode("utf-8", "replace"), ensure_ascii=False)[1:-1]
+        return match.group(1) + text.encode("utf-8") + match.group(3)
+
+
+class NameRepair:
+    """A binary stream with :func:`escape_names` applied line by line as the bytes pass (lines and
+    their count are kept, so a later error names the file's own line). Memory: a chunk and the line
+    it ends in; a line longer than twice MAX_STRING is passed on unrepaired. ``repaired``: the lines
+    changed so far (1-based line numbers, the first 20)."""
+
+    def __init__(self, raw: Readable) -> None:
+        self._raw = raw
+        self._pending = b""  # the start of a line not yet complete
+        self._passing = False  # inside a line too long to be a name line: passed on as it comes
+        self._out = bytearray()
+        self._lines = 0  # complete lines passed on
+        self.count = 0
+        self.repaired: list[int] = []
+        self.raw_offset = 0  # bytes read from the raw stream
+
+    @property
+    def done(self) -> int:
+        """Bytes of the raw stream whose lines are repaired and passed on."""
+        return self.raw_offset - len(self._pending)
+
+    def read(self, size: int = -1, /) -> bytes:
+        whole = size is None or size < 0
+        want = 1 << 20 if whole else max(size, 1)
+        while whole or len(self._out) < want:
+            chunk = self._raw.read(max(want, 1 << 16))
+            if not chunk:
+                self._flush(self._pending, final=True)
+                self._pending = b""
+                break
+            self.raw_offset += len(chunk)
+            self._feed(chunk)
+        out = bytes(self._out if whole else self._out[:want])
+        del self._out[:len(out)]
+        return out
+
+    def _feed(self, chunk: bytes) -> None:
+        if self._passing:
+            line_end = chunk.find(b"\n") + 1
+            if not line_end:
+                self._out += chunk
+                return
+            self._out += chunk[:line_end]
+            self._lines += 1
+            self._passing = False
+            chunk = chunk[line_end:]
+        end = chunk.rfind(b"\n") + 1
+        if not end:
+            self._pending += chunk
+            if len(self._pending) > _REPAIR_LINE_MAX:
+                self._out += self._pending
+                self._pending, self._passing = b"", True
+            return
+        self._flush(self._pending + chunk[:end], final=False)
+        self._pending = chunk[end:]
+
+    def _flush(self, lines: bytes, *, final: bool) -> None:
+        if not lines:
+            return
+        first = self._lines
+        fixed = _NAME_LINE.sub(_noting_escape(self, lines, first), lines)
+        self._out += fixed
+        self._lines += lines.count(b"\n") + (1 if final and not lines.endswith(b"\n") else 0)
+
+
+def _noting_escape(stream: NameRepair, lines: bytes, first: int) -> Any:
+    """The substitution for :class:`NameRepair`: :func:`_escape_name`, noting each line it changes."""
+
+    def escape(match: re.Match[bytes]) -> bytes:
+        out = _escape_name(match)
+        if out != match.group(0):
+            stream.count += 1
+            if len(stream.repaired) < 20:
+                stream.repaired.append(first + lines.count(b"\n", 0, match.start()) + 1)
+        return out
+
+    return escape
 
 
 # ---- exact numbers and duplicate keys -------------------------------------------------------------
