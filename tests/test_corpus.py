@@ -421,8 +421,8 @@ def test_boundary_cli_validate_exits_2_with_one_line(broken: Expect, capsys: pyt
     assert str(broken.file) in one_stderr_line(result.stderr)
 
 
-@pytest.mark.parametrize("broken", _params([c for c in BOUNDARY if c.id == "db-view-over-an-endless-recursive-query"]),
-                         indirect=True)
+@pytest.mark.parametrize("broken", _params([c for c in BOUNDARY if c.id == "db-view-over-an-endless-recursive-query"]
+                                           + [c for c in JSON_CASES if c.pytest_sample]), indirect=True)
 def test_boundary_pytest_shows_an_error_item(broken: Expect, pytester: pytest.Pytester) -> None:
     pytester.makefile(".toml", gate_budgets=BUDGETS)
     result = pytester.runpytest(f"--memgate={broken.root}", "--memgate-budgets=gate_budgets.toml", "-p",
@@ -435,7 +435,7 @@ def test_boundary_pytest_shows_an_error_item(broken: Expect, pytester: pytest.Py
 
 # ==== issue 11: JSON boundary cases (tests/corpus_json.py) ====================================================
 # Repeated keys, inflated bytes, Addr on some events only, the raw memory timeline, a value repr() cannot
-# write: their own block, the same three ways (loader API, CLI, a few through pytest).
+# write: checked with the boundary cases above (loader API, CLI, a few through pytest), and here.
 
 FORMATS.update(c.format for c in JSON_CASES)  # the raw memory timeline is a registered format: covered here
 
@@ -444,17 +444,6 @@ def test_the_json_boundary_cases_cover_their_classes() -> None:
     assert len({c.id for c in JSON_CASES}) == len(JSON_CASES) >= 15
     assert {c.format for c in JSON_CASES} == {"kineto", "torch_npu", "torch_memory_timeline_raw", "torch_snapshot"}
     assert not {c.id for c in JSON_CASES} & {c.id for c in CASES}
-
-
-@pytest.mark.parametrize("broken", _params([c for c in JSON_CASES if c.pytest_sample]), indirect=True)
-def test_json_boundary_pytest_shows_an_error_item(broken: Expect, pytester: pytest.Pytester) -> None:
-    pytester.makefile(".toml", gate_budgets=BUDGETS)
-    result = pytester.runpytest(f"--memgate={broken.root}", "--memgate-budgets=gate_budgets.toml", "-p",
-                                "no:cacheprovider")
-    output = result.stdout.str() + result.stderr.str()
-    assert "INTERNALERROR" not in output and "Traceback" not in output
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*memgate: error: {broken.file}*"])
 
 
 def test_the_raw_timeline_size_and_row_caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
