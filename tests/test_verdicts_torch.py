@@ -35,14 +35,13 @@ import re
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
 import torchloops as tl
-from torchloops import Loop
+from torchloops import Loop, memory_events, raw_trace, step_spans
 
 from memgate.discover import discover, load
 from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
@@ -101,27 +100,15 @@ def metrics(path: Path, warmup_steps: int = 1, leak_horizon_steps: int = 1) -> D
 # The recordings are what the loops did (checked on the raw JSON, without memgate)
 
 
-def _raw(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_bytes(), parse_float=Decimal)  # type: ignore[no-any-return]
-
-
-def _steps(trace: dict[str, Any]) -> dict[int, tuple[Decimal, Decimal]]:
-    return {int(e["name"].split("#")[1]): (Decimal(e["ts"]), Decimal(e["ts"]) + Decimal(e["dur"]))
-            for e in trace["traceEvents"] if e.get("ph") == "X" and str(e.get("name")).startswith("ProfilerStep#")}
-
-
-def _memory(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    mem = [e for e in trace["traceEvents"] if e.get("ph") == "i" and e.get("name") == "[memory]"]
-    return sorted(mem, key=lambda e: Decimal(e["ts"]))
 
 
 @pytest.mark.parametrize("name", list(LOOPS))
 def test_recording_holds_the_loop(traces: dict[str, Path], name: str) -> None:
     loop = LOOPS[name]
-    trace = _raw(traces[name])
-    steps = _steps(trace)
+    trace = raw_trace(traces[name])
+    steps = step_spans(trace)
     assert sorted(steps) == loop.active_iterations
-    mem = _memory(trace)
+    mem = memory_events(trace)
     assert mem, "profile_memory=True wrote no [memory] events"
     # A fresh process: the reporter's running total starts at 0 at the window (allocations of the
     # wait/warmup iterations are not tracked), and it is the exact running sum of the events.
@@ -341,8 +328,8 @@ def test_new_samples_as_provenance_says(name: str) -> None:
     text = (SAMPLES / name).read_text()
     trace = json.loads(text, parse_float=Decimal)
     assert trace["traceName"] == name
-    assert sorted(_steps(trace)) == [2, 3, 4, 5, 6, 7]
-    mem = _memory(trace)
+    assert sorted(step_spans(trace)) == [2, 3, 4, 5, 6, 7]
+    mem = memory_events(trace)
     first = mem[0]["args"]
     assert first["Total Allocated"] == first["Bytes"]  # recorded in a process of its own
     leaks = [e for e in mem if e["args"]["Bytes"] == SAMPLE_LEAK]

@@ -33,6 +33,7 @@ import pytest
 pytest.importorskip("torch")
 
 import torchloops as tl
+from torchloops import memory_events, raw_trace, step_spans
 
 from memgate import cli
 from memgate.discover import discover, load
@@ -66,19 +67,9 @@ def metrics(path: Path) -> DeviceMetrics:
 # The raw trace, without memgate
 
 
-def _raw(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_bytes(), parse_float=Decimal)  # type: ignore[no-any-return]
-
-
-def _steps(trace: dict[str, Any]) -> dict[int, tuple[Decimal, Decimal]]:
-    return {int(e["name"].split("#")[1]): (Decimal(e["ts"]), Decimal(e["ts"]) + Decimal(e["dur"]))
-            for e in trace["traceEvents"] if e.get("ph") == "X" and str(e.get("name")).startswith("ProfilerStep#")}
-
-
 def _memory(trace: dict[str, Any]) -> list[dict[str, Any]]:
     """The ``[memory]`` events' args in time order (file order on a tie), with their ts."""
-    mem = [e for e in trace["traceEvents"] if e.get("ph") == "i" and e.get("name") == "[memory]"]
-    return [{**e["args"], "ts": Decimal(e["ts"])} for e in sorted(mem, key=lambda e: Decimal(e["ts"]))]
+    return [{**e["args"], "ts": Decimal(e["ts"])} for e in memory_events(trace)]
 
 
 class Window:
@@ -128,8 +119,8 @@ class Window:
 
 
 def test_first_session_ends_with_exactly_the_buffers_it_kept(traces: dict[str, Any]) -> None:
-    trace = _raw(traces["first"])
-    steps, w = _steps(trace), Window(trace)
+    trace = raw_trace(traces["first"])
+    steps, w = step_spans(trace), Window(trace)
     assert sorted(steps) == [2, 3, 4]
     assert all(e["Device Type"] == 0 and e["Total Reserved"] == 0 for e in w.events)
     # A fresh process: nothing carried in, no free without its allocation, Total Allocated is the
@@ -145,8 +136,8 @@ def test_first_session_ends_with_exactly_the_buffers_it_kept(traces: dict[str, A
 
 
 def test_second_session_starts_with_the_stale_bytes(traces: dict[str, Any]) -> None:
-    trace = _raw(traces["second"])
-    steps, w = _steps(trace), Window(trace)
+    trace = raw_trace(traces["second"])
+    steps, w = step_spans(trace), Window(trace)
     assert sorted(steps) == [2, 3, 4, 5]  # a new profiler numbers its steps from 0 again
     # The buffers the first session kept were freed while no profiler recorded: the reporter's total
     # still holds them. The very first event's total is its own bytes plus exactly their sum, and
@@ -174,7 +165,7 @@ def test_second_session_starts_with_the_stale_bytes(traces: dict[str, Any]) -> N
 
 
 def test_fresh_process_carries_nothing(traces: dict[str, Any]) -> None:
-    w = Window(_raw(traces["first"]))
+    w = Window(raw_trace(traces["first"]))
     m = metrics(traces["first"])
     assert m.device == "cpu"
     assert m.carried_over_bytes == 0
@@ -188,7 +179,7 @@ def test_fresh_process_carries_nothing(traces: dict[str, Any]) -> None:
 
 
 def test_second_session_leaves_the_stale_bytes_out(traces: dict[str, Any]) -> None:
-    w = Window(_raw(traces["second"]))
+    w = Window(raw_trace(traces["second"]))
     m = metrics(traces["second"])
     assert m.device == "cpu"
     assert m.carried_over_bytes == STALE == 357_350
@@ -213,9 +204,9 @@ def test_a_stale_address_freed_in_the_window_is_accounted_for(traces: dict[str, 
     at the start), so only the other stale buffer (SMALL_STALE) is carried over."""
     if not traces["reused"]:
         pytest.skip("malloc gave the pre-window buffer another address: no stale address to hit")
-    first = Window(_raw(traces["reuse_first"]))
+    first = Window(raw_trace(traces["reuse_first"]))
     assert first.carried == {0} and first.still_live == sorted((tl.BIG_STALE, tl.SMALL_STALE))
-    trace = _raw(traces["reuse_second"])
+    trace = raw_trace(traces["reuse_second"])
     w = Window(trace)
     assert [e["Bytes"] for e in w.events] == [tl.WINDOW_BUFFER, -tl.BIG_STALE, -tl.WINDOW_BUFFER]
     assert w.events[0]["Total Allocated"] - tl.WINDOW_BUFFER == tl.BIG_STALE + tl.SMALL_STALE
@@ -252,7 +243,7 @@ def as_cuda(src: Path, dst: Path) -> None:
 def test_cuda_totals_are_not_window_relative(traces: dict[str, Any], tmp_path: Path) -> None:
     cuda = tmp_path / "cuda.pt.trace.json"
     as_cuda(traces["second"], cuda)
-    w = Window(_raw(cuda))
+    w = Window(raw_trace(cuda))
     assert {(e["Device Type"], e["Device Id"], e["Total Reserved"]) for e in w.events} == {(1, 0, CUDA_RESERVED)}
     assert w.carried == {STALE}  # the same events: the totals hold 357_350 B before the first one
     m = metrics(cuda)
@@ -273,7 +264,7 @@ def test_cuda_totals_are_not_window_relative(traces: dict[str, Any], tmp_path: P
 
 
 def test_inspect_json_shows_the_carried_bytes(traces: dict[str, Any]) -> None:
-    w = Window(_raw(traces["second"]))
+    w = Window(raw_trace(traces["second"]))
     done = subprocess.run([sys.executable, "-m", "memgate", "inspect", str(traces["second"]), "--json"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -287,7 +278,7 @@ def test_inspect_json_shows_the_carried_bytes(traces: dict[str, Any]) -> None:
 
 
 def test_inspect_text_shows_the_note(traces: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    w = Window(_raw(traces["second"]))
+    w = Window(raw_trace(traces["second"]))
     assert cli.main(["inspect", str(traces["second"])]) == cli.EXIT_OK
     lines = capsys.readouterr().out.splitlines()
     [at] = [i for i, line in enumerate(lines) if line.split()[:1] == ["peak_allocated_bytes"]]
@@ -303,4 +294,4 @@ def test_inspect_json_of_cuda_is_absolute(traces: dict[str, Any], tmp_path: Path
     assert cli.main(["inspect", str(cuda), "--json"]) == cli.EXIT_OK
     [dev] = json.loads(capsys.readouterr().out)["profiles"][0]["devices"]
     assert (dev["device"], dev["window_relative"], dev["carried_over_bytes"]) == ("cuda:0", False, None)
-    assert dev["metrics"]["peak_allocated_bytes"] == Window(_raw(cuda)).max_total
+    assert dev["metrics"]["peak_allocated_bytes"] == Window(raw_trace(cuda)).max_total

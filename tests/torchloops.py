@@ -36,14 +36,16 @@ Patterns (what the loop does besides forward / loss / backward / optimizer step)
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -355,11 +357,16 @@ def _call_forked(name: str, kwargs: dict[str, Any]) -> int:
         one = json.dumps([[name, kwargs]])
         return subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calls"], input=one, text=True,
                               check=False).returncode
+    return _in_fork(lambda: print(_RESULT + json.dumps(CALLS[name](**kwargs))))
+
+
+def _in_fork(work: Callable[[], object]) -> int:
+    """Run ``work`` in a forked child that leaves without running the parent's cleanup; its exit code."""
     pid = os.fork()
-    if pid == 0:  # the child: run, and leave without running the parent's cleanup
+    if pid == 0:
         code = 0
         try:
-            print(_RESULT + json.dumps(CALLS[name](**kwargs)))
+            work()
         except BaseException:  # noqa: BLE001  (whatever happens, the child must not return into the loop)
             traceback.print_exc()
             code = 1
@@ -412,20 +419,7 @@ def _main(argv: list[str]) -> int:
             continue
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: record, and leave without running the parent's cleanup
-            code = 0
-            try:
-                record(path, loop)
-            except BaseException:  # noqa: BLE001  (whatever happens, the child must not return into the loop)
-                traceback.print_exc()
-                code = 1
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
+        if _in_fork(functools.partial(record, path, loop)) != 0:
             print(f"recording {path} ({loop}) failed", file=sys.stderr)
             return 1
     return 0
@@ -444,3 +438,24 @@ def bare_trace_name(path: str | Path) -> None:
     pattern = re.compile(r'"traceName": "(?:[^"\\]|\\.)*"')
     assert len(pattern.findall(text)) == 1, "expected exactly one traceName"
     path.write_text(pattern.sub(lambda _: f'"traceName": {json.dumps(path.name)}', text))
+
+
+# ---- the raw trace, read without memgate (what the tests compare memgate with) ----------------------
+
+
+def raw_trace(path: Path) -> dict[str, Any]:
+    """A recorded trace as JSON, µs times as Decimal (they do not survive a float)."""
+    return json.loads(path.read_bytes(), parse_float=Decimal)  # type: ignore[no-any-return]
+
+
+def step_spans(trace: dict[str, Any]) -> dict[int, tuple[Decimal, Decimal]]:
+    """ProfilerStep number -> (start, end) in µs."""
+    return {int(e["name"].split("#")[1]): (Decimal(e["ts"]), Decimal(e["ts"]) + Decimal(e["dur"]))
+            for e in trace["traceEvents"] if e.get("ph") == "X" and str(e.get("name")).startswith("ProfilerStep#")}
+
+
+def memory_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``[memory]`` events in time order (file order on a tie)."""
+    mem = [e for e in trace["traceEvents"] if e.get("ph") == "i" and e.get("name") == "[memory]"]
+    return sorted(mem, key=lambda e: Decimal(e["ts"]))
+

@@ -137,14 +137,9 @@ def claims(path: Path) -> bool:
 def claims_timeline(path: Path) -> bool:
     """``prof.export_memory_timeline`` JSON: the name says so and the file starts with ``[[``
     (a ``*.raw.json`` name is claimed_raw_timeline's, whichever form it holds)."""
-    if ("memory_timeline" not in path.name.lower() or not _is_json_name(path) or _is_raw_name(path)
-            or not path.is_file()):
+    if "memory_timeline" not in path.name.lower() or not _is_json_name(path) or _is_raw_name(path):
         return False
-    try:
-        head = read_head(path, 256)
-    except (OSError, EOFError, zlib.error):
-        return False
-    return re.match(rb"\s*\[\s*\[\s*(\d|\])", head) is not None
+    return _head_matches(path, rb"\s*\[\s*\[\s*(\d|\])")
 
 
 def _is_raw_name(path: Path) -> bool:
@@ -156,13 +151,18 @@ def _is_raw_name(path: Path) -> bool:
 def claims_raw_timeline(path: Path) -> bool:
     """``prof.export_memory_timeline("*.raw.json.gz")``: the name says so and the file is a JSON
     array that is empty or starts with an array of numbers."""
-    if not _is_raw_name(path) or not path.is_file():
+    return _is_raw_name(path) and _head_matches(path, rb"(\xef\xbb\xbf)?\s*\[\s*(\]|\[\s*-?\d)")
+
+
+def _head_matches(path: Path, pattern: bytes) -> bool:
+    """A file whose first 256 bytes (decompressed) start with ``pattern``; False where they cannot be read."""
+    if not path.is_file():
         return False
     try:
         head = read_head(path, 256)
     except (OSError, EOFError, zlib.error):
         return False
-    return re.match(rb"(\xef\xbb\xbf)?\s*\[\s*(\]|\[\s*-?\d)", head) is not None
+    return re.match(pattern, head) is not None
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
