@@ -137,7 +137,7 @@ def hash_file(path: Path, into: Any | None = None) -> Any:
 _DOWNSTREAM = frozenset({
     "__init__.py", "__main__.py", "cache.py", "cli.py", "plugin.py", "session.py", "budgets.py", "metrics.py",
     "reconcile.py", "report.py", "html_report.py", "compare.py", "ci.py", "record.py", "lttb.py", "sizes.py",
-    "schemas/budgets.schema.json", "schemas/report.schema.json",
+    "autosave.py", "identity.py", "toml_lines.py", "schemas/budgets.schema.json", "schemas/report.schema.json",
 })
 
 
