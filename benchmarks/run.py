@@ -77,7 +77,7 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
         from memgate import discover as disc
         from memgate.metrics import profile_metrics
 
-        disc._load_plugins()
+        disc.import_loaders()
         started = time.perf_counter()
         profiles = []
         for found in disc.discover(args[0]):
@@ -94,7 +94,7 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
 
         # the cold and the warm run use one code fingerprint: memgate's source may be edited between them
         cache_mod.code_fingerprint = lambda: args[2]  # type: ignore[assignment]
-        disc._load_plugins()
+        disc.import_loaders()
         store = ProfileCache(args[1])
         started = time.perf_counter()
         n = 0
@@ -107,7 +107,7 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
     elif task == "memgate-parallel":
         from memgate import discover as disc
 
-        disc._load_plugins()
+        disc.import_loaders()
         started = time.perf_counter()
         results = inspect_parallel(args[0], int(args[1]))
         op = time.perf_counter() - started
@@ -210,11 +210,12 @@ def warm_memory() -> None:
         subprocess.run([PY, "-c", _TOUCH, str(SETTINGS.warm_memory_gib)], check=False)
 
 
-def measure(name: str, command: Sequence[str], *, capture: bool = True, timeout: float = 3600) -> Run:
+def measure(name: str, command: Sequence[str], *, capture: bool = True, timeout: float = 3600, warm: bool = True) -> Run:
     """Run ``command`` in a fresh process; its wall time and its own peak RSS (``wait4`` in a small launcher)."""
     import tempfile
 
-    warm_memory()
+    if warm:
+        warm_memory()
     with tempfile.NamedTemporaryFile("r", suffix=".rusage") as report:
         proc = subprocess.run([PY, "-I", "-S", "-c", _LAUNCHER, report.name, *command],
                               stdout=subprocess.PIPE if capture else subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -264,7 +265,6 @@ from memgate.loaders import snapshot
 from memgate.metrics import profile_metrics
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
-discover._load_plugins()
 cpu = {"imports": time.process_time()}
 last, started = time.process_time(), time.perf_counter()
 def phase(name):
@@ -283,6 +283,34 @@ profile_metrics(profile)
 phase("metrics")
 print(json.dumps({"op_s": time.perf_counter() - started, "cpu_s": cpu}))
 """
+
+
+STARTUP_REPEATS = 21
+SMALL_SNAPSHOT = HERE.parent / "tests" / "data" / "samples" / "torch" / "snapshot_modern_small_cs336.pickle"
+
+
+def measure_startup(name: str, command: Sequence[str]) -> Run:
+    """The run of median wall time of ``STARTUP_REPEATS`` (a start-up takes tens of ms: one run is noise).
+    No memory warm-up: these processes touch a few MiB."""
+    runs = sorted((measure(name, command, capture=False, warm=False) for _ in range(STARTUP_REPEATS)),
+                  key=lambda run: run.wall_s)
+    return runs[len(runs) // 2]
+
+
+def memgate_script() -> list[str]:
+    """The ``memgate`` console script installed next to this interpreter (else ``python -m memgate``)."""
+    script = Path(PY).with_name("memgate")
+    return [str(script)] if script.is_file() else [PY, "-m", "memgate"]
+
+
+def compile_memgate() -> None:
+    """Write memgate's bytecode, as installing a wheel does: with PYTHONDONTWRITEBYTECODE set (as on
+    these machines) an editable install would otherwise compile every module in every process."""
+    import compileall
+
+    import memgate
+
+    compileall.compile_dir(str(Path(memgate.__file__).parent), quiet=1)
 
 
 def child_cmd(task: str, *args: str | os.PathLike[str]) -> list[str]:
@@ -376,11 +404,12 @@ def machine() -> dict[str, Any]:
 
 
 def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = print) -> tuple[list[Line], dict[str, Any]]:
-    inputs = generate.generate(out, scale, only, log=log)
+    compile_memgate()
+    inputs = generate.generate(out, scale, tuple(item for item in only if item in generate.ITEMS), log=log)
     warm_page_cache([Path(info["path"]) for info in inputs.values()])
     lines: list[Line] = []
     cache_root = generate.scale_dir(out, scale) / "profile-cache"
-    imports = "import memgate.discover, memgate.metrics, memgate.loaders.torch_npu; memgate.discover._load_plugins()"
+    imports = "import memgate.discover, memgate.metrics; memgate.discover.import_loaders()"
     base_rss = measure("import memgate", [PY, "-c", imports])
     extras: dict[str, Any] = {"import_baseline_rss": base_rss.peak_rss, "import_wall_s": base_rss.wall_s}
     from memgate.cache import code_fingerprint
@@ -399,6 +428,20 @@ def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = 
         warm = measure("memgate + cache (warm)", child_cmd("memgate-cached", path, store, fingerprint))
         lines.append(Line(item, "memgate, 1st run (fills cache)", cold, warm, "2nd run (cache hit)", "op",
                           "≥10× faster", 0.1))
+
+    if "startup" in only:
+        log(f"start-up ({STARTUP_REPEATS} runs each, the median) ...")
+        cli = memgate_script()
+        bare = measure_startup("python -c pass", [PY, "-c", "pass"])
+        lines.append(Line("startup", "python -c pass", bare, measure_startup("memgate --help", [*cli, "--help"]),
+                          "memgate --help", "wall", "≤1.5×", 1.5))
+        numpy = measure_startup("import numpy", [PY, "-c", "import numpy"])
+        lines.append(Line("startup", "python -c 'import numpy'", numpy,
+                          measure_startup("inspect small", [*cli, "inspect", "--json", str(SMALL_SNAPSHOT)]),
+                          f"memgate inspect, {SMALL_SNAPSHOT.stat().st_size // 1024} KiB snapshot", "wall", "≤3×", 3.0))
+        lines.append(Line("startup", "python -c 'import numpy'", numpy,
+                          measure_startup("import pandas", [PY, "-c", "import pandas"]),
+                          "python -c 'import pandas' (floor)", "wall", "report", None))
 
     if "csv" in inputs:
         info = inputs["csv"]
@@ -509,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=generate.DEFAULT_OUT)
     parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--only", default=",".join(generate.ITEMS))
+    parser.add_argument("--only", default=",".join(("startup", *generate.ITEMS)),
+                        help="comma-separated subset of startup," + ",".join(generate.ITEMS))
     parser.add_argument("--jobs", type=int, default=2, help="workers for the parallel 64-rank line")
     parser.add_argument("--warm-memory", type=float, default=SETTINGS.warm_memory_gib, metavar="GIB",
                         help="GiB touched by a throwaway process before each measured one (0: none)")

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import jsonschema
-
 from memgate.errors import ConfigError, NotMeasurable, NotSelected
 from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile, ProfileInfo
@@ -268,6 +266,8 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
             except ConfigError as exc:
                 raise BudgetKeyError(exc.message, key=str(keys[0]), file=origin, line=line("budgets", index, *keys),
                                      expected=exc.expected, found=exc.found) from None
+    import jsonschema  # here, not at the top: a budget file is the only thing it checks (~40 ms to import)
+
     validator = jsonschema.Draft202012Validator(load_schema("budgets"))
     error = jsonschema.exceptions.best_match(validator.iter_errors(table))
     if error is not None:

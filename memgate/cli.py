@@ -6,18 +6,19 @@ Exit codes: 0 ok, 1 a budget exceeded, 2 bad input or usage (one line on stderr,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from memgate import __version__
 from memgate.errors import ConfigError, MemgateError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time; mypy reads it the same)
 if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
     from memgate.compare import Regression
     from memgate.metrics import MetricOptions
     from memgate.session import ProfileResult
@@ -36,59 +37,91 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="memgate", description="Memory budgets for ML runs, from profiler output.")
-    parser.add_argument("--version", action="version", version=f"memgate {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    loading = _Parser(add_help=False)
-    loading.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                         help="load profiles (ranks) in N processes (default 1)")
-    loading.add_argument("--cache-dir", metavar="DIR", default=os.environ.get("MEMGATE_CACHE_DIR"),
-                         help="keep loaded profiles here, keyed on file content: a second run over unchanged "
-                              "files reads them back (default: $MEMGATE_CACHE_DIR; none when unset)")
-    shown = loading.add_mutually_exclusive_group()
+def _loading_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="load profiles (ranks) in N processes (default 1)")
+    p.add_argument("--cache-dir", metavar="DIR", default=os.environ.get("MEMGATE_CACHE_DIR"),
+                   help="keep loaded profiles here, keyed on file content: a second run over unchanged "
+                        "files reads them back (default: $MEMGATE_CACHE_DIR; none when unset)")
+    shown = p.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_true", default=None,
                        help="show progress of loads over ~2 s even when stderr is not a terminal")
     shown.add_argument("--no-progress", action="store_false", dest="progress", help="never show progress")
-    p = sub.add_parser("inspect", parents=[loading], help="print the metrics of every profile under PATH")
+
+
+def _inspect_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=PATH_HELP)
     p.add_argument("--json", action="store_true", help="print the JSON report instead of text")
     p.add_argument("--warmup-steps", type=int, default=1, metavar="N",
                    help="timed steps dropped before step_growth and leaked are measured (default 1)")
     p.add_argument("--leak-horizon-steps", type=int, default=1, metavar="N",
                    help="last counted steps whose live blocks count as leak_undetermined, not leaked (default 1)")
-    p = sub.add_parser("check", parents=[loading], help="judge every profile under PATH against the budgets")
+
+
+def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", nargs="?", help=PATH_HELP + " (default: 'profiles' of the budget file, relative to it)")
     p.add_argument("--budgets", metavar="FILE", help="memgate.toml or pyproject.toml (default: ./memgate.toml, ./pyproject.toml)")
     p.add_argument("--json", metavar="FILE", dest="json_out",
                    help="also write the JSON report to FILE ('-': to stdout, the table then goes to stderr)")
-    p = sub.add_parser("validate", parents=[loading], help="validate every profile file under PATH against its schema")
+
+
+def _validate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=PATH_HELP)
-    p = sub.add_parser("report", parents=[loading], help="write the self-contained HTML report and/or a PNG/SVG of the curves")
+
+
+def _report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=PATH_HELP)
     p.add_argument("--html", metavar="FILE", help="the HTML report (opens offline: no external request; '-': to stdout)")
     p.add_argument("--image", metavar="FILE",
                    help="the memory curves as .png or .svg (needs memgate[plot]); with several profiles one image "
                         "each, FILE's name plus the profile's")
     p.add_argument("--budgets", metavar="FILE", help="draw these budgets' limits (default: ./memgate.toml, ./pyproject.toml)")
-    p = sub.add_parser("diff", parents=[loading], help="metric and per-operator deltas between two runs (profiles, JSON reports or baselines)")
+
+
+def _diff_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("base", help="the earlier run: " + RUN_HELP)
     p.add_argument("current", help="the run to judge: " + RUN_HELP)
     p.add_argument("--fail", action="append", default=[], metavar="EXPR",
                    help="exit 1 when a metric grew past EXPR, e.g. peak_allocated:5%%, peak_allocated:2.5%%+256MiB")
     p.add_argument("--json", action="store_true", help="print the diff as JSON (to stdout)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="operators listed per change kind (default 10)")
-    p = sub.add_parser("suggest", parents=[loading], help="print a [tool.memgate] budget block from the measured values plus headroom")
+
+
+def _suggest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=RUN_HELP)
     p.add_argument("--headroom", default="10%", metavar="PCT",
                    help="added to every measured value (default 10%%); sizes are rounded up and never below 1 MiB, "
                         "ratios never below 0.010 nor at 1 or more (a limit that cannot fail is left out)")
     p.add_argument("--name", default="default", metavar="NAME", help="budget name (default 'default')")
+
+
+# Each command: its one-line help and what adds its arguments (after the loading options).
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "inspect": ("print the metrics of every profile under PATH", _inspect_options),
+    "check": ("judge every profile under PATH against the budgets", _check_options),
+    "validate": ("validate every profile file under PATH against its schema", _validate_options),
+    "report": ("write the self-contained HTML report and/or a PNG/SVG of the curves", _report_options),
+    "diff": ("metric and per-operator deltas between two runs (profiles, JSON reports or baselines)", _diff_options),
+    "suggest": ("print a [tool.memgate] budget block from the measured values plus headroom", _suggest_options),
+}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given ``argv``, only the command it names gets its arguments (argparse's
+    per-argument cost is most of `memgate --help`'s start-up; the others only need their names)."""
+    parser = _Parser(prog="memgate", description="Memory budgets for ML runs, from profiler output.")
+    parser.add_argument("--version", action="version", version=f"memgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    named = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    for name, (text, add_options) in COMMANDS.items():
+        p = sub.add_parser(name, help=text)
+        if argv is None or name == named:
+            _loading_options(p)
+            add_options(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         commands = {"inspect": _inspect, "check": _check, "validate": _validate, "diff": _diff, "suggest": _suggest,
                     "report": _report}
@@ -118,9 +151,11 @@ def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = ()
     if args.jobs < 1:
         raise ConfigError(f"invalid --jobs {args.jobs}", expected="a number of processes >= 1")
     write = stderr_writer() if wanted(sys.stderr, args.progress) else None
-    from memgate.cache import ProfileCache
+    cache = None
+    if args.cache_dir:
+        from memgate.cache import ProfileCache
 
-    cache = ProfileCache(args.cache_dir) if args.cache_dir else None
+        cache = ProfileCache(args.cache_dir)
     return run_profiles(root, budgets, options=options, jobs=args.jobs, write_progress=write, cache=cache)
 
 
@@ -138,6 +173,8 @@ def _exit_status(results: list[ProfileResult]) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    import json
+
     from memgate.metrics import MetricOptions
     from memgate.report import build_report, inspect_text
 
@@ -200,6 +237,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _write_json(target: str, data: Any, what: str) -> None:
     """``-``: stdout; else the file, atomically."""
+    import json
+
     from memgate.report import write_json_atomic
 
     if target == "-":
@@ -222,6 +261,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
     """Profile entries of a run: a JSON report or baseline file as saved, else the profiles under PATH."""
+    import json
+
     from memgate.compare import baseline_entries, load_baseline, looks_like_memgate_json
 
     if looks_like_memgate_json(Path(path)):
@@ -237,6 +278,8 @@ def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    import json
+
     from memgate.compare import compare_pair, diff_entries, diff_text, pair_entries, parse_rule
 
     rules = [parse_rule(r) for r in args.fail]

@@ -17,10 +17,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memgate.errors import InputError, MemgateError, cannot_read
-from memgate.loaders import torch_npu
-from memgate.model import Profile
+
+if TYPE_CHECKING:
+    from memgate.model import Profile
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,42 @@ class Format:
     run_window: Callable[[Path], tuple[int, int] | None] | None = None
 
 
-TORCH_NPU = Format("torch_npu", lambda p: p.is_dir() and torch_npu.is_profile_dir(p), torch_npu.load, torch_npu.rank_hint,
-                   torch_npu.run_window)
-FORMATS: list[Format] = [TORCH_NPU]
+FORMATS: list[Format] = []  # in the order they are asked; each loader module registers its own
+
+
+# Ascend output folders by name, and the files that make a folder a text export (FORMATS.md §1-3).
+_ASCEND_DIR_SUFFIXES = ("_ascend_pt", "_ascend_ms")
+_ASCEND_DIR_NAMES = ("ASCEND_PROFILER_OUTPUT", "mindstudio_profiler_output")
+_ASCEND_EXPORTS = ("memory_record.csv", "operator_memory.csv", "trace_view.json")
+
+
+def _ascend_dir(path: Path) -> bool:
+    """A folder an Ascend loader may claim: named like a profiler's output, or holding a text export."""
+    name = path.name
+    if name.endswith(_ASCEND_DIR_SUFFIXES) or name.startswith("PROF_") or name in _ASCEND_DIR_NAMES:
+        return path.is_dir()
+    return path.is_dir() and any((path / name).is_file() or (path / _ASCEND_DIR_NAMES[0] / name).is_file()
+                                 for name in _ASCEND_EXPORTS)
+
+
+def _named(*suffixes: str) -> Callable[[Path], bool]:
+    return lambda path: path.name.lower().endswith(suffixes)
+
+
+# The loader modules, in the order they register, each with a test by name (and, for folders, the
+# names inside) that holds for every path the module's formats can claim. A loader is imported only
+# when a path passes its test: `memgate inspect x.pickle` imports the snapshot loader alone, not the
+# Ascend stack (tests/test_imports.py checks both the import graph and that no claim is missed).
+LOADERS: tuple[tuple[str, Callable[[Path], bool]], ...] = (
+    ("torch_npu", _ascend_dir),
+    ("snapshot", _named(".pickle", ".pkl")),
+    ("kineto", _named(".json", ".json.gz")),
+    ("msmemscope", _named(".csv", ".db")),
+    ("ascend_db", lambda p: _named(".db")(p) or _ascend_dir(p)),
+    ("mindspore", lambda p: _named(".csv", ".txt")(p) or _ascend_dir(p)),
+    ("cann", _ascend_dir),
+)
+_imported: set[str] = set()
 
 
 def register(fmt: Format, *, before: str | None = None) -> None:
@@ -65,11 +100,16 @@ class Found:
 
 
 def _found_by_name(path: str, format_name: str, notes: tuple[str, ...] = ()) -> Found:
-    _load_plugins()
-    return Found(Path(path), next(f for f in FORMATS if f.name == format_name), notes)
+    import_loaders()
+    return Found(Path(path), _format(format_name), notes)
+
+
+def _format(name: str) -> Format:
+    return next(f for f in FORMATS if f.name == name)
 
 
 def _claim(path: Path) -> Format | None:
+    import_loaders(path)
     for fmt in FORMATS:
         if fmt.claims(path):
             return fmt
@@ -78,7 +118,6 @@ def _claim(path: Path) -> Format | None:
 
 def discover(root: str | os.PathLike[str]) -> list[Found]:
     """All profiles under ``root`` (or ``root`` itself), in a stable order."""
-    _load_plugins()
     root = Path(root)
     try:
         return _discover(root)
@@ -98,11 +137,14 @@ def _discover(root: Path) -> list[Found]:
     if not os.access(root, os.R_OK) or (root.is_dir() and not os.access(root, os.X_OK)):
         raise InputError("not readable (permission denied)", file=root,
                          expected="read permission" + (" and search (x) permission" if root.is_dir() else ""))
-    if root.is_dir() and root.name == torch_npu.OUTPUT_DIR and torch_npu.is_profile_dir(root):
-        # The output folder given directly: the profile is its parent (profiler_info, rank), in the
-        # format that claims the parent (FORMATS[0] need not be torch_npu once others registered).
-        parent_fmt = _claim(root.parent)
-        return [Found(root.parent, parent_fmt) if parent_fmt else Found(root, TORCH_NPU)]
+    if root.name == _ASCEND_DIR_NAMES[0] and root.is_dir():
+        from memgate.loaders import torch_npu
+
+        if torch_npu.is_profile_dir(root):
+            # The output folder given directly: the profile is its parent (profiler_info, rank), in
+            # the format that claims the parent (a MindSpore or db profile claims before torch_npu).
+            parent_fmt = _claim(root.parent)
+            return [Found(root.parent, parent_fmt) if parent_fmt else Found(root, _format("torch_npu"))]
     fmt = _claim(root)
     if fmt is not None:
         return [Found(root, fmt)]
@@ -186,20 +228,12 @@ def load(found: Found) -> Profile:
     return profile
 
 
-_PLUGINS_LOADED = False
-
-
-def _load_plugins() -> None:
-    """Import the other loaders so they register themselves (kept lazy: import cost)."""
-    global _PLUGINS_LOADED
-    if _PLUGINS_LOADED:
-        return
-    _PLUGINS_LOADED = True
+def import_loaders(path: Path | None = None) -> None:
+    """Import the loader modules that may claim ``path`` (every one when None) and are not imported
+    yet; each registers its formats as it is imported."""
     import importlib
 
-    for module in ("snapshot", "kineto", "msmemscope", "ascend_db", "mindspore", "cann"):
-        try:
+    for module, may_claim in LOADERS:
+        if module not in _imported and (path is None or may_claim(path)):
+            _imported.add(module)
             importlib.import_module(f"memgate.loaders.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"memgate.loaders.{module}":
-                raise

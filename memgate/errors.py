@@ -6,10 +6,13 @@ CLI can render the same one-line message: ``memgate: error: FILE:LINE: ...``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
-from decimal import Decimal
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI's --help imports this module
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class MemgateError(Exception):
@@ -163,7 +166,8 @@ def _scalar(value: object, limit: int) -> str:
         return repr(value) if bits <= _BIG_INT_BITS else f"<{'negative ' if value < 0 else ''}{bits}-bit integer>"
     if isinstance(value, (str, bytes, bytearray)):
         return repr(value[: limit + 1])
-    if isinstance(value, Decimal):
+    decimal = sys.modules.get("decimal")  # not imported: no value can be a Decimal (and --help need not import it)
+    if decimal is not None and isinstance(value, decimal.Decimal):
         digits = len(value.as_tuple().digits)
         return str(value) if digits <= limit else f"<decimal of {digits} digits>"  # a JSON number's text
     try:

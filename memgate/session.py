@@ -11,16 +11,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memgate.budgets import LIMITS, Budget, MetricCache, RankValue, judge, judge_rank_imbalance, rank_value
-from memgate.cache import ProfileCache, open_profile
 from memgate.discover import Found, discover, load
 from memgate.errors import MemgateError, NotMeasurable, NotSelected
 from memgate.metrics import METRIC_KEYS, DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile, ProfileInfo
 from memgate.progress import describe, progress
 from memgate.report import outcome_entry, profile_entry
+
+if TYPE_CHECKING:
+    from memgate.cache import ProfileCache
 
 
 @dataclass
@@ -75,7 +77,12 @@ def process_profile(
     cache: ProfileCache | None = None,
 ) -> ProfileResult:
     try:
-        metrics = open_profile(found, cache)
+        if cache is None:
+            metrics = MetricCache(load(found))
+        else:
+            from memgate.cache import open_profile  # only with a cache: its store (xxhash, Arrow IPC) costs imports
+
+            metrics = open_profile(found, cache)
         entry = profile_entry(metrics.info, metrics.get(options))
     except MemgateError as exc:
         return ProfileResult(str(found.path), found.format.name, None, error=exc)

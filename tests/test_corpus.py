@@ -110,9 +110,9 @@ def _check_error(err: BaseException, expect: Expect, *, locate: bool) -> None:
 
 def test_the_corpus_covers_every_format() -> None:
     from memgate.discover import FORMATS as REGISTERED
-    from memgate.discover import _load_plugins
+    from memgate.discover import import_loaders
 
-    _load_plugins()
+    import_loaders()
     assert {f.name for f in REGISTERED} <= FORMATS
     assert len(CASES) >= 60
     assert len({c.id for c in CASES}) == len(CASES)

@@ -40,11 +40,11 @@ from corpus import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memgate.discover import FORMATS, _load_plugins, discover, load
+from memgate.discover import FORMATS, discover, import_loaders, load
 from memgate.errors import MemgateError
 from memgate.readers.jsonstream import GuardedReader, JsonLimitError
 
-_load_plugins()
+import_loaders()
 BY_NAME = {f.name: f for f in FORMATS}
 CI = bool(os.environ.get("CI")) or os.environ.get("HYPOTHESIS_PROFILE") in ("ci", "thorough")
 

@@ -12,7 +12,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from memgate.loaders import kineto, msmemscope
-from memgate.loaders.snapshot import is_torch_file, op_owner
+from memgate.loaders.events import is_torch_file
+from memgate.loaders.snapshot import op_owner
 from memgate.metrics import METRIC_KEYS, OTHER, bytes_at, profile_metrics
 from memgate.model import BLOCK_COLUMNS
 from memgate.report import inspect_text

@@ -138,9 +138,9 @@ def outside(tmp_path: Path) -> Path:
 
 
 def test_tree_covers_every_format(tree: Path) -> None:
-    from memgate.discover import FORMATS, _load_plugins, discover
+    from memgate.discover import FORMATS, discover, import_loaders
 
-    _load_plugins()
+    import_loaders()
     found = discover(tree)
     assert {f.format.name for f in found} == {f.name for f in FORMATS}
     assert tree_state(tree) == tree_state(tree)  # the hash itself is stable

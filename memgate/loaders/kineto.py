@@ -67,7 +67,7 @@ import pyarrow.compute as pc
 
 from memgate import discover, hints
 from memgate.errors import InputError, show
-from memgate.loaders.snapshot import is_torch_file, pair_allocs
+from memgate.loaders.events import is_torch_file, pair_allocs
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
 from memgate.readers import convert, limits
 from memgate.readers.csvtable import check_readable

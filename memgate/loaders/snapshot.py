@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 
 from memgate import discover
 from memgate.errors import InputError
+from memgate.loaders.events import is_torch_file, pair_allocs
 from memgate.model import BLOCK_COLUMNS, DeviceModel, PoolState, Profile, Series, empty_steps
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
@@ -392,24 +393,6 @@ def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str,
     )
 
 
-def pair_allocs(addr: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
-    """For events in time order: the index of each alloc's next free at the same address, and of each
-    free's alloc; -1 where there is none (a free of memory allocated before the window, a block still
-    live at its end). Vectorized: a stable sort by address keeps time order within an address.
-    """
-    n = len(addr)
-    partner = np.full(n, -1, dtype=np.int64)
-    if n < 2:
-        return partner
-    by_addr = np.argsort(addr, kind="stable")  # stable: time order within an address
-    a = addr[by_addr]
-    alloc = is_alloc[by_addr]
-    matched = np.flatnonzero((a[1:] == a[:-1]) & alloc[:-1] & ~alloc[1:])
-    partner[by_addr[matched]] = by_addr[matched + 1]
-    partner[by_addr[matched + 1]] = by_addr[matched]
-    return partner
-
-
 def _device_model(
     dev: int, trace: _Trace, segs: _Segments, npu: bool, t_origin: int, path: Path
 ) -> tuple[DeviceModel, dict[str, Any]]:
@@ -659,14 +642,6 @@ def op_owner(frames: Any, path: Path | None, where: str,
         if op is not None and owner is not None:
             break
     return op, owner or fallback
-
-
-_TORCH_DIR = re.compile(r"(^|/)(torch|torch_npu)/")
-
-
-def is_torch_file(filename: str) -> bool:
-    """Does ``filename`` lie under a ``torch`` / ``torch_npu`` package directory (torch's own code)?"""
-    return _TORCH_DIR.search(filename.replace("\\", "/")) is not None
 
 
 def _role(frame: Any, path: Path | None, where: str) -> _Role:

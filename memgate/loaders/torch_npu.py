@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memgate import discover
 from memgate.errors import InputError, cannot_read
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
@@ -536,3 +537,10 @@ def _metadata(info: dict[str, Any], profile_dir: Path) -> dict[str, Any]:
     if notes := rank_notes(profile_dir, info):
         meta["notes"] = notes
     return meta
+
+
+def claims(path: Path) -> bool:
+    return path.is_dir() and is_profile_dir(path)
+
+
+discover.register(discover.Format("torch_npu", claims, load, rank_hint, run_window))

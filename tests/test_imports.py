@@ -1,0 +1,114 @@
+"""The CLI imports what a path needs and nothing else (issue: lean imports).
+
+`memgate --help` imports none of numpy, pandas, pyarrow or jsonschema; `memgate inspect` of a
+snapshot or a Kineto trace imports its own loader only (not the Ascend stack, not jsonschema, which
+checks budget files). Discovery imports a loader only when a path passes the loader's name test
+(memgate.discover.LOADERS): that test must hold for every path the loader's formats claim, checked
+here over the real samples and every input the corpus builds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import corpus
+import corpus_boundary
+import corpus_json
+import pytest
+from helpers import SAMPLES
+
+from memgate import discover
+
+TORCH = SAMPLES / "torch"
+HEAVY = ("numpy", "pandas", "pyarrow", "jsonschema", "ijson", "xxhash")
+LOADERS = tuple(f"memgate.loaders.{name}" for name, _ in discover.LOADERS)
+
+_PROBE = """
+import json, sys
+from memgate.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:
+    rc = exc.code
+print(json.dumps({"rc": rc, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def imported_by(*args: str | Path) -> set[str]:
+    """The modules a fresh interpreter holds after ``memgate ARGS`` (its exit code checked)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMGATE_")}
+    done = subprocess.run([sys.executable, "-c", _PROBE, *map(str, args)], check=False, capture_output=True,
+                          text=True, env=env, timeout=120)
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report["rc"] in (0, 1), done.stderr
+    return set(report["modules"])
+
+
+def top_level(modules: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in modules}
+
+
+def test_help_imports_no_core_library() -> None:
+    modules = imported_by("--help")
+    assert not top_level(modules) & set(HEAVY)
+    assert not {m for m in modules if m.startswith("memgate.")} - {"memgate.cli", "memgate.errors"}
+
+
+@pytest.mark.parametrize(("sample", "loader"), [
+    (TORCH / "snapshot_modern_small_cs336.pickle", "memgate.loaders.snapshot"),
+    (TORCH / "cpu_train_profile_memory.json", "memgate.loaders.kineto"),
+], ids=["snapshot", "kineto"])
+def test_inspect_imports_its_loader_only(sample: Path, loader: str) -> None:
+    modules = imported_by("inspect", "--json", sample)
+    assert loader in modules
+    assert {m for m in LOADERS if m in modules} == {loader}
+    # a budget file is what jsonschema checks; the Ascend readers and the outputs stay out
+    for name in ("jsonschema", "memgate.readers.sqlitetable", "memgate.loaders.trace_view", "memgate.compare",
+                 "memgate.html_report", "memgate.plot", "memgate.cache"):
+        assert name not in modules, name
+
+
+def test_a_folder_of_snapshots_imports_no_ascend_loader(tmp_path: Path) -> None:
+    for name in ("a.pickle", "b.pickle"):
+        (tmp_path / name).write_bytes((TORCH / "snapshot_modern_small_cs336.pickle").read_bytes())
+    modules = imported_by("inspect", tmp_path)
+    assert {m for m in LOADERS if m in modules} == {"memgate.loaders.snapshot"}
+
+
+def _paths(root: Path) -> Iterator[Path]:
+    yield root
+    if root.is_dir() and not root.is_symlink():
+        for current, dirs, files in os.walk(root):
+            for name in dirs + files:
+                yield Path(current) / name
+
+
+def _corpus_inputs(tmp: Path) -> Iterator[Path]:
+    for index, case in enumerate([*corpus.CASES, *corpus_boundary.BOUNDARY, *corpus_json.JSON_CASES]):
+        where = tmp / f"c{index}"
+        where.mkdir()
+        yield case.make(where).root
+
+
+def test_every_claimed_path_passes_its_loaders_name_test(tmp_path: Path) -> None:
+    discover.import_loaders()
+    tests = dict(discover.LOADERS)
+    module_of = {fmt.name: fmt.load.__module__.rsplit(".", 1)[-1] for fmt in discover.FORMATS}
+    assert set(module_of.values()) == set(tests)  # every registered format comes from a listed loader
+    claimed: dict[str, int] = {}
+    for root in [SAMPLES, *_corpus_inputs(tmp_path)]:
+        for path in _paths(root):
+            for fmt in discover.FORMATS:
+                try:
+                    claims = fmt.claims(path)
+                except OSError:
+                    continue
+                if claims:
+                    claimed[fmt.name] = claimed.get(fmt.name, 0) + 1
+                    assert tests[module_of[fmt.name]](path), f"{fmt.name} claims {path}, its name test does not"
+    assert set(claimed) == set(module_of), f"formats never seen claiming: {set(module_of) - set(claimed)}"
