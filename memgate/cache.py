@@ -33,17 +33,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from memgate import __version__
 from memgate.budgets import MetricCache
 from memgate.discover import Found, load
 from memgate.errors import ConfigError
+from memgate.lazy import lazy_module
 from memgate.metrics import DeviceMetrics, MetricOptions
 from memgate.model import DeviceModel, PoolState, Profile, ProfileInfo, Series
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+else:  # imported on first use: pytest loads the plugin, and so this module, on every run
+    pd = lazy_module("pandas", globals(), "pd")
+    pa = lazy_module("pyarrow", globals(), "pa")
 
 try:  # xxh3 hashes at memory speed; blake2b is the standard-library fallback (~1 GB/s)
     import xxhash

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from memgate import hints
+from memgate.lazy import lazy_module
 from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile
 from memgate.reconcile import DeviceFacts, reconcile
 from memgate.sizes import format_size
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:  # imported on first use: pytest loads the plugin, and so this module, on every run
+    np = lazy_module("numpy", globals(), "np")
+    pd = lazy_module("pandas", globals(), "pd")
 
 TOP_N = 10
 METRIC_KEYS = (

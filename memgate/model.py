@@ -10,12 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from memgate.errors import InputError
+from memgate.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:  # imported on first use: pytest loads the plugin, and so this module, on every run
+    np = lazy_module("numpy", globals(), "np")
+    pd = lazy_module("pandas", globals(), "pd")
 
 SERIES_COLUMNS = ("t_ns", "allocated", "reserved", "active")
 BLOCK_COLUMNS = ("size", "t_alloc", "t_free", "op", "stream", "owner", "component", "alloc_total")

@@ -18,12 +18,17 @@ together at all (no time overlap, other devices).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-import pandas as pd
-
+from memgate.lazy import lazy_module
 from memgate.model import DeviceModel, Series
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:  # imported on first use: pytest loads the plugin, and so this module, on every run
+    np = lazy_module("numpy", globals(), "np")
+    pd = lazy_module("pandas", globals(), "pd")
 
 
 @dataclass(frozen=True)

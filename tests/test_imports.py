@@ -25,7 +25,7 @@ from helpers import SAMPLES
 from memgate import discover
 
 TORCH = SAMPLES / "torch"
-HEAVY = ("numpy", "pandas", "pyarrow", "jsonschema", "ijson", "xxhash")
+HEAVY = ("numpy", "pandas", "pyarrow", "jsonschema", "ijson")
 LOADERS = tuple(f"memgate.loaders.{name}" for name, _ in discover.LOADERS)
 
 _PROBE = """
@@ -112,3 +112,20 @@ def test_every_claimed_path_passes_its_loaders_name_test(tmp_path: Path) -> None
                     claimed[fmt.name] = claimed.get(fmt.name, 0) + 1
                     assert tests[module_of[fmt.name]](path), f"{fmt.name} claims {path}, its name test does not"
     assert set(claimed) == set(module_of), f"formats never seen claiming: {set(module_of) - set(claimed)}"
+
+
+def test_a_pytest_run_that_gates_nothing_imports_no_core_library(tmp_path: Path) -> None:
+    """pytest loads the plugin on every run: a run without --memgate, markers or fixtures pays for
+    none of the libraries a gate needs."""
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert 1 + 1 == 2\n")
+    probe = ("import json, sys, pytest\n"
+             "rc = pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]])\n"
+             "print(json.dumps({'rc': int(rc), 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMGATE_", "PYTEST_"))}
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "test_plain.py")], check=False,
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report["rc"] == 0, done.stdout
+    modules = set(report["modules"])
+    assert "memgate.plugin" in modules  # the plugin was loaded ...
+    assert not top_level(modules) & set(HEAVY)  # ... and imported none of them
