@@ -442,6 +442,15 @@ def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = 
         lines.append(Line("startup", "python -c 'import numpy'", numpy,
                           measure_startup("import pandas", [PY, "-c", "import pandas"]),
                           "python -c 'import pandas' (floor)", "wall", "report", None))
+        # pytest loads the plugin on every run: a run that gates nothing should not notice it
+        plain = out / "plain-test"
+        plain.mkdir(parents=True, exist_ok=True)
+        (plain / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+        pytest_cmd = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(plain / "test_plain.py")]
+        lines.append(Line("startup", "pytest -p no:memgate, one plain test",
+                          measure_startup("pytest without memgate", [*pytest_cmd, "-p", "no:memgate"]),
+                          measure_startup("pytest with memgate", pytest_cmd), "pytest, plugin loaded", "wall",
+                          "≤1.1× (memgate's own)", 1.1))
 
     if "csv" in inputs:
         info = inputs["csv"]

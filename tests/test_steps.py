@@ -117,3 +117,17 @@ def test_msmemscope_step_marked_twice(tmp_path: Path) -> None:
     assert (err.file, err.line, err.column) == (str(path), 4, "Name")
     assert err.message == "step 1 appears twice in process 3101864"
     assert err.found == "STEP 1 at line 2 and at line 4"
+
+
+@pytest.mark.parametrize("name", ["ProfilerStep#\u0663", "ProfilerStep#\uff13", "ProfilerStep#3\n", "ProfilerStep#"])
+def test_a_step_name_is_ascii_digits_to_its_end(name: str) -> None:
+    """torch writes ProfilerStep#<ASCII digits>; Python's \\d and $ would also take other scripts'
+    digits (int() reads them) and a trailing newline."""
+    import re
+
+    from memgate.loaders import kineto, snapshot, trace_view
+
+    for pattern in (kineto.STEP_NAME, trace_view.STEP_NAME):
+        assert pattern.match(name) is None
+    assert re.fullmatch(snapshot.STEP_NAME.pattern.replace("$", r"\Z"), name) is None  # as RE2 reads it
+    assert kineto.STEP_NAME.match("ProfilerStep#12").group(1) == "12"  # type: ignore[union-attr]

@@ -97,7 +97,7 @@ SCHEMA = "kineto"
 COMPONENT = "allocator"
 UNPAIRED = "allocations without Addr"  # the blocks of a trace whose [memory] events carry no Addr
 HEAD_BYTES = 1 << 16
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)\Z")
 # c10::DeviceType, lower-cased; PrivateUse1 is torch_npu's NPU (FORMATS.md).
 DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip", 7: "fpga",
                 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu",
@@ -105,7 +105,7 @@ DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "
 CPU = 0
 _BASE_MAX = 9 * 10**18
 MODULE_PREFIX = "nn.Module: "  # python_function spans of traces recorded with_modules=True
-_FRAME = re.compile(r"^(?!<built-in)(.+?)\(\d+\): ")  # a with_stack frame: ``file.py(12): forward``
+_FRAME = re.compile(r"^(?!<built-in)(.+?)\([0-9]+\): ")  # a with_stack frame: ``file.py(12): forward``
 _I64_MAX = (1 << 63) - 1
 
 
@@ -139,7 +139,7 @@ def claims_timeline(path: Path) -> bool:
     (a ``*.raw.json`` name is claimed_raw_timeline's, whichever form it holds)."""
     if "memory_timeline" not in path.name.lower() or not _is_json_name(path) or _is_raw_name(path):
         return False
-    return _head_matches(path, rb"\s*\[\s*\[\s*(\d|\])")
+    return _head_matches(path, rb"\s*\[\s*\[\s*([0-9]|\])")
 
 
 def _is_raw_name(path: Path) -> bool:
@@ -151,7 +151,7 @@ def _is_raw_name(path: Path) -> bool:
 def claims_raw_timeline(path: Path) -> bool:
     """``prof.export_memory_timeline("*.raw.json.gz")``: the name says so and the file is a JSON
     array that is empty or starts with an array of numbers."""
-    return _is_raw_name(path) and _head_matches(path, rb"(\xef\xbb\xbf)?\s*\[\s*(\]|\[\s*-?\d)")
+    return _is_raw_name(path) and _head_matches(path, rb"(\xef\xbb\xbf)?\s*\[\s*(\]|\[\s*-?[0-9])")
 
 
 def _head_matches(path: Path, pattern: bytes) -> bool:
@@ -1312,7 +1312,7 @@ def _enclosing(end: np.ndarray) -> np.ndarray:
     return cand
 
 
-_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 
 
 def _rank_of(path: Path) -> str:

@@ -61,7 +61,7 @@ SCHEMA = "torch_snapshot"
 SUFFIXES = (".pickle", ".pkl")
 COMPONENT = "allocator"
 SIZE_BASIS = "requested"  # the trace's alloc/free sizes, what the memory viewer plots
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)$")  # also read by RE2 (Arrow), where $ is the end
 # Metrics that need the allocation history (peaks, growth of reserved or per step, leaks, the peak's
 # holders): not measurable from a snapshot without one. A one-sample series would otherwise read as
 # a peak, and as "reserved never grew" (external_fragmentation 0).
@@ -663,7 +663,7 @@ def _role(frame: Any, path: Path | None, where: str) -> _Role:
 def _steps(ann: dict[str, pa.Array | None]) -> pd.DataFrame:
     names, stages = ann["name"], ann["stage"]
     assert names is not None and stages is not None  # required by the schema
-    number = pc.extract_regex(names, STEP_NAME.pattern.replace("(\\d+)", "(?P<n>\\d+)"))
+    number = pc.extract_regex(names, STEP_NAME.pattern.replace("([0-9]+)", "(?P<n>[0-9]+)"))
     frame = pd.DataFrame({
         "step": pd.array(pc.struct_field(number, "n").to_pylist(), dtype="string"),
         "stage": stages.to_pylist(),
@@ -744,7 +744,7 @@ def _has_npu_frames(stacks: Any) -> bool:
     return False
 
 
-_RANK = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 
 
 def _rank_of(path: Path) -> str:

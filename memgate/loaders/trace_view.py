@@ -20,7 +20,7 @@ from memgate.errors import InputError, show
 from memgate.model import empty_steps
 from memgate.readers.jsonstream import iter_array, top_level_kind
 
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)\Z")
 I64_MAX = (1 << 63) - 1
 MEMORY_COUNTERS = ("APP/DDR", "APP/HBM", "APP/Memory", "Device/DDR", "Device/HBM", "Device/Memory")
 
