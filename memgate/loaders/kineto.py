@@ -976,6 +976,9 @@ def _plain_us_ns(values: list[Any], prop: Mapping[str, Any]) -> np.ndarray | Non
         us = pa.array(values, type=pa.decimal128(38, 9))
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         return None
+    zero = np.flatnonzero(pc.equal(us, 0).to_numpy(zero_copy_only=False))
+    if any(values[i] != 0 for i in zero.tolist()):  # Arrow gives 0 for a Decimal like -1E-910 (not an error)
+        return None
     bounds = pc.min_max(us)
     if bounds["min"].as_py() < prop["minimum"] or bounds["max"].as_py() > prop["maximum"]:
         return None

@@ -259,7 +259,11 @@ def read_capped(path: Path, limit: int) -> bytes:
         )
     try:
         with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
+            # read the file's size, not the cap: read(n) allocates n bytes first, and 2 GiB for a small
+            # file can fail under another thread's address-space cap (address_space_capped)
+            data = fh.read(min(st.st_size, limit) + 1)
+            if len(data) > st.st_size:  # grew while we looked: on to the cap
+                data += fh.read(limit + 1 - len(data))
     except PermissionError:
         raise InputError(
             "file is not readable (permission denied); torch_npu's _dump_snapshot writes snapshots "
