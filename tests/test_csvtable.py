@@ -13,6 +13,7 @@ import csv
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pyarrow as pa
 import pytest
@@ -133,6 +134,21 @@ def _first_jsonschema_error(path: Path, validator: Draft202012Validator) -> tupl
 @given(data=st.data(), newline=st.sampled_from(("\n", "\r\n")), quote_all=st.booleans())
 def test_vectorized_validator_agrees_with_jsonschema(name: str, data: st.DataObject, newline: str,
                                                      quote_all: bool) -> None:
+    _agrees_with_jsonschema(name, data, newline, quote_all)
+
+
+@pytest.mark.parametrize("name", TORCH_NPU)
+@given(data=st.data(), newline=st.sampled_from(("\n", "\r\n")), quote_all=st.booleans(), size=st.integers(1, 300))
+def test_byte_ranges_agree_with_jsonschema(name: str, data: st.DataObject, newline: str, quote_all: bool,
+                                           size: int) -> None:
+    """The same, the file read in byte ranges of about ``size`` bytes (a few lines each)."""
+    from memgate.readers import csvtable
+
+    with mock.patch.object(csvtable, "RANGE_BYTES", size):
+        _agrees_with_jsonschema(name, data, newline, quote_all)
+
+
+def _agrees_with_jsonschema(name: str, data: st.DataObject, newline: str, quote_all: bool) -> None:
     schema = load_schema(name)
     header, rows = data.draw(TABLES[name])
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -89,16 +91,29 @@ def _load(profile_dir: Path) -> Profile:
             devices[device] = {"series": {}, "blocks": empty_blocks(), "blocks_source": None}
         return devices[device]
 
-    if (out / "memory_record.csv").exists():
-        path = out / "memory_record.csv"
-        for device, component, frame in read_memory_record(path):
-            slot(device)["series"][component] = Series(component, frame, str(path))
-        _require_operator_memory(out, devices)
-    if (out / "operator_memory.csv").exists():
-        path = out / "operator_memory.csv"
-        for device, blocks in read_operator_memory(path):
-            slot(device)["blocks"] = blocks
-            slot(device)["blocks_source"] = str(path)
+    ops_path = out / "operator_memory.csv"
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memgate-ops") as side:
+        ops: Future[list[tuple[str, pd.DataFrame]] | None] | None = None
+        if (out / "memory_record.csv").exists():
+            path = out / "memory_record.csv"
+            # operator_memory.csv is parsed while this file's series are split (they would hold a
+            # core each way), not before: both files' columns at once would raise the peak memory
+            record_parsed, failed = threading.Event(), threading.Event()
+            if ops_path.exists():
+                ops = side.submit(_read_operator_memory_after, ops_path, record_parsed, failed)
+            try:
+                for device, component, frame in read_memory_record(path, record_parsed.set):
+                    slot(device)["series"][component] = Series(component, frame, str(path))
+                _require_operator_memory(out, devices)
+            except BaseException:  # this file's error comes first; the other read stops or is not begun
+                failed.set()
+                record_parsed.set()
+                raise
+        if ops is not None or ops_path.exists():
+            blocks_list = ops.result() if ops is not None else read_operator_memory(ops_path)
+            for device, blocks in blocks_list or []:
+                slot(device)["blocks"] = blocks
+                slot(device)["blocks_source"] = str(ops_path)
     if (out / "npu_module_mem.csv").exists():
         path = out / "npu_module_mem.csv"
         for device, component, frame in read_npu_module_mem(path):
@@ -165,6 +180,12 @@ def _load(profile_dir: Path) -> Profile:
     )
 
 
+def _read_operator_memory_after(path: Path, start: threading.Event,
+                                failed: threading.Event) -> list[tuple[str, pd.DataFrame]] | None:
+    start.wait()
+    return None if failed.is_set() else read_operator_memory(path)
+
+
 def _check_links(out: Path) -> None:
     """A symlink loop or a dangling link where an export file belongs is an error, not a missing file."""
     for name in EXPORT_FILES:
@@ -211,18 +232,19 @@ def _no_memory_data(profile_dir: Path, out: Path, info: dict[str, Any]) -> Input
 
 
 _R = TypeVar("_R")
+_P = ParamSpec("_P")
 
 
-def _file_errors(read: Callable[[Path], _R]) -> Callable[[Path], _R]:
+def _file_errors(read: Callable[Concatenate[Path, _P], _R]) -> Callable[Concatenate[Path, _P], _R]:
     """A value the schema admits but int64 cannot hold (a 25-digit timestamp) is bad input, not a crash.
 
     The conversion does not say which row failed, so the error names the file only.
     """
 
     @functools.wraps(read)
-    def wrapper(path: Path) -> _R:
+    def wrapper(path: Path, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
-            return read(path)
+            return read(path, *args, **kwargs)
         except (pa.ArrowInvalid, OverflowError) as exc:
             raise InputError(f"a value is out of range: {str(exc).splitlines()[0]}", file=path,
                              expected="bytes and ns that fit in int64") from None
@@ -230,34 +252,36 @@ def _file_errors(read: Callable[[Path], _R]) -> Callable[[Path], _R]:
     return wrapper
 
 
-def _in_bytes(bytes_per_unit: int) -> Converter:
-    return functools.partial(convert.unit_to_bytes, bytes_per_unit=bytes_per_unit)
-
-
-# What the loaders keep of the two big files (streamed; nothing else stays in memory).
+# What the loaders keep of the two big files (streamed; nothing else stays in memory). The
+# converters reuse what each column's check computed: each number cell is read once.
+_LABELS = convert.ToCategories(labels=True)
+_US = convert.ToNs(3)
 MEMORY_RECORD_COLUMNS: dict[str, Converter] = {
-    "Device Type": convert.label_categories,
-    "Component": convert.categories,
-    "Timestamp(us)": convert.us_to_ns,
-    "Total Allocated(MB)": _in_bytes(MIB),
-    "Total Reserved(MB)": _in_bytes(MIB),
-    "Total Active(MB)": _in_bytes(MIB),
+    "Device Type": _LABELS,
+    "Component": convert.ToCategories(),
+    "Timestamp(us)": _US,
+    "Total Allocated(MB)": convert.ToBytes(MIB),
+    "Total Reserved(MB)": convert.ToBytes(MIB),
+    "Total Active(MB)": convert.ToBytes(MIB),
 }
 OPERATOR_MEMORY_COLUMNS: dict[str, Converter] = {
-    "Device Type": convert.label_categories,
+    "Device Type": _LABELS,
     "Name": keep_text,
     "Stream Ptr": keep_text,
-    "Size(KB)": _in_bytes(KIB),
-    "Allocation Time(us)": convert.us_to_ns,
-    "Release Time(us)": convert.us_to_ns,
-    "Active Release Time(us)": convert.us_to_ns,
-    "Allocation Total Allocated(MB)": _in_bytes(MIB),
+    "Size(KB)": convert.ToBytes(KIB),
+    "Allocation Time(us)": _US,
+    "Release Time(us)": _US,
+    "Active Release Time(us)": _US,
+    "Allocation Total Allocated(MB)": convert.ToBytes(MIB),
 }
 
 
 @_file_errors
-def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
+def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> list[tuple[str, str, pd.DataFrame]]:
+    """``parsed``: called once the file is parsed and checked, before the series are split."""
     table = read_csv(path, load_schema("torch_npu.memory_record"), MEMORY_RECORD_COLUMNS)
+    if parsed is not None:
+        parsed()
     _require_when(table, "Component", lambda c: pc.not_equal(c, "APP"), ("Total Allocated(MB)", "Total Reserved(MB)"))
     _require_when(table, "Component", lambda c: pc.equal(c, "APP"), ("Total Reserved(MB)",))
     columns = {"t_ns": "Timestamp(us)", "allocated": "Total Allocated(MB)", "reserved": "Total Reserved(MB)",
@@ -279,7 +303,7 @@ def read_memory_record(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
 
 def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str, ...]) -> None:
     """Cells a row must fill given its ``key`` column (e.g. a PTA row needs Total Allocated)."""
-    applies = condition(table.column(key))
+    applies = _rows_where(table.column(key), condition)
     for column in columns:
         missing = pc.and_(applies, pc.is_null(table.column(column)))
         if pc.any(missing).as_py():
@@ -289,6 +313,14 @@ def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str,
                 file=table.path, line=table.line_of(row), column=column, expected="a number",
                 found="an empty cell",
             )
+
+
+def _rows_where(col: pa.ChunkedArray, condition: Any) -> pa.ChunkedArray:
+    """``condition`` of each row; of a dictionary column, computed on its distinct values only."""
+    if not pa.types.is_dictionary(col.type):
+        return condition(col)
+    return pa.chunked_array([pc.take(condition(chunk.dictionary), chunk.indices) for chunk in col.chunks],
+                            type=pa.bool_())
 
 
 @_file_errors

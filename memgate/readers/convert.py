@@ -7,6 +7,7 @@ exactly (torch_npu writes ``bytes / 1024**2``), so ``round(value * unit)`` recov
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import numpy as np
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError
-from memgate.readers.numtext import fixed_column
+from memgate.readers.numtext import Parsed, fixed_column
 
 ArrowColumn: TypeAlias = "pa.Array | pa.ChunkedArray"
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
@@ -126,16 +127,64 @@ def _decimal_text_to_int_regex(col: ArrowColumn, decimals: int) -> ArrowColumn:
         raise OutOfRange(row, col[row].as_py(), f"a time below {_INT64_MAX // scale} (int64 ns)") from None
 
 
-def unit_to_bytes(col: ArrowColumn, bytes_per_unit: float) -> pa.Array:
-    values = np.asarray(pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+def unit_to_bytes(col: ArrowColumn, bytes_per_unit: float, floats: ArrowColumn | None = None) -> pa.Array:
+    """``floats``: the column already cast to float64 (by its check), else it is cast here."""
+    floats = pc.cast(col, pa.float64()) if floats is None else floats
+    values = np.asarray(floats.to_numpy(zero_copy_only=False), dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = np.rint(values * bytes_per_unit)
-    missing = np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)
+    missing = np.asarray(pc.is_null(floats).to_numpy(zero_copy_only=False), dtype=bool)
     bad = ~missing & ~(np.abs(np.nan_to_num(scaled, nan=np.inf)) <= _INT64_MAX)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise OutOfRange(row, col[row].as_py(), "a finite size below 8 EiB")
     return pa.array(np.where(missing, 0, scaled).astype(np.int64), mask=missing if missing.any() else None)
+
+
+class FromParsed:
+    """A converter that reuses what the check of its column computed (a :class:`Parsed`), so each
+    cell is read once; called without one, it reads the text itself."""
+
+    def __call__(self, col: pa.Array, parsed: Parsed | None = None) -> pa.Array:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ToNs(FromParsed):
+    """Decimal time text with ``decimals`` decimals (3: µs) → int64 ns, as :func:`us_to_ns`."""
+
+    decimals: int = 3
+
+    def __call__(self, col: pa.Array, parsed: Parsed | None = None) -> pa.Array:
+        if parsed is not None and parsed.fixed is not None:
+            values = parsed.fixed.scaled_ints(self.decimals)
+            if values is not None:
+                return values
+        result: pa.Array = _decimal_text_to_int(col, self.decimals)
+        return result
+
+
+@dataclass(frozen=True)
+class ToBytes(FromParsed):
+    """Decimal text in a unit → int64 bytes, as :func:`unit_to_bytes`."""
+
+    bytes_per_unit: float
+
+    def __call__(self, col: pa.Array, parsed: Parsed | None = None) -> pa.Array:
+        return unit_to_bytes(col, self.bytes_per_unit, parsed.floats if parsed is not None else None)
+
+
+@dataclass(frozen=True)
+class ToCategories(FromParsed):
+    """Text → dictionary array; ``labels``: device labels, as :func:`label_categories`."""
+
+    labels: bool = False
+
+    def __call__(self, col: pa.Array, parsed: Parsed | None = None) -> pa.Array:
+        encoded = parsed.encoded if parsed is not None and parsed.encoded is not None else pc.dictionary_encode(col)
+        if not self.labels:
+            return encoded
+        return _relabel(encoded)
 
 
 def to_int(col: ArrowColumn) -> ArrowColumn:
@@ -171,7 +220,10 @@ def labels(col: ArrowColumn) -> ArrowColumn:
 def label_categories(col: pa.Array) -> pa.Array:
     """Device labels of one block as a dictionary array (a few distinct values, millions of rows):
     encoded first, so only the distinct values are trimmed and lower-cased."""
-    encoded = pc.dictionary_encode(col)
+    return _relabel(pc.dictionary_encode(col))
+
+
+def _relabel(encoded: pa.DictionaryArray) -> pa.DictionaryArray:
     relabeled = pc.dictionary_encode(labels(encoded.dictionary))  # "NPU:0" and "npu:0 " become one
     return pa.DictionaryArray.from_arrays(pc.take(relabeled.indices, encoded.indices), relabeled.dictionary)
 

@@ -4,16 +4,24 @@ The check is vectorized over columns with pyarrow compute (no per-row Python loo
 the subset of JSON Schema the row schemas use: ``type`` string/null, ``pattern``, ``enum``,
 ``required`` and ``additionalProperties``. ``tests/test_csvtable.py`` shows it agrees with
 ``jsonschema`` validating the same rows one by one.
+
+A big file is read in byte ranges on a thread pool (:func:`_read_ranges`); each block of a range is
+checked and converted at once, the check's parse of a number column serving its conversion
+(:class:`memgate.readers.numtext.Parsed`), so only the converted columns stay in memory.
+``tests/test_csv_ranges.py`` shows ranges agree with one sequential read, errors included.
 """
 
 from __future__ import annotations
 
 import collections
 import csv
+import mmap
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -26,7 +34,7 @@ import pyarrow.csv as pacsv
 
 from memgate.errors import InputError
 from memgate.readers import convert
-from memgate.readers.numtext import proven_valid
+from memgate.readers.numtext import Parsed, prove
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
 _ARROW_ROW = re.compile(r"Row #([0-9]+)")
@@ -148,11 +156,14 @@ def line_of(path: Path, row: int, rows: int | None = None) -> int:
     return start
 
 
-def _count_lines(path: Path) -> int:
-    """Line breaks in the file (CRLF, LF or a lone CR, as the csv module and Arrow count them)."""
-    count, after_cr = 0, False
+def _count_lines(path: Path, end: int | None = None) -> int:
+    """Line breaks in the file, or in its first ``end`` bytes (CRLF, LF or a lone CR, as the csv
+    module and Arrow count them)."""
+    count, after_cr, left = 0, False, end
     with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 24):
+        while left != 0 and (chunk := fh.read(1 << 24 if left is None else min(left, 1 << 24))):
+            if left is not None:
+                left -= len(chunk)
             count += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
             if after_cr and chunk.startswith(b"\n"):
                 count -= 1
@@ -256,9 +267,9 @@ def _split_unit(column: str) -> tuple[str, str | None]:
 def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None) -> CsvTable:
     """Read ``path``, check its header against ``schema`` and validate every row.
 
-    The file is streamed block by block; each block is validated and its ``columns`` converted on
-    a thread pool (Arrow's kernels release the GIL) while the next block is parsed, so only the
-    converted columns stay in memory. Without ``columns``, every known column is kept as text.
+    The file is read in byte ranges, each parsed, validated and its ``columns`` converted block by
+    block on a thread pool (Arrow's parser and kernels release the GIL), so only the converted
+    columns stay in memory. Without ``columns``, every known column is kept as text.
     """
     header = read_header(path)
     variant, _ = match_header(path, header, schema)
@@ -278,9 +289,9 @@ def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter
     checks = [(name, known[name]) for name in wanted if name in known]
     kept: dict[str, list[pa.Array]] = {name: [] for name in plan}
     rows = 0
-    for block_rows, block in _blocks(path, names, wanted, checks, plan):
-        for name, array in block.items():
-            kept[name].append(array)
+    for block_rows, block in _read_ranges(path, names, wanted, checks, plan):
+        for name, arrays in block.items():
+            kept[name].extend(arrays)
         rows += block_rows
     if rows == 0:
         raise InputError("header only: the file has no data rows", file=path, line=2)
@@ -300,35 +311,241 @@ def _column_names(path: Path, header: list[str]) -> list[str]:
 BLOCK_BYTES = 4 << 20
 
 
-def _open_csv(path: Path, names: list[str], include: list[str]) -> Iterator[pa.RecordBatch]:
-    """The file's data rows as text batches, Arrow's parse errors turned into InputError."""
+def _open_csv(path: Path, names: list[str], include: list[str], start: int = 0) -> Iterator[pa.RecordBatch]:
+    """The file's data rows (from byte ``start``, a line start) as text batches, Arrow's parse errors
+    turned into InputError."""
+    source = pa.OSFile(str(path))
     try:
-        reader = pacsv.open_csv(
-            path,
-            read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, use_threads=True, block_size=BLOCK_BYTES),
-            parse_options=pacsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=False),
-            convert_options=pacsv.ConvertOptions(
-                column_types={n: pa.string() for n in names},
-                include_columns=include,
-                strings_can_be_null=True,
-                null_values=[""],
-                quoted_strings_can_be_null=True,
-            ),
-        )
+        source.seek(start)
+        reader = pacsv.open_csv(source, read_options=_read_options(names, start, use_threads=True),
+                                parse_options=_PARSE, convert_options=_convert_options(names, include))
         yield from reader
     except pa.ArrowInvalid as exc:
-        raise _arrow_error(path, exc, len(names)) from None
+        raise _arrow_error(path, exc, len(names), start) from None
     except UnicodeDecodeError:
         raise _encoding_error(path) from None
+    finally:
+        source.close()
+
+
+_PARSE = pacsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=False)
+
+
+def _read_options(names: list[str], start: int, use_threads: bool) -> pacsv.ReadOptions:
+    # the header line is skipped where the file starts; a later byte range starts at a data line
+    return pacsv.ReadOptions(column_names=names, skip_rows=1 if start == 0 else 0, use_threads=use_threads,
+                             block_size=BLOCK_BYTES)
+
+
+def _convert_options(names: list[str], include: list[str]) -> pacsv.ConvertOptions:
+    return pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, include_columns=include,
+                                strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=True)
+
+
+# ---- reading a file in byte ranges, in parallel ------------------------------------------------------
+# A big file is cut at line breaks into ranges of about RANGE_BYTES; each range is parsed, checked and
+# converted on a worker thread (Arrow's parser and kernels release the GIL), block by block, so only
+# the converted columns and a few ranges' text are held at a time. The ranges are consumed in file
+# order: the first bad cell of the file is the one reported. A quoted cell may hold a line break, so
+# a cut is only known to fall between rows while no quote character came before it: from the first
+# range that holds one, the rest of the file is read as one stream (as a small file is).
+RANGE_BYTES = 16 << 20
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="memgate-csv")
+    return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child (a process pool's worker): the parent's threads are not there, so a pool
+    that believes it has them would never run a task."""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+@dataclass
+class _RangeRead:
+    rows: int
+    columns: dict[str, list[pa.Array]]
+
+
+class _CellError(Exception):
+    """A bad cell at a 0-based row of a block or range (its file line is found by the caller)."""
+
+    def __init__(self, row: int, column: str, problem: str, expected: str | None, found: str | None) -> None:
+        super().__init__(problem)
+        self.row, self.column, self.problem, self.expected, self.found = row, column, problem, expected, found
+
+    def error(self, path: Path, line: int | None) -> InputError:
+        return InputError(self.problem, file=path, line=line, column=self.column, expected=self.expected,
+                          found=self.found)
+
+
+def _cuts(path: Path, size: int) -> list[int]:
+    """Byte offsets where the ranges start: 0, then the first line start at or after each multiple of
+    RANGE_BYTES (a lone-CR file has none: it is one range)."""
+    starts = [0]
+    with open(path, "rb") as fh:
+        target = RANGE_BYTES
+        while target < size:
+            fh.seek(target - 1)
+            position = target - 1
+            while chunk := fh.read(1 << 16):
+                found = chunk.find(b"\n")
+                if found >= 0:
+                    position += found + 1
+                    break
+                position += len(chunk)
+            else:
+                break
+            if position >= size:
+                break
+            starts.append(position)
+            target = position + RANGE_BYTES
+    return starts
+
+
+def _read_ranges(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+                 plan: dict[str, Converter]) -> Iterator[tuple[int, dict[str, list[pa.Array]]]]:
+    """(rows, converted column chunks) of each range, in file order."""
+    size = path.stat().st_size
+    starts = _cuts(path, size) if size > RANGE_BYTES else [0]
+    if len(starts) == 1:
+        for rows, block in _blocks(path, names, wanted, checks, plan):
+            yield rows, {name: [array] for name, array in block.items()}
+        return
+    ends = starts[1:] + [size]
+    pool = _pool()
+    pending: collections.deque[tuple[int, Future[_RangeRead | None]]] = collections.deque()
+    upcoming = iter(zip(starts, ends))
+    rows_before = 0
+    buffers = _Buffers()
+
+    def submit() -> None:
+        for start, end in upcoming:
+            pending.append((start, pool.submit(_read_range, path, names, wanted, checks, plan, start, end, buffers)))
+            return
+
+    try:
+        for _ in range(_WORKERS + 1):  # a few ranges ahead: their text is what memory holds beyond the result
+            submit()
+        while pending:
+            start, future = pending.popleft()
+            try:
+                result = future.result()
+            except _CellError as exc:
+                raise exc.error(path, _range_line(path, start, exc.row)) from None
+            if result is None:  # a quote character in this range: the rest is one stream
+                for _, later in pending:
+                    later.cancel()
+                pending.clear()
+                for rows, block in _blocks(path, names, wanted, checks, plan, start=start, row_offset=rows_before):
+                    yield rows, {name: [array] for name, array in block.items()}
+                return
+            submit()
+            rows_before += result.rows
+            yield result.rows, result.columns
+    finally:  # an error: drop the ranges not started yet
+        for _, future in pending:
+            future.cancel()
+
+
+def _read_range(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+                plan: dict[str, Converter], start: int, end: int, buffers: _Buffers) -> _RangeRead | None:
+    """Parse, check and convert the lines in bytes [start, end) (a worker's task); None when the range
+    holds a quote character (a cut after it may fall inside a quoted cell)."""
+    size = end - start
+    with buffers.get(size) as buffer:
+        data = memoryview(buffer)[:size]
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(start)
+            done = 0
+            while done < size and (got := fh.readinto(data[done:])):
+                done += got
+        if done != size:
+            raise InputError("the file changed while it was read", file=path,
+                             expected=f"{size} bytes from byte {start}", found=f"{done} bytes")
+        if buffer.find(b'"', 0, size) >= 0:
+            return None
+        try:
+            return _parse_range(path, names, wanted, checks, plan, start, data)
+        finally:  # Arrow's allocator keeps what a thread freed in that thread's heap until the thread
+            pa.default_memory_pool().release_unused()  # asks: an idle worker would hold its text
+
+
+def _parse_range(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+                 plan: dict[str, Converter], start: int, data: memoryview) -> _RangeRead:
+    kept: dict[str, list[pa.Array]] = {name: [] for name in plan}
+    rows = 0
+    try:
+        reader = pacsv.open_csv(pa.BufferReader(pa.py_buffer(data)),  # Arrow copies cells out of it
+                                read_options=_read_options(names, start, use_threads=False),
+                                parse_options=_PARSE, convert_options=_convert_options(names, wanted))
+        for batch in reader:
+            try:
+                block = _check_convert(batch, checks, plan)
+            except _CellError as exc:
+                exc.row += rows
+                raise
+            for name, array in block.items():
+                kept[name].append(array)
+            rows += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        raise _arrow_error(path, exc, len(names), start) from None
+    except UnicodeDecodeError:
+        raise _encoding_error(path) from None
+    return _RangeRead(rows, kept)
+
+
+class _Buffers:
+    """Read buffers of one file's ranges, reused from range to range (a fresh buffer per range would
+    be memory touched for the first time, page faults, again and again), freed with the read.
+
+    Anonymous maps, not bytearrays: freeing a malloc'd block of megabytes raises glibc's mmap
+    threshold to its size, after which every later array that size is carved from the heap, and
+    the freed memory of the columns is held instead of returned (a higher peak later on)."""
+
+    def __init__(self) -> None:
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def get(self, size: int) -> Iterator[mmap.mmap]:
+        with self._lock:
+            buffer = self._free.pop() if self._free else None
+        if buffer is None or len(buffer) < size:
+            buffer = None  # the old one goes before the new one comes
+            buffer = mmap.mmap(-1, max(size, RANGE_BYTES + (RANGE_BYTES >> 3)))
+        try:
+            yield buffer
+        finally:
+            with self._lock:
+                self._free.append(buffer)
+
+
+def _range_line(path: Path, start: int, row: int) -> int:
+    """1-based line of the 0-based ``row`` of the range that starts at byte ``start`` (error path): a
+    range without quote characters holds one row per line."""
+    return _count_lines(path, start) + row + (2 if start == 0 else 1)
 
 
 def _blocks(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
-            plan: dict[str, Converter]) -> Iterator[tuple[int, dict[str, pa.Array]]]:
-    """(rows, converted columns) of each block in file order; blocks are processed in parallel."""
-    workers = max(1, min(4, os.cpu_count() or 1))
+            plan: dict[str, Converter], start: int = 0,
+            row_offset: int = 0) -> Iterator[tuple[int, dict[str, pa.Array]]]:
+    """(rows, converted columns) of each block from byte ``start`` in file order; this thread parses,
+    a pool checks and converts the blocks."""
+    workers = _WORKERS
     pending: collections.deque[tuple[int, Future[dict[str, pa.Array]]]] = collections.deque()
-    offset = 0
-    batches = _open_csv(path, names, wanted)
+    offset = row_offset
+    batches = _open_csv(path, names, wanted, start)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         try:
             while True:
@@ -356,28 +573,44 @@ def _blocks(path: Path, names: list[str], wanted: list[str], checks: list[tuple[
 def _process(path: Path, batch: pa.RecordBatch, offset: int, checks: list[tuple[str, dict[str, Any]]],
              plan: dict[str, Converter]) -> dict[str, pa.Array]:
     """Validate one block, then convert its planned columns; errors name the cell's file line."""
+    try:
+        return _check_convert(batch, checks, plan)
+    except _CellError as exc:
+        raise exc.error(path, line_of(path, offset + exc.row)) from None
+
+
+def _check_convert(batch: pa.RecordBatch, checks: list[tuple[str, dict[str, Any]]],
+                   plan: dict[str, Converter]) -> dict[str, pa.Array]:
+    """Validate one block, then convert its planned columns, each cell read once where the check's
+    work serves the conversion (:class:`convert.FromParsed`); :class:`_CellError` names the row."""
     first: tuple[int, str, str, str] | None = None  # row, column, problem, expected
+    parsed: dict[str, Parsed] = {}
     for name, prop in checks:
-        bad_row, problem = _first_bad(batch.column(name), prop)
+        bad_row, problem, proof = _first_bad_parsed(batch.column(name), prop)
+        if proof is not None:
+            parsed[name] = proof
         if bad_row is not None and (first is None or bad_row < first[0]):
             first = (bad_row, name, problem, describe(prop))
     if first is not None:
         row, name, problem, expected = first
         value = batch.column(name)[row].as_py()
-        raise InputError(problem, file=path, line=line_of(path, offset + row), column=name,
-                         expected=expected, found=repr(value) if value is not None else "an empty cell")
+        raise _CellError(row, name, problem, expected, repr(value) if value is not None else "an empty cell")
     out = {}
     for name, converter in plan.items():
+        column = batch.column(name)
         try:
-            out[name] = converter(batch.column(name))
+            if isinstance(converter, convert.FromParsed):
+                out[name] = converter(column, parsed.get(name))
+            else:
+                out[name] = converter(column)
         except convert.OutOfRange as exc:
-            raise InputError(exc.message, file=path, line=line_of(path, offset + exc.row), column=name,
-                             expected=exc.expected, found=exc.found) from None
+            raise _CellError(exc.row, name, exc.message, exc.expected, exc.found) from None
     return out
 
 
-def _arrow_error(path: Path, exc: Exception, fields: int) -> InputError:
-    """Turn pyarrow's parse error into one naming the line (pyarrow's message often has no row)."""
+def _arrow_error(path: Path, exc: Exception, fields: int, start: int = 0) -> InputError:
+    """Turn pyarrow's parse error into one naming the line (pyarrow's message often has no row);
+    ``start``: the byte where the failed read began (a line start)."""
     text = str(exc)
     if "UTF8" in text or "utf8" in text.lower():
         return _encoding_error(path)
@@ -386,15 +619,16 @@ def _arrow_error(path: Path, exc: Exception, fields: int) -> InputError:
         return InputError("wrong number of fields (truncated or malformed row)", file=path, line=line,
                           expected=f"{fields} columns", found=f"{count} columns" if count is not None else None)
     if "straddl" in text:  # a line longer than the block Arrow parses at a time
-        line, length = _straddling_line(path)
+        line, length = _straddling_line(path, start=start)
         return InputError(f"a line longer than the {BLOCK_BYTES}-byte block the CSV is parsed in (a cell of megabytes)",
                           file=path, line=line, expected=f"lines shorter than {BLOCK_BYTES} bytes",
                           found=f"a line of {length} bytes" if length is not None else None)
-    m = _ARROW_ROW.search(text)
-    return InputError(f"cannot parse CSV: {text.splitlines()[0]}", file=path, line=int(m.group(1)) if m else None)
+    m = _ARROW_ROW.search(text)  # Arrow counts the rows it read, the header too where it began at the file's start
+    line = int(m.group(1)) + (_count_lines(path, start) if start else 0) if m else None
+    return InputError(f"cannot parse CSV: {text.splitlines()[0]}", file=path, line=line)
 
 
-def _straddling_line(path: Path, block: int | None = None) -> tuple[int | None, int | None]:
+def _straddling_line(path: Path, block: int | None = None, start: int = 0) -> tuple[int | None, int | None]:
     """(1-based line, its length) of the line Arrow's chunker cannot split (error path only).
 
     Arrow reads the file in blocks of ``block`` bytes and fails on the first block that holds no line
@@ -403,10 +637,11 @@ def _straddling_line(path: Path, block: int | None = None) -> tuple[int | None, 
     held whole, a file of millions of lines is not walked line by line).
     """
     block = block or BLOCK_BYTES
-    breaks, line_start, after_cr, offset = 0, 0, False, 0
+    breaks, line_start, after_cr, offset = _count_lines(path, start) if start else 0, start, False, start
     with open(path, "rb") as fh:
+        fh.seek(start)  # where the failed read began: its blocks are counted from there
         while chunk := fh.read(block):
-            if offset and line_start < offset and b"\n" not in chunk and b"\r" not in chunk:
+            if offset > start and line_start < offset and b"\n" not in chunk and b"\r" not in chunk:
                 return breaks + 1, _line_end(fh, offset + len(chunk)) - line_start
             breaks += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
             if after_cr and chunk.startswith(b"\n"):
@@ -485,11 +720,24 @@ def _first_bad(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[i
     checked on its distinct values, null included; only when one of them fails is every cell
     checked, to name the first bad row.
     """
-    if "pattern" in prop and proven_valid(col, prop["pattern"]):  # left to check: empty cells, enum
+    row, problem, _ = _first_bad_parsed(col, prop)
+    return row, problem
+
+
+def _first_bad_parsed(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[int | None, str, Parsed | None]:
+    """:func:`_first_bad`, with what proving the column valid computed (for its conversion)."""
+    proof = prove(col, prop["pattern"]) if "pattern" in prop and isinstance(col, pa.Array) else None
+    if proof is not None:  # left to check: empty cells, enum
         prop = {key: value for key, value in prop.items() if key != "pattern"}
-    if ("pattern" in prop or "enum" in prop) and _few_distinct(col) and _check(pc.unique(col), prop)[0] is None:
-        return None, ""
-    return _check(col, prop)
+    if ("pattern" in prop or "enum" in prop) and _few_distinct(col):
+        encoded = pc.dictionary_encode(col) if isinstance(col, pa.Array) else None
+        distinct = encoded.dictionary if encoded is not None else pc.unique(col)
+        if col.null_count and encoded is not None:
+            distinct = pa.concat_arrays([distinct, pa.nulls(1, distinct.type)])
+        if _check(distinct, prop)[0] is None:
+            return None, "", Parsed(encoded=encoded) if encoded is not None else proof
+    row, problem = _check(col, prop)
+    return row, problem, proof
 
 
 def _few_distinct(col: pa.ChunkedArray | pa.Array, sample: int = 1024, most: int = 64) -> bool:

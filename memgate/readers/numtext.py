@@ -42,27 +42,97 @@ _PATTERNS: dict[str, tuple[bool, bool]] = {  # pattern: (fraction allowed, TAB a
 
 
 _FLOAT_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
+_TIME_TEXT = r"^[0-9]+(\.[0-9]+)?\t?$"
 _OR_NA = "|^N/A$"  # MindSpore's columns also allow N/A
+_MAX_CELL = 255  # the per-cell dot count of the time check is a uint8 sum
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What proving a column valid computed on the way, for its conversion to reuse (each cell is
+    then read once: :class:`memgate.readers.convert.FromParsed`)."""
+
+    fixed: FixedColumn | None = None  # the digit matrix of a fixed layout
+    floats: pa.Array | None = None  # float text cast to float64, null where the cell is
+    encoded: pa.DictionaryArray | None = None  # a column of few distinct values, dictionary-encoded
 
 
 def proven_valid(col: pa.Array, pattern: str) -> bool:
     """True when every non-null cell of ``col`` matches the schema ``pattern``; False: not proven
     (check the cells against the pattern)."""
+    return prove(col, pattern) is not None
+
+
+def prove(col: pa.Array, pattern: str) -> Parsed | None:
+    """:func:`proven_valid`, with what the proof computed (None: not proven)."""
     number = pattern.removesuffix(_OR_NA)
     if number not in _PATTERNS or not isinstance(col, pa.Array) or col.type != pa.string() \
             or col.null_count == len(col):
-        return False
+        return None
     fixed = fixed_column(col)
     if fixed is not None:
-        return fixed.accepted_by(number)
-    return number == _FLOAT_TEXT and _float_text(col)
+        return Parsed(fixed=fixed) if fixed.accepted_by(number) else None
+    if number == _FLOAT_TEXT:
+        floats = _float_text(col)
+        return Parsed(floats=floats) if floats is not None else None
+    if number == _TIME_TEXT and _time_text(col):
+        return Parsed()
+    return None
 
 
-def _float_text(col: pa.Array) -> bool:
-    try:
-        pc.cast(col, pa.float64())  # the grammar in the module docstring, checked in C
-    except pa.ArrowInvalid:
+def _cells(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(text, starts, ends) of the non-null cells; None when a non-null cell is empty."""
+    offsets, text = offsets_and_text(col)
+    starts, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
+    if col.null_count:  # null cells are empty
+        filled = ends > starts
+        valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        if (valid & ~filled).any():
+            return None
+        starts, ends = starts[filled], ends[filled]
+    elif (ends <= starts).any():
+        return None
+    return text, starts, ends
+
+
+def _time_text(col: pa.Array) -> bool:
+    """Every non-null cell is ``digits[.digits][TAB]`` (cells of any width), in a few passes over the
+    column's bytes: only digits, dots and TABs; a TAB only last; a digit first and last before the
+    TAB; each dot followed by a digit; at most one dot per cell."""
+    cells = _cells(col)
+    if cells is None:
         return False
+    text, starts, ends = cells
+    if not len(starts) or int((ends - starts).max()) > _MAX_CELL:
+        return False
+    digit = (text - _ZERO) <= 9
+    dot = text == ord(".")
+    tab = text == _TAB
+    if not (digit | dot | tab).all():
+        return False
+    tab_last = tab[ends - 1]
+    if int(np.count_nonzero(tab)) != int(np.count_nonzero(tab_last)):  # a TAB that is not a cell's last
+        return False
+    body_end = ends - 1 - tab_last
+    if (body_end < starts).any() or not digit[starts].all() or not digit[body_end].all():
+        return False
+    if not dot.any():
+        return True
+    if (dot[:-1] & ~digit[1:]).any():  # a dot is never a cell's last byte (that is a digit or a TAB)
+        return False
+    return not (np.add.reduceat(dot.view(np.uint8), starts) > 1).any()
+
+
+def _float_text(col: pa.Array) -> pa.Array | None:
+    """The column as float64 when every non-null cell is float text (the module docstring), else None."""
+    try:
+        floats = pc.cast(col, pa.float64())  # the grammar in the module docstring, checked in C
+    except pa.ArrowInvalid:
+        return None
+    return floats if _float_text_bytes(col) else None
+
+
+def _float_text_bytes(col: pa.Array) -> bool:
     offsets, text = offsets_and_text(col)
     starts, ends = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
     if col.null_count:  # null cells are empty; a non-null cell is not (the cast rejects "")
@@ -76,8 +146,9 @@ def _float_text(col: pa.Array) -> bool:
         return False
     if (text[ends - 1] - _ZERO > 9).any():
         return False
-    # each dot is followed by a digit; a cell's last character is one, so dot + 1 stays in the text
-    return not (text[np.flatnonzero(text == ord(".")) + 1] - _ZERO > 9).any()
+    # each dot is followed by a digit (a cell's last character is one, so the byte after a dot is in
+    # its cell): compared shifted by one over all bytes, cheaper than gathering the dots' neighbours
+    return not ((text[:-1] == ord(".")) & ((text[1:] - _ZERO) > 9)).any()
 
 
 def offsets_and_text(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,394 @@
+"""The CSV reader's byte ranges (read in parallel) agree with one sequential read, byte for byte, and
+their errors name the same file, line, column and cell; cells Arrow's number parser would accept but
+the schema patterns refuse (``+5``, ``.5``, ``5e3``, `` 5``, ``nan``) are refused in every range.
+Plus the fused check-and-convert paths (:class:`memgate.readers.numtext.Parsed`) against the plain
+conversions."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memgate.errors import InputError
+from memgate.loaders import torch_npu
+from memgate.readers import convert, csvtable, numtext
+from memgate.readers.csvtable import CsvTable, read_csv
+from memgate.schemas import load_schema
+
+RECORD = load_schema("torch_npu.memory_record")
+OPS = load_schema("torch_npu.operator_memory")
+RECORD_HEADER: list[str] = RECORD["x-memgate-headers"]["all"]
+OPS_HEADER: list[str] = OPS["x-memgate-headers"]["all"]
+
+
+@contextmanager
+def ranges_of(size: int) -> Iterator[None]:
+    """Read files in byte ranges of about ``size`` bytes (the real size is 32 MiB)."""
+    with mock.patch.object(csvtable, "RANGE_BYTES", size):
+        yield
+
+
+def record_rows(n: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        component = ["APP", "PTA", "GE", "PTA+GE"][int(rng.integers(4))]
+        t = f"{1764246877082330 + 20 * i}.{int(rng.integers(1000)):03d}\t"
+        mb = [f"{int(rng.integers(1, 1 << 30)) / 1024**2!r}" for _ in range(3)]
+        if component == "APP":
+            rows.append([component, t, "", mb[1], "", "", "NPU:0"])
+        elif component == "GE":
+            rows.append([component, t, mb[0], mb[1], "", "", "NPU:1"])
+        else:
+            rows.append([component, t, mb[0], mb[1], mb[2], "2", "NPU:0"])
+    return rows
+
+
+def ops_rows(n: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        alloc = 1764246877074439300 + 1000 * i + int(rng.integers(1000))
+        life = int(rng.integers(1, 10**9))
+        kb = f"{int(rng.integers(1, 1 << 20)) / 2:.1f}"
+
+        def us(ns: int) -> str:
+            return f"{ns // 1000}.{ns % 1000:03d}\t"
+
+        totals = [f"{int(rng.integers(1, 1 << 32)) / 1024**2!r}" for _ in range(6)]
+        rows.append([f"aten::op{i % 7}", kb, us(alloc), us(alloc + life), us(alloc + life - 1), us(life), us(life - 1),
+                     *totals, "2", "NPU:0"])
+    return rows
+
+
+def write(path: Path, header: list[str], rows: list[list[str]], newline: str = "\n") -> Path:
+    path.write_bytes("".join(",".join(r) + newline for r in [header, *rows]).encode())
+    return path
+
+
+def same_table(a: CsvTable, b: CsvTable) -> None:
+    assert (a.num_rows, a.header, a.variant, a.text_columns) == (b.num_rows, b.header, b.variant, b.text_columns)
+    assert a.columns.keys() == b.columns.keys()
+    for name in a.columns:
+        left, right = a.column(name), b.column(name)
+        if pa.types.is_dictionary(left.type):
+            left, right = left.cast(left.type.value_type), right.cast(right.type.value_type)
+        assert left.type == right.type, name
+        assert left.to_pylist() == right.to_pylist(), name
+
+
+def error_of(path: Path, schema: dict[str, object], plan: dict[str, csvtable.Converter] | None = None) -> InputError:
+    with pytest.raises(InputError) as info:
+        read_csv(path, schema, plan)  # type: ignore[arg-type]
+    return info.value
+
+
+def fields(err: InputError) -> tuple[object, ...]:
+    return err.file, err.line, err.column, err.message, err.expected, err.found
+
+
+# -- ranges agree with one read ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("size", [1, 200, 4096])
+def test_ranges_agree_with_one_read(tmp_path: Path, newline: str, size: int) -> None:
+    for header, rows, schema, plan in ((RECORD_HEADER, record_rows(3000), RECORD, torch_npu.MEMORY_RECORD_COLUMNS),
+                                       (OPS_HEADER, ops_rows(1500), OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)):
+        path = write(tmp_path / schema["x-memgate-file"], header, rows, newline)  # type: ignore[operator]
+        assert len(csvtable._cuts(path, path.stat().st_size)) == 1
+        whole_plan, whole_text = read_csv(path, schema, plan), read_csv(path, schema)
+        with ranges_of(size):
+            assert len(csvtable._cuts(path, path.stat().st_size)) > 10
+            same_table(read_csv(path, schema, plan), whole_plan)
+            same_table(read_csv(path, schema), whole_text)
+
+
+def test_loader_output_is_the_same_in_ranges(tmp_path: Path) -> None:
+    record = write(tmp_path / "memory_record.csv", RECORD_HEADER, record_rows(2000, seed=1))
+    ops = write(tmp_path / "operator_memory.csv", OPS_HEADER, ops_rows(1000, seed=2))
+    whole = (torch_npu.read_memory_record(record), torch_npu.read_operator_memory(ops))
+    with ranges_of(512):
+        parts = (torch_npu.read_memory_record(record), torch_npu.read_operator_memory(ops))
+    for (d1, c1, f1), (d2, c2, f2) in zip(whole[0], parts[0], strict=True):
+        assert (d1, c1) == (d2, c2)
+        assert f1.equals(f2)
+    for (d1, b1), (d2, b2) in zip(whole[1], parts[1], strict=True):
+        assert d1 == d2
+        assert b1.equals(b2)
+
+
+def test_a_quoted_line_break_in_a_later_range_reads_like_one_stream(tmp_path: Path) -> None:
+    rows = ops_rows(400)
+    rows[250][0] = '"aten::mm\nsecond line"'
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    whole, whole_plan = read_csv(path, OPS), read_csv(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert whole.column("Name")[250].as_py() == "aten::mm\nsecond line"
+    with ranges_of(300):
+        same_table(read_csv(path, OPS), whole)
+        same_table(read_csv(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS), whole_plan)
+    # an error after the quoted cell names its line (the cell spans two lines)
+    rows[300][1] = "0.5KB"
+    write(path, OPS_HEADER, rows)
+    whole_error = error_of(path, OPS)
+    assert (whole_error.line, whole_error.column) == (303, "Size(KB)")
+    with ranges_of(300):
+        assert fields(error_of(path, OPS)) == fields(whole_error)
+
+
+# -- errors in later ranges --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("row", [0, 1, 777, 1999])
+def test_a_bad_cell_in_a_later_range_names_its_line(tmp_path: Path, newline: str, row: int) -> None:
+    rows = record_rows(2000)
+    rows[row][1] = "1764246877082702.44x\t"
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, rows, newline)
+    whole = error_of(path, RECORD, torch_npu.MEMORY_RECORD_COLUMNS)
+    assert (whole.file, whole.line, whole.column) == (str(path), row + 2, "Timestamp(us)")
+    for size in (1, 100, 5000):
+        with ranges_of(size):
+            assert fields(error_of(path, RECORD, torch_npu.MEMORY_RECORD_COLUMNS)) == fields(whole)
+            assert fields(error_of(path, RECORD)) == fields(whole)
+
+
+def test_the_first_bad_cell_of_the_file_wins_across_ranges(tmp_path: Path) -> None:
+    rows = record_rows(3000)
+    rows[2500][3] = "1.5MB"
+    rows[1200][6] = "GPU:0"
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, rows)
+    with ranges_of(1000):
+        err = error_of(path, RECORD, torch_npu.MEMORY_RECORD_COLUMNS)
+    assert (err.line, err.column, err.found) == (1202, "Device Type", "'GPU:0'")
+
+
+def test_a_number_out_of_range_in_a_later_range_names_its_line(tmp_path: Path) -> None:
+    rows = ops_rows(1000)
+    rows[800][1] = "1e400"
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    whole = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert (whole.line, whole.column, whole.message) == (802, "Size(KB)", "number out of range")
+    with ranges_of(2000):
+        assert fields(error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)) == fields(whole)
+
+
+def test_a_ragged_row_in_a_later_range_names_its_line(tmp_path: Path) -> None:
+    rows = record_rows(2000)
+    rows[1500] = rows[1500][:-1]
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, rows)
+    whole = error_of(path, RECORD)
+    assert (whole.line, whole.found) == (1502, "6 columns")
+    with ranges_of(3000):
+        assert fields(error_of(path, RECORD)) == fields(whole)
+
+
+def test_a_long_line_in_a_later_range_names_its_line(tmp_path: Path) -> None:
+    rows = record_rows(3000)
+    rows[2000][5] = "1" * 20_000
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, rows)
+    line = path.read_bytes().split(b"\n")[2001]
+    with mock.patch.object(csvtable, "BLOCK_BYTES", 4096), ranges_of(10_000):
+        assert len(csvtable._cuts(path, path.stat().st_size)) > 5
+        err = error_of(path, RECORD)
+    assert (err.line, err.found) == (2002, f"a line of {len(line)} bytes")
+
+
+def test_bad_utf8_in_a_later_range_names_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, record_rows(2000))
+    data = bytearray(path.read_bytes())
+    at = data.index(b"PTA", len(data) * 3 // 4)
+    data[at + 1] = 0xFF
+    path.write_bytes(bytes(data))
+    whole = error_of(path, RECORD)
+    assert whole.line == data[:at].count(b"\n") + 1
+    with ranges_of(1000):
+        assert fields(error_of(path, RECORD)) == fields(whole)
+
+
+# -- what Arrow accepts and the patterns do not ------------------------------------------------------
+
+TIME_LAX = ["+5", ".5", "5.", "5e3", "5E3", " 5", "5 ", "nan", "NaN", "inf", "-5", "5.\t", "\t5", "5\t\t", "1.2.3",
+            "0x10", "5,0", "٥"]
+FLOAT_LAX = ["+5", ".5", "5.", " 5", "5 ", "nan", "inf", "-inf", "5.e3", ".5e3", "\t5", "5\t", "1_0", "--5", "5e", "e5"]
+
+
+@pytest.mark.parametrize("ranges", [False, True])
+@pytest.mark.parametrize("cell", TIME_LAX)
+def test_lax_time_cells_are_refused(tmp_path: Path, cell: str, ranges: bool) -> None:
+    rows = ops_rows(600)
+    rows[450][5] = f'"{cell}"' if "," in cell else cell  # Duration(us): checked, not kept
+    rows[500][2] = f'"{cell}"' if "," in cell else cell  # Allocation Time(us): kept as int64 ns
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    with ranges_of(2000 if ranges else 1 << 30):
+        err = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert (err.file, err.line, err.column) == (str(path), 452, "Duration(us)"), str(err)
+    assert err.found == repr(cell) and err.expected == "a timestamp in us"
+
+
+@pytest.mark.parametrize("ranges", [False, True])
+@pytest.mark.parametrize("cell", FLOAT_LAX)
+def test_lax_float_cells_are_refused(tmp_path: Path, cell: str, ranges: bool) -> None:
+    rows = record_rows(1500)
+    rows[1200][3] = cell  # Total Reserved(MB), filled on every row
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, rows)
+    with ranges_of(3000 if ranges else 1 << 30):
+        err = error_of(path, RECORD, torch_npu.MEMORY_RECORD_COLUMNS)
+    assert (err.file, err.line, err.column, err.found) == (str(path), 1202, "Total Reserved(MB)", repr(cell)), str(err)
+
+
+@pytest.mark.parametrize("cell", ["5e3", "-5", "1E+07", "0.5", "12"])
+def test_float_text_the_pattern_allows_is_read(tmp_path: Path, cell: str) -> None:
+    rows = record_rows(1500)
+    rows[1200][3] = cell
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, rows)
+    with ranges_of(3000):
+        table = read_csv(path, RECORD, torch_npu.MEMORY_RECORD_COLUMNS)
+    assert table.column("Total Reserved(MB)")[1200].as_py() == round(float(cell) * 2**20)
+
+
+# -- fused check and conversion ----------------------------------------------------------------------
+
+_TIME = re.compile(r"[0-9]+(\.[0-9]+)?\t?")
+time_cells = st.one_of(
+    st.builds(lambda i, f, tab: i + f + tab, st.integers(0, 10**18).map(str),
+              st.one_of(st.just(""), st.integers(0, 10**6).map(lambda n: f".{n}")), st.sampled_from(("", "\t"))),
+    st.text("0123456789.\t-+eE nai", max_size=8),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(time_cells, st.none()), min_size=1, max_size=30))
+def test_time_text_proof_agrees_with_the_pattern(cells: list[str | None]) -> None:
+    col = pa.array(cells, type=pa.string())
+    matches = all(c is None or _TIME.fullmatch(c) for c in cells)
+    assert numtext._time_text(col) <= matches  # never proves a bad cell valid
+    if any(c is not None for c in cells) and matches:
+        assert numtext.proven_valid(col, numtext._TIME_TEXT)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.one_of(time_cells, st.none()), min_size=1, max_size=30))
+def test_fused_time_conversion_equals_the_plain_one(cells: list[str | None]) -> None:
+    if not all(c is None or _TIME.fullmatch(c) for c in cells):
+        return
+    col = pa.array(cells, type=pa.string())
+    proof = numtext.prove(col, numtext._TIME_TEXT)
+    try:
+        plain = convert.us_to_ns(col).to_pylist()
+    except convert.OutOfRange:
+        with pytest.raises(convert.OutOfRange):
+            convert.ToNs(3)(col, proof)
+        return
+    assert convert.ToNs(3)(col, proof).to_pylist() == plain
+    assert convert.ToNs(3)(col).to_pylist() == plain
+
+
+@given(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr), st.none()),
+                min_size=1, max_size=30))
+def test_fused_bytes_conversion_equals_the_plain_one(cells: list[str | None]) -> None:
+    col = pa.array(cells, type=pa.string())
+    proof = numtext.prove(col, numtext._FLOAT_TEXT)
+    try:
+        plain = convert.unit_to_bytes(col, 1024).to_pylist()
+    except convert.OutOfRange:
+        return
+    assert convert.ToBytes(1024)(col, proof).to_pylist() == plain
+
+
+def test_categories_from_the_check_equal_the_plain_ones() -> None:
+    col = pa.array([f"NPU:{i % 3}" if i % 11 else "npu:1 " for i in range(5000)])
+    prop = {"type": "string", "pattern": "^(NPU|npu):[0-9]+ ?$"}
+    row, _, proof = csvtable._first_bad_parsed(col, prop)
+    assert row is None and proof is not None and proof.encoded is not None
+    fused = convert.ToCategories(labels=True)(col, proof)
+    assert fused.cast(pa.string()).to_pylist() == convert.label_categories(col).cast(pa.string()).to_pylist()
+    assert convert.ToCategories()(col, proof).to_pylist() == convert.categories(col).to_pylist()
+
+
+def test_few_distinct_values_with_a_null_are_checked(tmp_path: Path) -> None:
+    prop = {"type": "string", "pattern": "^NPU:[0-9]+$"}
+    cells: list[str | None] = [f"NPU:{i % 3}" for i in range(5000)]
+    cells[4000] = None
+    assert csvtable._first_bad(pa.array(cells, type=pa.string()), prop) == (4000, "empty cell")
+
+
+def test_range_cuts_fall_after_line_breaks(tmp_path: Path) -> None:
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, record_rows(500), "\r\n")
+    data = path.read_bytes()
+    with ranges_of(700):
+        cuts = csvtable._cuts(path, len(data))
+    assert cuts[0] == 0 and cuts == sorted(set(cuts)) and len(cuts) > 10
+    assert all(data[c - 1:c] == b"\n" for c in cuts[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        lone_cr = Path(tmp) / "memory_record.csv"
+        lone_cr.write_bytes(data.replace(b"\r\n", b"\r"))
+        with ranges_of(700):
+            assert csvtable._cuts(lone_cr, lone_cr.stat().st_size) == [0]  # no line start known: one range
+
+
+# -- the loader reads operator_memory.csv while memory_record.csv's series are split ------------------
+
+def _profile(tmp_path: Path, record: list[list[str]], ops: list[list[str]]) -> Path:
+    out = tmp_path / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    write(out / "memory_record.csv", RECORD_HEADER, record)
+    write(out / "operator_memory.csv", OPS_HEADER, ops)
+    return out.parent
+
+
+def test_memory_record_errors_come_first(tmp_path: Path) -> None:
+    record, ops = record_rows(500), ops_rows(500)
+    record[300][6] = "GPU:0"
+    ops[10][1] = "1KB"
+    with pytest.raises(InputError) as info:
+        torch_npu.load(_profile(tmp_path, record, ops))
+    assert (Path(str(info.value.file)).name, info.value.line, info.value.column) == ("memory_record.csv", 302,
+                                                                                   "Device Type")
+
+
+def test_operator_memory_errors_are_reported(tmp_path: Path) -> None:
+    ops = ops_rows(500)
+    ops[10][1] = "1KB"
+    with pytest.raises(InputError) as info:
+        torch_npu.load(_profile(tmp_path, record_rows(500), ops))
+    assert (Path(str(info.value.file)).name, info.value.line, info.value.column) == ("operator_memory.csv", 12,
+                                                                                   "Size(KB)")
+
+
+def test_a_profile_loads_the_same_in_ranges(tmp_path: Path) -> None:
+    root = _profile(tmp_path, record_rows(1000, seed=3), ops_rows(800, seed=4))
+    whole = torch_npu.load(root)
+    with ranges_of(700):
+        parts = torch_npu.load(root)
+    assert [d.device for d in whole.devices] == [d.device for d in parts.devices]
+    for a, b in zip(whole.devices, parts.devices, strict=True):
+        assert a.blocks.equals(b.blocks)
+        assert a.series.keys() == b.series.keys()
+        for name in a.series:
+            assert a.series[name].frame.equals(b.series[name].frame)
+
+
+def test_a_forked_child_reads_in_ranges(tmp_path: Path) -> None:
+    """A process pool's worker forked after the parent read a file in ranges gets threads of its own."""
+    import multiprocessing
+
+    path = write(tmp_path / "memory_record.csv", RECORD_HEADER, record_rows(500))
+    with ranges_of(2000):
+        rows = read_csv(path, RECORD).num_rows
+        assert csvtable._POOL is not None
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            assert pool.apply_async(_rows_in_ranges, (path,)).get(timeout=60) == rows
+
+
+def _rows_in_ranges(path: Path) -> int:
+    with ranges_of(2000):
+        return read_csv(path, RECORD).num_rows
