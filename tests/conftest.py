@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import os
 
+# pytester's in-process runs drop the modules first imported inside them when they end, and numpy
+# cannot be imported twice in one process: memgate binds numpy, pandas and pyarrow on first use
+# (memgate/lazy.py), so the suite imports them up front, before any pytester run.
+import numpy  # noqa: F401
+import pandas  # noqa: F401
+import pyarrow  # noqa: F401
 from hypothesis import HealthCheck, settings
 
 _SLOW_DATA = [HealthCheck.too_slow, HealthCheck.data_too_large]
