@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -141,3 +142,41 @@ def in_process(args: Sequence[str | os.PathLike[str]], capsys: Any) -> CliResult
     rc = cli.main([str(a) for a in args])
     captured = capsys.readouterr()
     return CliResult(rc, captured.out, captured.err)
+
+
+def edited_db(source: Path, target: Path, *statements: str) -> Path:
+    """``source`` copied to ``target`` with the SQL ``statements`` run on the copy."""
+    shutil.copyfile(source, target)
+    conn = sqlite3.connect(target)
+    try:
+        for sql in statements:
+            conn.execute(sql)
+        conn.commit()
+    finally:
+        conn.close()
+    return target
+
+
+class _Computed:
+    """A result store that already holds a profile's metrics."""
+
+    def __init__(self, metrics: list[Any]) -> None:
+        self.metrics = metrics
+
+    def get(self, options: Any) -> list[Any] | None:
+        return self.metrics
+
+    def put(self, options: Any, metrics: list[Any]) -> None:  # pragma: no cover
+        raise AssertionError
+
+
+def computed_cache(metrics: list[Any], metadata: dict[str, Any] | None = None) -> Any:
+    """A ``MetricCache`` serving ``metrics`` (DeviceMetrics) as already computed; loading the profile
+    fails the test."""
+    from memgate.budgets import MetricCache
+    from memgate.model import ProfileInfo
+
+    def load() -> Any:
+        raise AssertionError("not loaded")
+
+    return MetricCache(info=ProfileInfo("p", "fmt", "0", metadata or {}, ()), load=load, store=_Computed(metrics))

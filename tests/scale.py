@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 SCALED_SUFFIXES = ("(MB)", "(KB)")
+EXAMPLE = Path(__file__).parents[1] / "examples" / "profiles" / "alexnet_3016828_20250109_ascend_pt"
+BASE_AND_HEAVY_BUDGETS = '[[budgets]]\nname = "train"\npeak_allocated = "4 GiB"\n'
 
 
 def scaled_copy(source: Path, target: Path, factor: float, ops: tuple[str, ...] | None = None) -> Path:
@@ -38,3 +40,11 @@ def scaled_copy(source: Path, target: Path, factor: float, ops: tuple[str, ...] 
         text = newline.join(",".join(r) for r in rows) + newline
         path.write_bytes(text.encode("utf-8"))
     return target
+
+
+def base_and_heavy(root: Path, heavy: float = 1.10) -> None:
+    """Two runs of the example under ``root``: ``base/run_ascend_pt`` as recorded and
+    ``heavy/run_ascend_pt`` with every size × ``heavy``."""
+    for name, factor in (("base", 1.0), ("heavy", heavy)):
+        (root / name).mkdir()
+        scaled_copy(EXAMPLE, root / name / "run_ascend_pt", factor)

@@ -17,7 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from groundtruth import expected_metrics
-from helpers import ASCEND, PTA21_L1, one_stderr_line, run_cli
+from helpers import ASCEND, PTA21_L1, edited_db, one_stderr_line, run_cli
 from hypothesis import given
 from strategies import secondary_examples, traces
 from writers.ascend_db import app_peak, write_msprof_db, write_torch_db
@@ -267,16 +267,7 @@ def test_msprof_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) -
 # --- bad input -------------------------------------------------------------------------------------------
 
 def mutated(tmp_path: Path, *statements: str) -> Path:
-    path = tmp_path / "ascend_pytorch_profiler_0.db"
-    shutil.copyfile(DB, path)
-    conn = sqlite3.connect(path)
-    try:
-        for sql in statements:
-            conn.execute(sql)
-        conn.commit()
-    finally:
-        conn.close()
-    return path
+    return edited_db(DB, tmp_path / DB.name, *statements)
 
 
 BAD = {

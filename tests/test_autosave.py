@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scale import scaled_copy
+from scale import BASE_AND_HEAVY_BUDGETS, base_and_heavy
 
 from memgate.autosave import (
     check_run_id,
@@ -24,8 +24,7 @@ from memgate.autosave import (
 from memgate.compare import load_baseline
 from memgate.errors import ConfigError
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "profiles" / "alexnet_3016828_20250109_ascend_pt"
-BUDGETS = '[[budgets]]\nname = "train"\npeak_allocated = "4 GiB"\n'
+BUDGETS = BASE_AND_HEAVY_BUDGETS
 NPU_KEY = {"format": "torch_npu", "device_type": "npu"}  # what the example's metadata makes comparable
 NPU = f"torch_npu-npu-{hashlib.sha256(json.dumps(NPU_KEY, sort_keys=True).encode()).hexdigest()[:8]}"
 RULE = "--memgate-compare-fail=peak_allocated:5%"
@@ -94,10 +93,7 @@ def test_bad_run_ids(run_id: str) -> None:
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makefile(".toml", memgate=BUDGETS)
-    (pytester.path / "base").mkdir()
-    scaled_copy(EXAMPLE, pytester.path / "base" / "run_ascend_pt", 1.0)
-    (pytester.path / "heavy").mkdir()
-    scaled_copy(EXAMPLE, pytester.path / "heavy" / "run_ascend_pt", 1.10)
+    base_and_heavy(pytester.path)
     return pytester
 
 

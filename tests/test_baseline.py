@@ -5,27 +5,22 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
-from scale import scaled_copy
+from scale import BASE_AND_HEAVY_BUDGETS, base_and_heavy
 
 from memgate.compare import CompareRule, parse_rule
 from memgate.errors import ConfigError
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "profiles" / "alexnet_3016828_20250109_ascend_pt"
-BUDGETS = '[[budgets]]\nname = "train"\npeak_allocated = "4 GiB"\n'
+BUDGETS = BASE_AND_HEAVY_BUDGETS
 PEAK = 1322299392  # the example's peak allocated (PTA+GE), see tests/test_samples_torch_npu.py
 
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makefile(".toml", memgate=BUDGETS)
-    (pytester.path / "base").mkdir()
-    scaled_copy(EXAMPLE, pytester.path / "base" / "run_ascend_pt", 1.0)
-    (pytester.path / "heavy").mkdir()
-    scaled_copy(EXAMPLE, pytester.path / "heavy" / "run_ascend_pt", 1.10)
+    base_and_heavy(pytester.path)
     return pytester
 
 

@@ -8,37 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import computed_cache
 
 from memgate.budgets import Budget, MetricCache, budget_from_mapping, judge, load_budget_file
 from memgate.cli import main
 from memgate.errors import ConfigError
-from memgate.metrics import DeviceMetrics, MetricOptions
-from memgate.model import ProfileInfo
+from memgate.metrics import DeviceMetrics
 from memgate.session import measure
 
 SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_level1_rank0"
 PEAK_RESERVED = 1600913408  # tests/test_plugin.py
 
 
-class _Store:
-    def __init__(self, metrics: list[DeviceMetrics]) -> None:
-        self.metrics = metrics
-
-    def get(self, options: MetricOptions) -> list[DeviceMetrics] | None:
-        return self.metrics
-
-    def put(self, options: MetricOptions, metrics: list[DeviceMetrics]) -> None:  # pragma: no cover
-        raise AssertionError
-
-
 def _cache(values: dict[str, Any], metadata: dict[str, Any] | None = None, devices: tuple[str, ...] = ("npu:0",),
            ) -> MetricCache:
-    metrics = [DeviceMetrics(d, "blocks", "f", dict(values), {}, 10, None) for d in devices]
-
-    def load() -> Any:
-        raise AssertionError("not loaded")
-
-    return MetricCache(info=ProfileInfo("p", "fmt", "0", metadata or {}, ()), load=load, store=_Store(metrics))
+    return computed_cache([DeviceMetrics(d, "blocks", "f", dict(values), {}, 10, None) for d in devices], metadata)
 
 
 def _budget(**raw: Any) -> Budget:

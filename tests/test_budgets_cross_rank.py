@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from helpers import computed_cache
 
 from memgate.budgets import (
     Budget,
@@ -23,8 +24,7 @@ from memgate.budgets import (
 )
 from memgate.cli import main
 from memgate.errors import ConfigError, NotMeasurable
-from memgate.metrics import DeviceMetrics, MetricOptions
-from memgate.model import ProfileInfo
+from memgate.metrics import DeviceMetrics
 from memgate.schemas import load_schema
 
 SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_level1_rank0"
@@ -191,26 +191,10 @@ def test_budget_file_lines(tmp_path: Path) -> None:
 # ---- owner_caps ----------------------------------------------------------------------------------
 
 
-class _Store:
-    def __init__(self, metrics: list[DeviceMetrics]) -> None:
-        self.metrics = metrics
-
-    def get(self, options: MetricOptions) -> list[DeviceMetrics] | None:
-        return self.metrics
-
-    def put(self, options: MetricOptions, metrics: list[DeviceMetrics]) -> None:  # pragma: no cover
-        raise AssertionError
-
-
 def _cache(owners: dict[str, int] | None, metadata: dict[str, Any] | None = None,
            values: dict[str, Any] | None = None) -> MetricCache:
     device = DeviceMetrics("npu:0", "blocks", "f", {"owner_bytes_at_peak": owners, **(values or {})}, {}, 10, None)
-    info = ProfileInfo("p", "fmt", "0", metadata or {}, ())
-
-    def load() -> Any:
-        raise AssertionError("not loaded")
-
-    return MetricCache(info=info, load=load, store=_Store([device]))
+    return computed_cache([device], metadata)
 
 
 OWNERS = {"encoder.layer1": 600, "encoder.layer0": 300, "decoder": 200, "(other)": 50}

@@ -29,6 +29,8 @@ from typing import Any
 import corpus
 import pytest
 from corpus import ACCEPTED, CASES, Accepted, Case, Expect, writable
+from corpus_boundary import BOUNDARY
+from corpus_json import JSON_CASES, raw_timeline_file
 from helpers import in_process, one_stderr_line, run_cli_all
 from writers.torch_npu import NpuOptions
 from writers.torch_npu import write_profile as write_npu_profile
@@ -118,7 +120,7 @@ def test_the_corpus_covers_every_format() -> None:
     assert len({c.id for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("broken", _params(IN_PROCESS), indirect=True)
+@pytest.mark.parametrize("broken", _params([*IN_PROCESS, *BOUNDARY, *JSON_CASES]), indirect=True)
 def test_loader_raises_input_error(broken: Expect) -> None:
     try:
         load_all(broken.root)
@@ -391,26 +393,13 @@ def test_a_bad_limit_is_a_usage_error(value: str, tmp_path: Path, monkeypatch: p
 
 
 # ==== issue 11: CSV / sqlite / cross-file boundary cases (tests/corpus_boundary.py) ===========================
-# Kept apart from CASES (their own block): the same three ways, loader API, CLI, and one through pytest.
-
-from corpus_boundary import BOUNDARY
-from corpus_json import JSON_CASES, raw_timeline_file
+# Kept apart from CASES (their own block); the loader API check above runs them too, then the CLI and one through pytest.
 
 
 def test_the_boundary_cases_cover_their_classes() -> None:
     assert len({c.id for c in BOUNDARY}) == len(BOUNDARY) >= 15
     assert {c.format for c in BOUNDARY} == {"torch_npu", "ascend_db", "msmemscope", "mindspore", "cann"}
     assert not {c.id for c in BOUNDARY} & {c.id for c in CASES}
-
-
-@pytest.mark.parametrize("broken", _params([*BOUNDARY, *JSON_CASES]), indirect=True)
-def test_boundary_loader_raises_input_error(broken: Expect) -> None:
-    try:
-        load_all(broken.root)
-    except BaseException as exc:  # noqa: BLE001 - the point: nothing but InputError may escape
-        _check_error(exc, broken, locate=True)
-    else:
-        pytest.fail(f"{broken.root} loaded without an error")
 
 
 @pytest.mark.parametrize("broken", _params([*BOUNDARY, *JSON_CASES]), indirect=True)

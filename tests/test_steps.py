@@ -5,13 +5,11 @@ spans, the db's STEP_TIME, msMemScope STEP marks."""
 from __future__ import annotations
 
 import json
-import shutil
-import sqlite3
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import ASCEND, PTA271, SAMPLES, copy_sample, read_lines, write_lines
+from helpers import ASCEND, PTA271, SAMPLES, copy_sample, edited_db, read_lines, write_lines
 
 from memgate.discover import discover, load
 from memgate.errors import InputError
@@ -78,16 +76,8 @@ def test_trace_view_steps(tmp_path: Path) -> None:
 
 
 def _step_db(tmp_path: Path, *statements: str) -> Path:
-    path = tmp_path / "ascend_pytorch_profiler_0.db"
-    shutil.copyfile(ASCEND / "msinsight_pta21_db_level0_rank0" / path.name, path)
-    conn = sqlite3.connect(path)
-    try:
-        for sql in statements:
-            conn.execute(sql)
-        conn.commit()
-    finally:
-        conn.close()
-    return path
+    name = "ascend_pytorch_profiler_0.db"
+    return edited_db(ASCEND / "msinsight_pta21_db_level0_rank0" / name, tmp_path / name, *statements)
 
 
 def test_step_time_table(tmp_path: Path) -> None:
