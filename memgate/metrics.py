@@ -240,10 +240,10 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
         values["op_max_block_bytes"] = {}
         if len(blocks) == 0:
             missing["op_max_block_bytes"] = "no per-block data (operator_memory / allocation events)"
-    parts = block_components(device, name) or ()
-    values["top_at_peak"] = top_at(blocks, peak_t, parts) if peak_t is not None else []
-    values["op_bytes_at_peak"] = bytes_at(blocks, peak_t, parts, "op") if peak_t is not None else {}
-    values["owner_bytes_at_peak"] = bytes_at(blocks, peak_t, parts, "owner") if peak_t is not None else {}
+    at_peak = live_rows(blocks, peak_t, block_components(device, name) or ()) if peak_t is not None else None
+    values["top_at_peak"] = top_at(blocks, at_peak) if at_peak is not None else []
+    values["op_bytes_at_peak"] = bytes_at(blocks, at_peak, "op") if at_peak is not None else {}
+    values["owner_bytes_at_peak"] = bytes_at(blocks, at_peak, "owner") if at_peak is not None else {}
     # What the loader knows cannot be measured from this file (e.g. a snapshot without history).
     for key, why in (profile.metadata.get("not_measurable") or {}).items():
         values[key] = [] if key == "top_at_peak" else {} if key in _AT_PEAK_DICTS else None
@@ -499,24 +499,24 @@ def op_max_block_bytes(blocks: pd.DataFrame) -> dict[str, int]:
     return {str(names[i]): int(largest[i]) for i in sorted(np.flatnonzero(seen), key=lambda i: str(names[i]))}
 
 
-def _live_rows(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...]) -> np.ndarray:
-    """Row positions of the blocks live at ``t_ns`` (allocated at or before it, not yet freed)."""
+def live_rows(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...]) -> np.ndarray:
+    """Row positions of the blocks of ``components`` (all when empty; a block without one counts)
+    live at ``t_ns``: allocated at or before it, not yet freed."""
     live = (blocks["t_alloc"].isna() | (blocks["t_alloc"] <= t_ns)) & (blocks["t_free"].isna() | (blocks["t_free"] > t_ns))
     if components:
         live &= blocks["component"].isin([c for c in components if c]) | blocks["component"].isna()
     return np.flatnonzero(live.fillna(False).to_numpy(dtype=bool))
 
 
-def bytes_at(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...], column: str,
-             n: int = TOP_N) -> dict[str, int]:
-    """Bytes of the blocks live at ``t_ns`` per value of ``column`` (``op`` or ``owner``).
+def bytes_at(blocks: pd.DataFrame, rows: np.ndarray, column: str, n: int = TOP_N) -> dict[str, int]:
+    """Bytes of the blocks at ``rows`` (:func:`live_rows` at a moment) per value of ``column``
+    (``op`` or ``owner``).
 
     The ``n`` largest names (ties by name), the rest summed under ``"(other)"`` (omitted when 0);
     blocks without a name are not counted.
     """
-    if len(blocks) == 0:
+    if len(rows) == 0:
         return {}
-    rows = _live_rows(blocks, t_ns, components)
     codes, names = pd.factorize(blocks[column].iloc[rows])
     sizes = blocks["size"].to_numpy(dtype=np.int64, na_value=0)[rows]
     named = codes >= 0
@@ -530,11 +530,10 @@ def bytes_at(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...]
     return result
 
 
-def top_at(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...], n: int = TOP_N) -> list[dict[str, Any]]:
-    """The ``n`` largest blocks live at ``t_ns`` (allocated at or before it, not yet freed)."""
-    if len(blocks) == 0:
+def top_at(blocks: pd.DataFrame, rows: np.ndarray, n: int = TOP_N) -> list[dict[str, Any]]:
+    """The ``n`` largest blocks at ``rows`` (:func:`live_rows` at a moment)."""
+    if len(rows) == 0:
         return []
-    rows = _live_rows(blocks, t_ns, components)
     # the n largest, ties in block order (a stable sort on -size); only those rows are copied
     largest = np.argsort(-blocks["size"].to_numpy(dtype=np.int64)[rows], kind="stable")[:n]
     chosen = blocks.iloc[rows[largest]]

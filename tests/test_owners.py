@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator
 from memgate.loaders import kineto, msmemscope
 from memgate.loaders.events import is_torch_file
 from memgate.loaders.snapshot import op_owner
-from memgate.metrics import METRIC_KEYS, OTHER, bytes_at, profile_metrics
+from memgate.metrics import METRIC_KEYS, OTHER, bytes_at, live_rows, profile_metrics
 from memgate.model import BLOCK_COLUMNS
 from memgate.report import inspect_text
 from memgate.schemas import load_schema
@@ -139,10 +139,10 @@ def test_bytes_at_liveness_components_and_unnamed() -> None:
         (160, 1, None, "b", None, None),  # no component: counted; no owner: not named
         (320, 1, None, "c", "Z", "GE"),  # another component: filtered out
     ])
-    assert bytes_at(blocks, 5, ("PTA",), "owner") == {"X": 30}
-    assert bytes_at(blocks, 5, ("PTA",), "op") == {"b": 160, "a": 30}
-    assert bytes_at(blocks, 5, (), "owner") == {"Z": 320, "X": 30}
-    assert bytes_at(blocks.iloc[:0], 5, (), "owner") == {}
+    assert bytes_at(blocks, live_rows(blocks, 5, ("PTA",)), "owner") == {"X": 30}
+    assert bytes_at(blocks, live_rows(blocks, 5, ("PTA",)), "op") == {"b": 160, "a": 30}
+    assert bytes_at(blocks, live_rows(blocks, 5, ()), "owner") == {"Z": 320, "X": 30}
+    assert bytes_at(blocks.iloc[:0], live_rows(blocks.iloc[:0], 5, ()), "owner") == {}
 
 
 def test_bytes_at_top_n_and_other() -> None:
@@ -150,10 +150,10 @@ def test_bytes_at_top_n_and_other() -> None:
     rows: list[tuple[int, int | None, int | None, str | None, str | None, str | None]] = [
         (100 + k, 0, None, None, f"o{k:02d}", None) for k in range(12)]
     rows.append((111, 0, None, None, "o00", None))  # o00: 100 + 111 = 211, the largest
-    result = bytes_at(_blocks(rows), 0, (), "owner")
+    result = bytes_at(_blocks(rows), live_rows(_blocks(rows), 0, ()), "owner")
     assert list(result) == ["o00", "o11", "o10", "o09", "o08", "o07", "o06", "o05", "o04", "o03", OTHER]
     assert result["o00"] == 211 and result[OTHER] == 101 + 102
-    only_ten = bytes_at(_blocks(rows[:10]), 0, (), "owner")
+    only_ten = bytes_at(_blocks(rows[:10]), live_rows(_blocks(rows[:10]), 0, ()), "owner")
     assert OTHER not in only_ten and len(only_ten) == 10
 
 
