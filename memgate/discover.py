@@ -56,23 +56,31 @@ def _ascend_dir(path: Path) -> bool:
                                  for name in _ASCEND_EXPORTS)
 
 
-def _named(*suffixes: str) -> Callable[[Path], bool]:
-    return lambda path: path.name.lower().endswith(suffixes)
-
-
-# The loader modules, in the order they register, each with a test by name (and, for folders, the
-# names inside) that holds for every path the module's formats can claim. A loader is imported only
-# when a path passes its test: `memgate inspect x.pickle` imports the snapshot loader alone, not the
-# Ascend stack (tests/test_imports.py checks both the import graph and that no claim is missed).
-LOADERS: tuple[tuple[str, Callable[[Path], bool]], ...] = (
-    ("torch_npu", _ascend_dir),
-    ("snapshot", _named(".pickle", ".pkl")),
-    ("kineto", _named(".json", ".json.gz")),
-    ("msmemscope", _named(".csv", ".db")),
-    ("ascend_db", lambda p: _named(".db")(p) or _ascend_dir(p)),
-    ("mindspore", lambda p: _named(".csv", ".txt")(p) or _ascend_dir(p)),
-    ("cann", _ascend_dir),
+# The loader modules, in the order they register: the file names each module's formats may claim
+# (by ending) and whether they claim Ascend folders (_ascend_dir). A loader is imported only when a
+# path may be its own: `memgate inspect x.pickle` imports the snapshot loader alone, not the Ascend
+# stack (tests/test_imports.py checks both the import graph and that no claim is missed).
+LOADERS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("torch_npu", (), True),
+    ("snapshot", (".pickle", ".pkl"), False),
+    ("kineto", (".json", ".json.gz"), False),
+    ("msmemscope", (".csv", ".db"), False),
+    ("ascend_db", (".db",), True),
+    ("mindspore", (".csv", ".txt"), True),
+    ("cann", (), True),
 )
+
+
+def _may_claim(path: Path, names: tuple[str, ...], ascend: bool, ascend_dir: Callable[[], bool]) -> bool:
+    return (bool(names) and path.name.lower().endswith(names)) or (ascend and ascend_dir())
+
+
+def may_claim(module: str, path: Path) -> bool:
+    """Can a format of loader ``module`` claim ``path``? (By name; False means it would not.)"""
+    _, names, ascend = next(entry for entry in LOADERS if entry[0] == module)
+    return _may_claim(path, names, ascend, lambda: _ascend_dir(path))
+
+
 _imported: set[str] = set()
 
 
@@ -231,9 +239,11 @@ def load(found: Found) -> Profile:
 def import_loaders(path: Path | None = None) -> None:
     """Import the loader modules that may claim ``path`` (every one when None) and are not imported
     yet; each registers its formats as it is imported."""
+    import functools
     import importlib
 
-    for module, may_claim in LOADERS:
-        if module not in _imported and (path is None or may_claim(path)):
+    ascend_dir = functools.cache(lambda: path is not None and _ascend_dir(path))  # its stats once per path
+    for module, names, ascend in LOADERS:
+        if module not in _imported and (path is None or _may_claim(path, names, ascend, ascend_dir)):
             _imported.add(module)
             importlib.import_module(f"memgate.loaders.{module}")
