@@ -264,6 +264,7 @@ from memgate import discover
 from memgate.loaders import snapshot
 from memgate.metrics import profile_metrics
 from memgate.readers import limits, safepickle
+from memgate.lazy import arrow_without_pandas
 from memgate.readers.memory import collector_paused
 cpu = {"imports": time.process_time()}
 last, started = time.process_time(), time.perf_counter()
@@ -272,7 +273,7 @@ def phase(name):
     now = time.process_time()
     cpu[name], last = now - last, now
 path = Path(sys.argv[1])
-with collector_paused():
+with collector_paused(), arrow_without_pandas():
     data = safepickle.load(path, max_bytes=limits.current().max_pickle_bytes)
     phase("unpickle")
     profile = snapshot.build_profile(path, data)

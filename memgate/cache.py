@@ -1,14 +1,17 @@
 """A cache of loaded profiles, keyed on the content of the files they were loaded from.
 
 Loading a gigabyte trace or a 10-million-row CSV takes tens of seconds; reading back the normalized
-frames takes well under one. An entry is ``<cache_dir>/<key>/``: one Arrow IPC (feather) file per
-DataFrame and a ``manifest.json`` with everything else (paths, rank, metadata, dtypes, and the size
-and hash of every feather file). The key is a hash of:
+tables takes well under one. An entry is ``<cache_dir>/<key>/``: one Arrow IPC (feather) file per
+table (:meth:`memgate.table.Table.to_arrow`: int64 with nulls, dictionary text) and a
+``manifest.json`` with everything else (paths, rank, metadata, each column's kind, and the size and
+hash of every feather file). Reading an entry back imports pyarrow and numpy, not pandas. The key is
+a hash of:
 
 - every input file of the profile (a directory profile: every regular file under it, with its
   relative path and size; a file profile: the file), so any changed byte is a different key;
 - memgate's version, the hash of memgate's own source (a loader fixed without a version bump must
-  not be served its old output) and the cache layout version;
+  not be served its old output), the cache layout version and pyarrow's version (which writes the
+  feather files);
 - the loader's format name and the profile's path (the rank and the ``source`` strings are derived
   from the path, so the same bytes elsewhere are a different profile).
 
@@ -39,15 +42,14 @@ from memgate import __version__
 from memgate.budgets import MetricCache
 from memgate.discover import Found, load
 from memgate.errors import ConfigError
-from memgate.lazy import lazy_module
+from memgate.lazy import arrow_without_pandas, lazy_module
 from memgate.metrics import DeviceMetrics, MetricOptions
 from memgate.model import DeviceModel, PoolState, Profile, ProfileInfo, Series
+from memgate.table import Ints, Table, Texts
 
 if TYPE_CHECKING:
-    import pandas as pd
     import pyarrow as pa
 else:  # imported on first use: pytest loads the plugin, and so this module, on every run
-    pd = lazy_module("pandas", globals(), "pd")
     pa = lazy_module("pyarrow", globals(), "pa")
 
 try:  # xxh3 hashes at memory speed; blake2b is the standard-library fallback (~1 GB/s)
@@ -59,7 +61,7 @@ except ModuleNotFoundError:  # pragma: no cover - xxhash is a dependency
     HASH_NAME = "blake2b-128"
     _new_hash = functools.partial(hashlib.blake2b, digest_size=16)
 
-CACHE_LAYOUT = 3  # bump when the entry layout changes
+CACHE_LAYOUT = 4  # bump when the entry layout changes (4: Tables as Arrow, no pandas dtypes)
 MANIFEST = "manifest.json"
 _CHUNK = 8 << 20
 _TMP_PREFIX = ".tmp-"
@@ -151,7 +153,7 @@ def code_fingerprint() -> str:
     """memgate's version and a hash of the source files that make a loaded profile (a loader fixed
     without a version bump must not be served its old output)."""
     h = _new_hash()
-    h.update(f"{__version__}\0{CACHE_LAYOUT}\0{HASH_NAME}\0{pd.__version__}\0{pa.__version__}\0".encode())
+    h.update(f"{__version__}\0{CACHE_LAYOUT}\0{HASH_NAME}\0{pa.__version__}\0".encode())
     package = Path(__file__).resolve().parent
     for path in sorted(package.rglob("*")):
         if path.suffix in (".py", ".json") and path.is_file() and path.relative_to(package).as_posix() not in _DOWNSTREAM:
@@ -188,48 +190,35 @@ def profile_key(found: Found) -> str:
     return _key_of(found, input_files(found.path))
 
 
-# ---- frames <-> Arrow -----------------------------------------------------------------------------
+# ---- tables <-> Arrow -----------------------------------------------------------------------------
 
 
-def _dtype_token(dtype: Any) -> str | None:
-    """A name for the dtypes the model uses; None for anything else (then the profile is not cached)."""
-    if isinstance(dtype, pd.StringDtype):
-        return f"string[{dtype.storage}]" if dtype.na_value is pd.NA else None
-    if isinstance(dtype, (pd.Int64Dtype, pd.Int32Dtype, pd.Float64Dtype, pd.BooleanDtype)):
-        return str(dtype)
-    if isinstance(dtype, type(pd.api.types.pandas_dtype("int64"))) and dtype.kind in "iufb":
-        return str(dtype)
-    return None
-
-
-def _dtype_of(token: str) -> Any:
-    if token.startswith("string["):
-        return pd.StringDtype(token[len("string["):-1])
-    return pd.api.types.pandas_dtype(token)
+def _kind_of(table: Table, name: str) -> str:
+    """The manifest's name for the kind of a column: ``int64`` or ``text``."""
+    column = table.column(name)
+    if isinstance(column, Ints):
+        return "int64"
+    if isinstance(column, Texts):
+        return "text"
+    raise _Uncacheable(f"column {name!r} is a {type(column).__name__}")
 
 
 class _Uncacheable(Exception):
     """The profile holds something this cache cannot store exactly."""
 
 
-def _write_frame(frame: pd.DataFrame, path: Path, compression: str | None = None) -> dict[str, Any]:
-    tokens = {}
-    for name, dtype in frame.dtypes.items():
-        token = _dtype_token(dtype)
-        if token is None or not isinstance(name, str):
-            raise _Uncacheable(f"column {name!r} of dtype {dtype}")
-        tokens[name] = token
-    if len(set(frame.columns)) != len(frame.columns):
-        raise _Uncacheable("duplicate column names")
-    table = pa.Table.from_pandas(frame, preserve_index=None)
+def _write_table(table: Table, path: Path, compression: str | None = None) -> dict[str, Any]:
+    kinds = {name: _kind_of(table, name) for name in table.columns}
+    with arrow_without_pandas():
+        arrow = table.to_arrow()
     options = pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return {"file": path.name, "columns": list(frame.columns), "dtypes": tokens, "rows": len(frame),
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, arrow.schema, options=options) as writer:
+        writer.write_table(arrow)
+    return {"file": path.name, "columns": list(table.columns), "kinds": kinds, "rows": len(table),
             "size": path.stat().st_size, "hash": str(hash_file(path).hexdigest())}
 
 
-def _read_frame(entry: Path, spec: dict[str, Any]) -> pd.DataFrame:
+def _read_table(entry: Path, spec: dict[str, Any]) -> Table:
     path = entry / spec["file"]
     data = path.read_bytes()
     if len(data) != spec["size"]:
@@ -238,14 +227,12 @@ def _read_frame(entry: Path, spec: dict[str, Any]) -> pd.DataFrame:
     h.update(data)
     if h.hexdigest() != spec["hash"]:
         raise _Corrupt(f"{spec['file']}: hash differs from the manifest")
-    table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-    frame = table.to_pandas()
-    if list(frame.columns) != spec["columns"] or len(frame) != spec["rows"]:
-        raise _Corrupt(f"{spec['file']}: columns or rows differ from the manifest")
-    for name, token in spec["dtypes"].items():
-        if _dtype_token(frame[name].dtype) != token:
-            frame[name] = frame[name].astype(_dtype_of(token))
-    return frame
+    with arrow_without_pandas():  # pyarrow would import pandas (~0.4 s) to convert a scalar or a bool array
+        table = Table.from_arrow(pa.ipc.open_file(pa.py_buffer(data)).read_all())
+    if list(table.columns) != spec["columns"] or len(table) != spec["rows"] \
+            or {name: _kind_of(table, name) for name in table.columns} != spec["kinds"]:
+        raise _Corrupt(f"{spec['file']}: columns, kinds or rows differ from the manifest")
+    return table
 
 
 class _Corrupt(Exception):
@@ -284,21 +271,21 @@ def _serialize(profile: Profile, into: Path, compression: str | None = None) -> 
     _check_model_fields()
     counter = iter(range(1 << 30))
 
-    def frame(df: pd.DataFrame, what: str) -> dict[str, Any]:
-        if not isinstance(df, pd.DataFrame):
-            raise _Uncacheable(f"{what} is not a DataFrame")
-        return _write_frame(df, into / f"{next(counter):04d}-{what}.arrow", compression)
+    def stored(table: Table, what: str) -> dict[str, Any]:
+        if not isinstance(table, Table):
+            raise _Uncacheable(f"{what} is not a Table")
+        return _write_table(table, into / f"{next(counter):04d}-{what}.arrow", compression)
 
     devices = []
     for d, device in enumerate(profile.devices):
         series = []
         for s, (key, item) in enumerate(device.series.items()):
             series.append({"key": key, "component": item.component, "source": item.source,
-                           "frame": frame(item.frame, f"d{d}-s{s}")})
+                           "frame": stored(item.frame, f"d{d}-s{s}")})
         devices.append({
             "device": device.device,
             "series": series,
-            "blocks": frame(device.blocks, f"d{d}-blocks"),
+            "blocks": stored(device.blocks, f"d{d}-blocks"),
             "blocks_source": device.blocks_source,
             "sum_components": {k: list(v) for k, v in device.sum_components.items()},
             "dump_state": None if device.dump_state is None else asdict(device.dump_state),
@@ -312,7 +299,7 @@ def _serialize(profile: Profile, into: Path, compression: str | None = None) -> 
     return {
         **head,
         "metadata": _exact_json(profile.metadata),
-        "steps": frame(profile.steps, "steps"),
+        "steps": stored(profile.steps, "steps"),
         "devices": devices,
     }
 
@@ -320,11 +307,11 @@ def _serialize(profile: Profile, into: Path, compression: str | None = None) -> 
 def _deserialize(entry: Path, doc: dict[str, Any]) -> Profile:
     devices = []
     for d in doc["devices"]:
-        series = {s["key"]: Series(s["component"], _read_frame(entry, s["frame"]), s["source"]) for s in d["series"]}
+        series = {s["key"]: Series(s["component"], _read_table(entry, s["frame"]), s["source"]) for s in d["series"]}
         devices.append(DeviceModel(
             device=d["device"],
             series=series,
-            blocks=_read_frame(entry, d["blocks"]),
+            blocks=_read_table(entry, d["blocks"]),
             blocks_source=d["blocks_source"],
             sum_components={k: tuple(v) for k, v in d["sum_components"].items()},
             dump_state=None if d["dump_state"] is None else PoolState(**d["dump_state"]),
@@ -335,7 +322,7 @@ def _deserialize(entry: Path, doc: dict[str, Any]) -> Profile:
         format=doc["format"],
         rank=doc["rank"],
         devices=tuple(devices),
-        steps=_read_frame(entry, doc["steps"]),
+        steps=_read_table(entry, doc["steps"]),
         steps_source=doc["steps_source"],
         metadata=json.loads(doc["metadata"]),
     )
@@ -467,7 +454,7 @@ def open_profile(found: Found, cache: ProfileCache | None) -> MetricCache:
     """``found`` ready to be judged and reported.
 
     With a ``cache`` entry for ``found``'s current files, the metrics an earlier run computed are
-    read back and the profile's frames are loaded only if a result is missing; otherwise the
+    read back and the profile's tables are loaded only if a result is missing; otherwise the
     profile is loaded and stored (unless a file changed while it loaded), and so are its results.
     """
     if cache is None:

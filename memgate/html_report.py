@@ -26,6 +26,7 @@ from memgate.budgets import CROSS_RANK, LIMITS
 from memgate.lttb import downsample_steps
 from memgate.model import APP_COMPONENT, DeviceModel, Profile
 from memgate.sizes import format_size
+from memgate.table import Table
 
 # Curve kind → (budget metric drawn against it, metric key, colour).
 CURVE_KINDS: dict[str, tuple[str, str, str]] = {
@@ -87,17 +88,24 @@ def device_curves(device: DeviceModel, device_entry: dict[str, Any]) -> list[Cur
     elif name is not None and name in device.series:
         series = device.series[name]
         for column, kind in (("allocated", "allocated"), ("reserved", "reserved")):
-            frame = series.frame[["t_ns", column]].dropna()
-            if len(frame):
-                curves.append(Curve(kind, f"{name} {column}", frame["t_ns"].to_numpy(dtype=np.int64),
-                                    frame[column].to_numpy(dtype=np.int64), series.source))
+            known = _known(series.frame, column)
+            if known is not None:
+                curves.append(Curve(kind, f"{name} {column}", *known, series.source))
     app = device.series.get(APP_COMPONENT)
     if app is not None:
-        frame = app.frame[["t_ns", "reserved"]].dropna()
-        if len(frame):
-            curves.append(Curve("app_reserved", "APP reserved", frame["t_ns"].to_numpy(dtype=np.int64),
-                                frame["reserved"].to_numpy(dtype=np.int64), app.source))
+        known = _known(app.frame, "reserved")
+        if known is not None:
+            curves.append(Curve("app_reserved", "APP reserved", *known, app.source))
     return curves
+
+
+def _known(series: Table, column: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(t_ns, values) of a series' samples where both are known, as int64; None where none is."""
+    t_ns, values = series.ints("t_ns"), series.ints(column)
+    rows = t_ns.present() & values.present()
+    if not rows.any():
+        return None
+    return (np.asarray(t_ns.values[rows], dtype=np.int64), np.asarray(values.values[rows], dtype=np.int64))
 
 
 def budget_lines(entry: dict[str, Any], device_entry: dict[str, Any], outcomes: Iterable[dict[str, Any]]) -> list[BudgetLine]:

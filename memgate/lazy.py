@@ -16,6 +16,12 @@ globals to the module itself, so later reads cost what a plain import's do.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -37,3 +43,61 @@ class _LazyModule:
 def lazy_module(name: str, namespace: dict[str, Any], alias: str) -> Any:
     """A stand-in for ``import NAME as ALIAS`` in the module whose ``globals()`` is ``namespace``."""
     return _LazyModule(name, namespace, alias)
+
+
+@contextmanager
+def arrow_without_pandas() -> Iterator[None]:
+    """Inside: pyarrow builds arrays on this thread without importing pandas (~0.4 s).
+
+    pyarrow imports pandas, where installed, on ``pa.array()`` calls, only to ask whether the input
+    is a pandas object or holds pandas' missing values. A path whose inputs hold no pandas object
+    (an unpickled snapshot) would pay for pandas before its first byte. Inside the block, an import
+    of pandas on this thread fails as if pandas were not installed (other threads are not touched),
+    so pyarrow reads the input as plain Python. pyarrow remembers "no pandas"; the first real import
+    of pandas afterwards, by memgate or by anyone else in the process, hands it to pyarrow again.
+    A no-op once pandas is imported.
+    """
+    if "pandas" in sys.modules or importlib.util.find_spec("pandas") is None:
+        yield
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _PandasGate)), None)
+    if finder is None:
+        finder = _PandasGate()
+        sys.meta_path.insert(0, finder)
+    me = threading.get_ident()
+    finder.refusing[me] = finder.refusing.get(me, 0) + 1
+    try:
+        yield
+    finally:
+        finder.refusing[me] -= 1
+        if not finder.refusing[me]:
+            del finder.refusing[me]
+
+
+class _PandasGate(importlib.abc.MetaPathFinder):
+    """Refuses pandas to the threads inside :func:`arrow_without_pandas`; finds it as usual for the
+    others, and once pandas has run, has pyarrow import it again (pyarrow only retries when asked
+    for something pandas-specific)."""
+
+    def __init__(self) -> None:
+        self.refusing: dict[int, int] = {}
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "pandas":
+            return None
+        if threading.get_ident() in self.refusing:
+            raise ModuleNotFoundError("pandas is not imported here (memgate.lazy.arrow_without_pandas)", name=name)
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("pandas")
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            import pyarrow
+
+            pyarrow.lib._pandas_api.version  # noqa: B018  # re-imports pandas into pyarrow where it has none
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec

@@ -10,13 +10,12 @@ from memgate.lazy import lazy_module
 from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile
 from memgate.reconcile import DeviceFacts, reconcile
 from memgate.sizes import format_size
+from memgate.table import Table
 
 if TYPE_CHECKING:
     import numpy as np
-    import pandas as pd
 else:  # imported on first use: pytest loads the plugin, and so this module, on every run
     np = lazy_module("numpy", globals(), "np")
-    pd = lazy_module("pandas", globals(), "pd")
 
 TOP_N = 10
 METRIC_KEYS = (
@@ -129,7 +128,7 @@ def framework_component(device: DeviceModel, override: str | None = None) -> str
         return override if override in device.series else None
     for name in FRAMEWORK_COMPONENTS:
         series = device.series.get(name)
-        if series is not None and series.frame["allocated"].notna().any():
+        if series is not None and series.frame.ints("allocated").any_present():
             return name
     return None
 
@@ -147,10 +146,11 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     source: str | None
     carried: int | None = None
     if name is not None:
-        frame = device.series[name].frame.dropna(subset=["allocated"])
-        times = frame["t_ns"].to_numpy(dtype=np.int64)
-        allocated = frame["allocated"].to_numpy(dtype=np.int64)
-        reserved = device.series[name].frame["reserved"].dropna().to_numpy(dtype=np.int64)
+        frame = device.series[name].frame
+        has_allocated = frame.ints("allocated").present()
+        times = frame.ints("t_ns").values[has_allocated]
+        allocated = frame.ints("allocated").values[has_allocated]
+        reserved = frame.ints("reserved").known()
         source = device.series[name].source
         if device.window_relative:
             carried = _carried_over(facts, block_components(device, name))
@@ -214,7 +214,7 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
                                   "the value reflects memory reserved before the window")
 
     app = device.series.get(APP_COMPONENT)
-    app_reserved = app.frame["reserved"].dropna() if app is not None else pd.Series([], dtype="Int64")
+    app_reserved = app.frame.ints("reserved").known() if app is not None else np.zeros(0, dtype=np.int64)
     if len(app_reserved):
         values["peak_app_reserved_bytes"] = int(app_reserved.max())
     else:
@@ -277,23 +277,24 @@ def pool_components(device: DeviceModel, override: str | None = None) -> list[st
     else:
         combined = set(SERIES_PARTS) | set(device.sum_components)
         names = [n for n in sorted(device.series) if n not in combined and n != APP_COMPONENT]
-    return [n for n in names if device.series[n].frame["allocated"].notna().any()
-            and device.series[n].frame["reserved"].notna().any()]
+    return [n for n in names if device.series[n].frame.ints("allocated").any_present()
+            and device.series[n].frame.ints("reserved").any_present()]
 
 
-def pool_metrics(frame: pd.DataFrame) -> PoolMetrics | None:
+def pool_metrics(frame: Table) -> PoolMetrics | None:
     """Fragmentation figures of one pool's series (rows in time order); None without both totals."""
-    allocated = frame["allocated"].to_numpy(dtype=np.float64, na_value=np.nan)
-    reserved = frame["reserved"].to_numpy(dtype=np.float64, na_value=np.nan)
-    has_alloc, has_res = ~np.isnan(allocated), ~np.isnan(reserved)
-    if not has_alloc.any() or not has_res.any():
+    allocated_ints, reserved_ints = frame.ints("allocated"), frame.ints("reserved")
+    if not allocated_ints.any_present() or not reserved_ints.any_present():
         return None
-    peak_alloc = int(frame["allocated"].max())
-    res_values = frame["reserved"].dropna().to_numpy(dtype=np.int64)
+    allocated, reserved = allocated_ints.floats(), reserved_ints.floats()
+    has_res = reserved_ints.present()
+    peak_alloc = int(allocated_ints.known().max())
+    res_values = reserved_ints.known()
     peak_res = int(res_values.max())
     # External: at each growth of reserved, the share of the grown pool that sat free just before.
     # allocated "just before" = the latest known allocated at the row before the growth.
-    filled = pd.Series(allocated).ffill().to_numpy()
+    last_known = np.maximum.accumulate(np.where(allocated_ints.present(), np.arange(len(allocated)), -1))
+    filled = np.where(last_known >= 0, allocated[np.maximum(last_known, 0)], np.nan)
     rows = np.flatnonzero(has_res)
     r = reserved[rows]
     grew = np.flatnonzero(r[1:] > r[:-1])  # growth between rows[k] and rows[k+1]
@@ -343,7 +344,7 @@ def block_components(device: DeviceModel, series: str | None) -> tuple[str, ...]
         return SERIES_PARTS[series]
     if series not in (None, "blocks"):
         return (series,)
-    present = set(device.blocks["component"].dropna().astype(str))
+    present = set(device.blocks.texts("component").used())
     for group in BLOCK_GROUPS:
         chosen = tuple(c for c in group if c in present)
         if chosen:
@@ -373,15 +374,22 @@ def blocks_total(facts: DeviceFacts, components: tuple[str, ...] | None = None) 
             np.concatenate([[start], total[end_of_instant]]).astype(np.int64))
 
 
-def _counted_steps(steps: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
-    """The timed steps in step order, minus the first ``warmup_steps``."""
-    timed = steps.dropna(subset=["t_start", "t_end"]).sort_values("step", kind="stable")
-    return timed.iloc[warmup_steps:] if warmup_steps > 0 else timed
+def _timed_steps(steps: Table) -> Table:
+    """The steps with a start and an end time, in table order."""
+    return steps.take(steps.ints("t_start").present() & steps.ints("t_end").present())
 
 
-def _describe_steps(all_steps: pd.DataFrame) -> str:
-    numbers = [str(int(s)) for s in all_steps["step"].dropna()]
-    timed = int(all_steps.dropna(subset=["t_start", "t_end"]).shape[0])
+def _counted_steps(steps: Table, warmup_steps: int) -> Table:
+    """The timed steps in step order (missing numbers last), minus the first ``warmup_steps``."""
+    timed = _timed_steps(steps)
+    number = timed.ints("step")
+    order = np.lexsort((number.values, number.isna()))
+    return timed.take(order[warmup_steps:] if warmup_steps > 0 else order)
+
+
+def _describe_steps(all_steps: Table) -> str:
+    numbers = [str(int(s)) for s in all_steps.ints("step").known()]
+    timed = len(_timed_steps(all_steps))
     listed = ", ".join(numbers[:5]) + (", …" if len(numbers) > 5 else "")
     return f"{len(numbers)} step(s){' (' + listed + ')' if numbers else ''}, {timed} with start/end times"
 
@@ -391,7 +399,7 @@ def _record_more(needed: int, warmup: int, profile: Profile) -> str:
 
 
 def _step_growth(
-    counted: pd.DataFrame, times: np.ndarray, allocated: np.ndarray, warmup: int, all_steps: pd.DataFrame,
+    counted: Table, times: np.ndarray, allocated: np.ndarray, warmup: int, all_steps: Table,
     profile: Profile,
 ) -> tuple[int | None, str | None]:
     if len(counted) < MIN_GROWTH_STEPS:
@@ -401,12 +409,12 @@ def _step_growth(
             + _record_more(MIN_GROWTH_STEPS, warmup, profile))
     # Memory rows and step records that never overlap come from different windows (or runs): a
     # quiet step is fine, but not a profile whose every sample lies outside every step.
-    timed = all_steps.dropna(subset=["t_start", "t_end"])
-    starts = timed["t_start"].to_numpy(dtype=np.int64)
-    inside = np.searchsorted(times, timed["t_end"].to_numpy(dtype=np.int64), side="right") - np.searchsorted(
+    timed = _timed_steps(all_steps)
+    starts = timed.ints("t_start").values
+    inside = np.searchsorted(times, timed.ints("t_end").values, side="right") - np.searchsorted(
         times, starts, side="left")
     if not inside.any():
-        numbers = ", ".join(str(int(n)) for n in timed["step"])
+        numbers = ", ".join("<NA>" if n is None else str(n) for n in timed.ints("step").tolist())
         return None, (f"no allocator sample falls inside any step ({numbers}): the memory rows and the step "
                       "records do not overlap (were both recorded in the same run and profiling window?)")
     floors, sampled = step_floors(counted, times, allocated)
@@ -417,7 +425,7 @@ def _step_growth(
     return persistent_growth(floors), None
 
 
-def step_floors(steps: pd.DataFrame, times: np.ndarray, allocated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def step_floors(steps: Table, times: np.ndarray, allocated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each step's floor: the lowest allocated level during it, counting the level it starts at.
 
     Levels are taken after every event of an instant (rows between the events of one instant are in
@@ -426,8 +434,8 @@ def step_floors(steps: pd.DataFrame, times: np.ndarray, allocated: np.ndarray) -
     """
     last_of_instant = np.append(times[1:] != times[:-1], True)
     times, allocated = times[last_of_instant], allocated[last_of_instant]
-    first = np.searchsorted(times, steps["t_start"].to_numpy(dtype=np.int64), side="right") - 1
-    stop = np.searchsorted(times, steps["t_end"].to_numpy(dtype=np.int64), side="right")
+    first = np.searchsorted(times, steps.ints("t_start").values, side="right") - 1
+    stop = np.searchsorted(times, steps.ints("t_end").values, side="right")
     floors = np.zeros(len(first), dtype=np.int64)
     sampled = np.zeros(len(first), dtype=bool)
     for i, (lo, hi) in enumerate(zip(np.maximum(first, 0).tolist(), stop.tolist())):
@@ -451,13 +459,13 @@ def persistent_growth(floors: np.ndarray) -> int:
 
 
 def _leaked(
-    device: DeviceModel, counted: pd.DataFrame, options: MetricOptions, all_steps: pd.DataFrame,
+    device: DeviceModel, counted: Table, options: MetricOptions, all_steps: Table,
     components: tuple[str, ...] | None, profile: Profile,
 ) -> tuple[tuple[int | None, int | None], str | None]:
     """(leaked, undetermined) bytes of blocks allocated in counted steps and live at the window's end."""
     blocks = device.blocks
     if components is not None:
-        blocks = blocks[blocks["component"].isin(components)]
+        blocks = blocks.take(blocks.texts("component").isin(components))
     if len(blocks) == 0:
         return (None, None), "no per-block data (operator_memory / allocation events) to find unfreed blocks"
     horizon = options.leak_horizon_steps
@@ -466,11 +474,11 @@ def _leaked(
             f"needs at least {horizon + 1} counted steps (leak_horizon_steps={horizon}, plus one whose blocks had "
             f"{horizon} step(s) to be freed) after {options.warmup_steps} warmup step(s); the profile has "
             f"{_describe_steps(all_steps)}: " + _record_more(horizon + 1, options.warmup_steps, profile))
-    open_blocks = blocks[blocks["t_free"].isna() & blocks["t_alloc"].notna()]
-    t = open_blocks["t_alloc"].to_numpy(dtype=np.int64)
-    size = open_blocks["size"].to_numpy(dtype=np.int64)
-    starts = counted["t_start"].to_numpy(dtype=np.int64)
-    ends = counted["t_end"].to_numpy(dtype=np.int64)
+    is_open = blocks.ints("t_free").isna() & blocks.ints("t_alloc").present()
+    t = blocks.ints("t_alloc").values[is_open]
+    size = blocks.ints("size").values[is_open]
+    starts = counted.ints("t_start").values
+    ends = counted.ints("t_end").values
     decided = len(counted) - horizon
     # Each block to the latest-starting counted step that contains it (steps in step order; the
     # horizon is the last steps of that order).
@@ -483,32 +491,36 @@ def _leaked(
     return (leaked, undetermined), None
 
 
-def op_max_block_bytes(blocks: pd.DataFrame) -> dict[str, int]:
+def op_max_block_bytes(blocks: Table) -> dict[str, int]:
     """The largest block each operator allocated inside the window, by operator name.
 
     On operator codes with numpy: blocks can be millions of rows, and a groupby would copy them.
     """
-    named = (blocks["t_alloc"].notna() & blocks["op"].notna() & (blocks["op"] != "") & blocks["size"].notna())
-    codes, names = pd.factorize(blocks["op"])
-    keep = named.to_numpy(dtype=bool) & (codes >= 0)
+    op = blocks.texts("op")
+    codes, names = op.codes, op.names
+    keep = blocks.ints("t_alloc").present() & blocks.ints("size").present() & (codes >= 0)
+    if "" in names.tolist():  # an empty name is no operator
+        keep &= codes != names.tolist().index("")
     codes = codes[keep]
-    sizes = blocks["size"].to_numpy(dtype=np.int64, na_value=0)[keep]
+    sizes = blocks.ints("size").values[keep]
     largest = np.full(len(names), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(largest, codes, sizes)
     seen = np.bincount(codes, minlength=len(names)) > 0
     return {str(names[i]): int(largest[i]) for i in sorted(np.flatnonzero(seen), key=lambda i: str(names[i]))}
 
 
-def live_rows(blocks: pd.DataFrame, t_ns: int, components: tuple[str | None, ...]) -> np.ndarray:
+def live_rows(blocks: Table, t_ns: int, components: tuple[str | None, ...]) -> np.ndarray:
     """Row positions of the blocks of ``components`` (all when empty; a block without one counts)
     live at ``t_ns``: allocated at or before it, not yet freed."""
-    live = (blocks["t_alloc"].isna() | (blocks["t_alloc"] <= t_ns)) & (blocks["t_free"].isna() | (blocks["t_free"] > t_ns))
+    t_alloc, t_free = blocks.ints("t_alloc"), blocks.ints("t_free")
+    live = (t_alloc.isna() | (t_alloc.values <= t_ns)) & (t_free.isna() | (t_free.values > t_ns))
     if components:
-        live &= blocks["component"].isin([c for c in components if c]) | blocks["component"].isna()
-    return np.flatnonzero(live.fillna(False).to_numpy(dtype=bool))
+        component = blocks.texts("component")
+        live &= component.isin([c for c in components if c]) | component.isna()
+    return np.flatnonzero(live)
 
 
-def bytes_at(blocks: pd.DataFrame, rows: np.ndarray, column: str, n: int = TOP_N) -> dict[str, int]:
+def bytes_at(blocks: Table, rows: np.ndarray, column: str, n: int = TOP_N) -> dict[str, int]:
     """Bytes of the blocks at ``rows`` (:func:`live_rows` at a moment) per value of ``column``
     (``op`` or ``owner``).
 
@@ -517,12 +529,15 @@ def bytes_at(blocks: pd.DataFrame, rows: np.ndarray, column: str, n: int = TOP_N
     """
     if len(rows) == 0:
         return {}
-    codes, names = pd.factorize(blocks[column].iloc[rows])
-    sizes = blocks["size"].to_numpy(dtype=np.int64, na_value=0)[rows]
+    text = blocks.texts(column)
+    codes, names = text.codes[rows], text.names
+    sizes = blocks.ints("size").values[rows]
     named = codes >= 0
     totals = np.zeros(len(names), dtype=np.int64)
     np.add.at(totals, codes[named], sizes[named])
-    order = sorted((i for i in range(len(names)) if str(names[i]) != ""), key=lambda i: (-int(totals[i]), str(names[i])))
+    held = np.bincount(codes[named], minlength=len(names)) > 0
+    order = sorted((i for i in np.flatnonzero(held).tolist() if str(names[i]) != ""),
+                   key=lambda i: (-int(totals[i]), str(names[i])))
     result = {str(names[i]): int(totals[i]) for i in order[:n]}
     rest = sum(int(totals[i]) for i in order[n:])
     if rest:
@@ -530,34 +545,22 @@ def bytes_at(blocks: pd.DataFrame, rows: np.ndarray, column: str, n: int = TOP_N
     return result
 
 
-def top_at(blocks: pd.DataFrame, rows: np.ndarray, n: int = TOP_N) -> list[dict[str, Any]]:
+def top_at(blocks: Table, rows: np.ndarray, n: int = TOP_N) -> list[dict[str, Any]]:
     """The ``n`` largest blocks at ``rows`` (:func:`live_rows` at a moment)."""
     if len(rows) == 0:
         return []
-    # the n largest, ties in block order (a stable sort on -size); only those rows are copied
-    largest = np.argsort(-blocks["size"].to_numpy(dtype=np.int64)[rows], kind="stable")[:n]
-    chosen = blocks.iloc[rows[largest]]
-    result = []
-    for row in chosen.itertuples(index=False):
-        result.append(
-            {
-                "size": int(row.size),
-                "op": None if pd.isna(row.op) else str(row.op),
-                "stream": None if pd.isna(row.stream) else str(row.stream),
-                "owner": None if pd.isna(row.owner) else str(row.owner),
-                "t_alloc": None if pd.isna(row.t_alloc) else int(row.t_alloc),
-                "component": None if pd.isna(row.component) else str(row.component),
-            }
-        )
-    return result
+    # the n largest, ties in block order (a stable sort on -size); only those rows are read
+    largest = np.argsort(-blocks.ints("size").values[rows], kind="stable")[:n]
+    chosen = blocks.select(("size", "op", "stream", "owner", "t_alloc", "component")).take(rows[largest])
+    return chosen.records()
 
 
-def step_at(steps: pd.DataFrame, t_ns: int | None) -> int | None:
+def step_at(steps: Table, t_ns: int | None) -> int | None:
     if t_ns is None:
         return None
-    timed = steps.dropna(subset=["t_start", "t_end"])
-    hit = timed[(timed["t_start"] <= t_ns) & (timed["t_end"] >= t_ns)]
-    return int(hit["step"].iloc[0]) if len(hit) else None
+    timed = _timed_steps(steps)
+    hit = np.flatnonzero((timed.ints("t_start").values <= t_ns) & (timed.ints("t_end").values >= t_ns))
+    return timed.ints("step").item(int(hit[0])) if len(hit) else None
 
 
 def profile_metrics(profile: Profile, options: MetricOptions | None = None) -> list[DeviceMetrics]:

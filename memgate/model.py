@@ -1,8 +1,9 @@
 """The normalized memory model every loader produces and everything after reads.
 
 Bytes are int64, times are int64 ns since the epoch, devices are ``npu:0`` / ``cuda:0`` / ``cpu``.
-Frames use pandas nullable ``Int64`` where a value may be missing (a block allocated before the
-profiling window has no ``t_alloc``; an APP sample has no ``allocated``).
+Series, blocks and steps are :class:`memgate.table.Table` s of numpy columns; a number may be
+missing (a block allocated before the profiling window has no ``t_alloc``; an APP sample has no
+``allocated``). ``table.to_pandas()`` shows one as a DataFrame (``Int64`` and ``string`` columns).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from memgate.errors import InputError
 from memgate.lazy import lazy_module
+from memgate.table import Ints, Table, Texts, column_from_pandas
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,6 +26,8 @@ else:  # imported on first use: pytest loads the plugin, and so this module, on 
 
 SERIES_COLUMNS = ("t_ns", "allocated", "reserved", "active")
 BLOCK_COLUMNS = ("size", "t_alloc", "t_free", "op", "stream", "owner", "component", "alloc_total")
+BLOCK_TEXT_COLUMNS = ("op", "stream", "owner", "component")
+BLOCK_INT_COLUMNS = ("size", "t_alloc", "t_free", "alloc_total")
 STEP_COLUMNS = ("step", "t_start", "t_end")
 
 # Component names of the framework allocator, by preference, and of the whole process.
@@ -31,29 +35,34 @@ FRAMEWORK_COMPONENTS = ("PTA+GE", "MindSpore+GE", "PTA", "MindSpore", "allocator
 APP_COMPONENT = "APP"
 
 
-def empty_series() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype="Int64") for c in SERIES_COLUMNS})
+def empty_series() -> Table:
+    return Table.empty(SERIES_COLUMNS)
 
 
-def empty_blocks() -> pd.DataFrame:
-    frame = pd.DataFrame({c: pd.Series([], dtype="Int64") for c in ("size", "t_alloc", "t_free", "alloc_total")})
-    for c in ("op", "stream", "owner", "component"):
-        frame[c] = pd.Series([], dtype="string")
-    return frame[list(BLOCK_COLUMNS)]
+def empty_blocks() -> Table:
+    return Table.empty(BLOCK_INT_COLUMNS, BLOCK_TEXT_COLUMNS, order=BLOCK_COLUMNS)
 
 
-def typed_blocks(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame``'s BLOCK_COLUMNS with the model's dtypes (Int64 numbers, string text)."""
-    out = empty_blocks().reindex(range(len(frame)))
-    for column in ("size", "t_alloc", "t_free", "alloc_total"):
-        out[column] = pd.array(frame[column], dtype="Int64")
-    for column in ("op", "stream", "owner", "component"):
-        out[column] = pd.array(frame[column], dtype="string")
-    return out[list(BLOCK_COLUMNS)]
+def typed_blocks(frame: pd.DataFrame) -> Table:
+    """``frame``'s BLOCK_COLUMNS as the model's blocks (numbers and text, whatever their dtypes)."""
+    columns: dict[str, Ints | Texts] = {}
+    for column in BLOCK_COLUMNS:
+        dtype = "string" if column in BLOCK_TEXT_COLUMNS else "Int64"
+        values = frame[column]
+        if not (dtype == "string" and isinstance(values.dtype, pd.CategoricalDtype)):
+            values = pd.Series(pd.array(values, dtype=dtype), copy=False)
+        columns[column] = column_from_pandas(values)
+    return Table(columns)
 
 
-def split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    """(device, component, SERIES_COLUMNS frame in time order) for each pair in a long frame.
+def int_table(frame: pd.DataFrame, columns: Sequence[str]) -> Table:
+    """The ``columns`` of ``frame`` (whole numbers of any dtype, missing or not) as a table:
+    ``int_table(frame, SERIES_COLUMNS)`` for a series, ``STEP_COLUMNS`` for steps."""
+    return Table({c: column_from_pandas(pd.Series(pd.array(frame[c], dtype="Int64"), copy=False)) for c in columns})
+
+
+def split_series(frame: pd.DataFrame) -> list[tuple[str, str, Table]]:
+    """(device, component, SERIES_COLUMNS table in time order) for each pair in a long frame.
 
     Rows keep their file order within a pair unless its times go backwards; then they are sorted
     stably by time. The long frame's columns are dropped from it as they are split, so a 10M-row
@@ -63,7 +72,7 @@ def split_series(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 
 def split_columns(device: pd.Series, component: pd.Series,
-                  take: Callable[[str], tuple[np.ndarray, np.ndarray]]) -> list[tuple[str, str, pd.DataFrame]]:
+                  take: Callable[[str], tuple[np.ndarray, np.ndarray]]) -> list[tuple[str, str, Table]]:
     """:func:`split_series` of columns given one at a time: ``take(name)`` returns a SERIES_COLUMNS
     column as numpy (values, missing) and lets go of it. Vectorized: a pass per (device, component)
     pair, not a pandas groupby nor a sort of every row.
@@ -86,13 +95,13 @@ def split_columns(device: pd.Series, component: pd.Series,
     del pair
     taken = {"t_ns": (t_ns, t_missing)}
     del t_ns, t_missing
-    parts: dict[int, dict[str, pd.arrays.IntegerArray]] = {code: {} for code, _ in groups}
+    parts: dict[int, dict[str, Ints | Texts]] = {code: {} for code, _ in groups}
     for column in SERIES_COLUMNS:
         data, mask = taken.pop(column) if column in taken else take(column)
         for code, rows in groups:
-            parts[code][column] = pd.arrays.IntegerArray(data[rows], mask[rows])
+            parts[code][column] = Ints.of(data[rows], mask[rows])
         del data, mask
-    return [(str(devices[code // width]), str(components[code % width]), pd.DataFrame(parts[code], copy=False))
+    return [(str(devices[code // width]), str(components[code % width]), Table(parts[code]))
             for code, _ in groups]
 
 
@@ -118,11 +127,11 @@ def _data_and_mask(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return array.to_numpy(dtype=np.int64, na_value=0), np.asarray(array.isna())
 
 
-def empty_steps() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype="Int64") for c in STEP_COLUMNS})
+def empty_steps() -> Table:
+    return Table.empty(STEP_COLUMNS)
 
 
-def check_steps(steps: pd.DataFrame, file: str | Path, *, column: str | None = None,
+def check_steps(steps: Table, file: str | Path, *, column: str | None = None,
                 where: Sequence[str] | None = None) -> None:
     """Steps a writer recorded are distinct numbers whose spans do not overlap; InputError naming the
     file and both steps otherwise.
@@ -134,23 +143,27 @@ def check_steps(steps: pd.DataFrame, file: str | Path, *, column: str | None = N
     """
     if len(steps) < 2:
         return
-    numbers = steps["step"].to_numpy(dtype=np.int64, na_value=-1)
+    numbers = steps.ints("step").filled(-1)
     place = list(where) if where is not None else None
 
     def at(i: int) -> str:
         return f" ({place[i]})" if place is not None else ""
 
-    repeated = pd.Series(numbers).duplicated(keep="first").to_numpy() & (numbers >= 0)
-    if repeated.any():
-        second = int(np.flatnonzero(repeated)[0])
+    known = np.flatnonzero(numbers >= 0)
+    distinct, first_of = np.unique(numbers[known], return_index=True)
+    if len(distinct) < len(known):
+        seen_first = np.zeros(len(numbers), dtype=bool)
+        seen_first[known[first_of]] = True
+        second = int(known[~seen_first[known]][0])
         first = int(np.flatnonzero(numbers == numbers[second])[0])
         raise InputError(f"step {numbers[second]} appears twice", file=file, column=column,
                          expected="each step once", found=f"step {numbers[first]}{at(first)} and again{at(second)}")
-    timed = np.flatnonzero((steps["t_start"].notna() & steps["t_end"].notna()).to_numpy())
+    t_start, t_end = steps.ints("t_start"), steps.ints("t_end")
+    timed = np.flatnonzero(t_start.present() & t_end.present())
     if len(timed) < 2:
         return
-    start = steps["t_start"].to_numpy(dtype=np.int64, na_value=0)[timed]
-    end = steps["t_end"].to_numpy(dtype=np.int64, na_value=0)[timed]
+    start = t_start.values[timed]
+    end = t_end.values[timed]
     order = np.lexsort((end, start))
     start, end, rows = start[order], end[order], timed[order]
     overlap = np.flatnonzero(start[1:] < end[:-1])
@@ -168,8 +181,11 @@ class Series:
     """Time-ordered samples of one component on one device."""
 
     component: str
-    frame: pd.DataFrame  # SERIES_COLUMNS
+    frame: Table  # SERIES_COLUMNS
     source: str  # file (and table) it came from
+
+    def __post_init__(self) -> None:
+        _check_table(self.frame, "a series")
 
 
 @dataclass(frozen=True)
@@ -188,7 +204,7 @@ class PoolState:
 class DeviceModel:
     device: str
     series: dict[str, Series] = field(default_factory=dict)
-    blocks: pd.DataFrame = field(default_factory=empty_blocks)  # BLOCK_COLUMNS
+    blocks: Table = field(default_factory=empty_blocks)  # BLOCK_COLUMNS
     blocks_source: str | None = None
     # Series whose sum is written as another series (torch_npu PTA+GE = PTA + GE).
     sum_components: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -197,6 +213,9 @@ class DeviceModel:
     # The writer's totals leave out memory allocated before profiling and may carry bytes counted
     # by an earlier profiling session (torch's CPU allocator reporter): peaks are window-relative.
     window_relative: bool = False
+
+    def __post_init__(self) -> None:
+        _check_table(self.blocks, "blocks")
 
 
 @dataclass(frozen=True)
@@ -207,9 +226,17 @@ class Profile:
     format: str
     rank: str
     devices: tuple[DeviceModel, ...]
-    steps: pd.DataFrame = field(default_factory=empty_steps)  # STEP_COLUMNS
+    steps: Table = field(default_factory=empty_steps)  # STEP_COLUMNS
     steps_source: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_table(self.steps, "steps")
+
+
+def _check_table(table: object, what: str) -> None:
+    if not isinstance(table, Table):  # a loader handing over a DataFrame is a bug, caught at the source
+        raise TypeError(f"{what} must be a memgate.table.Table, not {type(table).__name__}")
 
 
 @dataclass(frozen=True)
@@ -225,10 +252,7 @@ class ProfileInfo:
 
     @classmethod
     def of(cls, profile: Profile) -> ProfileInfo:
-        steps = tuple(
-            {k: (None if pd.isna(v) else int(v)) for k, v in row.items()}
-            for row in profile.steps[list(STEP_COLUMNS)].astype(object).to_dict("records")
-        )
+        steps = tuple(profile.steps.select(STEP_COLUMNS).records())
         return cls(profile.path, profile.format, profile.rank, dict(profile.metadata), steps)
 
     def as_json(self) -> dict[str, Any]:

@@ -31,8 +31,8 @@ def _device_entries(profile: Profile, metrics_entry: Any) -> tuple[dict[str, Any
         raise TypeError(f"metrics_entry must be a report entry dict, got {type(metrics_entry).__name__}")
     if "devices" in metrics_entry:
         return metrics_entry, list(metrics_entry["devices"])
-    steps = [{"step": int(r.step), "t_start": int(r.t_start), "t_end": int(r.t_end)}
-             for r in profile.steps.dropna().itertuples(index=False)]
+    steps = [{"step": r["step"], "t_start": r["t_start"], "t_end": r["t_end"]}
+             for r in profile.steps.select(("step", "t_start", "t_end")).records() if None not in r.values()]
     return {"path": profile.path, "rank": profile.rank, "steps": steps}, [metrics_entry]
 
 

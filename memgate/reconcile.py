@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memgate.lazy import lazy_module
 from memgate.model import DeviceModel, Series
+from memgate.table import Table
 
 if TYPE_CHECKING:
     import numpy as np
-    import pandas as pd
 else:  # imported on first use: pytest loads the plugin, and so this module, on every run
     np = lazy_module("numpy", globals(), "np")
-    pd = lazy_module("pandas", globals(), "pd")
 
 
 @dataclass(frozen=True)
@@ -114,19 +113,20 @@ class _BlockArrays(NamedTuple):
     alloc_total: np.ndarray  # -1 where missing
 
     @classmethod
-    def of(cls, blocks: pd.DataFrame, rows: np.ndarray | None = None) -> _BlockArrays:
+    def of(cls, blocks: Table, rows: np.ndarray | None = None) -> _BlockArrays:
         """The columns of ``blocks`` (only ``rows`` of them, when given), one column at a time."""
 
         def pick(values: np.ndarray) -> np.ndarray:
             return values if rows is None else values[rows]
 
+        t_alloc, t_free = blocks.ints("t_alloc"), blocks.ints("t_free")
         return cls(
-            size=pick(blocks["size"].to_numpy(dtype=np.int64)),
-            t_alloc=pick(blocks["t_alloc"].to_numpy(dtype=np.int64, na_value=0)),
-            pre=pick(blocks["t_alloc"].isna().to_numpy()),
-            t_free=pick(blocks["t_free"].to_numpy(dtype=np.int64, na_value=0)),
-            freed=pick(blocks["t_free"].notna().to_numpy()),
-            alloc_total=pick(blocks["alloc_total"].to_numpy(dtype=np.int64, na_value=-1)),
+            size=pick(blocks.ints("size").values),
+            t_alloc=pick(t_alloc.values),
+            pre=pick(t_alloc.isna()),
+            t_free=pick(t_free.values),
+            freed=pick(t_free.present()),
+            alloc_total=pick(blocks.ints("alloc_total").filled(-1)),
         )
 
 
@@ -140,8 +140,9 @@ def reconcile(device: DeviceModel) -> DeviceFacts:
     # Per component (sorted; missing = "allocator", last), on numpy columns: a pandas groupby would
     # copy every column of a multi-million-row frame.
     blocks = device.blocks
-    codes, names = pd.factorize(blocks["component"], sort=True)
-    groups = [(str(name), codes == code) for code, name in enumerate(names)]
+    component = blocks.texts("component")
+    codes, names = component.codes, component.names.tolist()
+    groups = [(name, codes == names.index(name)) for name in sorted(component.used())]
     if (codes < 0).any():
         groups.append(("allocator", codes < 0))
     for name, member in groups:
@@ -158,10 +159,10 @@ def reconcile(device: DeviceModel) -> DeviceFacts:
 
 def series_consistency(series: Series, blocks: _BlockArrays, blocks_source: str | None) -> SeriesConsistency:
     """The blocks of a component against the series of the same name: time overlap and totals."""
-    frame = series.frame
-    timed = frame["t_ns"].notna().to_numpy()
-    t = frame["t_ns"].to_numpy(dtype=np.int64, na_value=0)[timed]
-    values = frame["allocated"].to_numpy(dtype=np.int64, na_value=-1)[timed]
+    times = series.frame.ints("t_ns")
+    timed = times.present()
+    t = times.values[timed]
+    values = series.frame.ints("allocated").filled(-1)[timed]
     if len(t) and not (t[1:] >= t[:-1]).all():
         order = np.argsort(t, kind="stable")
         t, values = t[order], values[order]
@@ -313,12 +314,12 @@ def _sum_check(device: DeviceModel, total: str, parts: tuple[str, ...]) -> float
     return float(agree.mean())
 
 
-def _timed_values(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _timed_values(frame: Table) -> tuple[np.ndarray, np.ndarray]:
     """A series' (t_ns, allocated as float, NaN when missing) where t_ns is known, stably time-sorted."""
-    times = frame["t_ns"]
-    timed = times.notna().to_numpy()
-    t = times.to_numpy(dtype=np.int64, na_value=0)
-    v = frame["allocated"].to_numpy(dtype=np.float64, na_value=np.nan)
+    times = frame.ints("t_ns")
+    timed = times.present()
+    t = times.values
+    v = frame.ints("allocated").floats()
     if not timed.all():
         t, v = t[timed], v[timed]
     if len(t) and not (t[1:] >= t[:-1]).all():

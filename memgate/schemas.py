@@ -18,3 +18,13 @@ def load_schema(name: str) -> dict[str, Any]:
 def schema_names() -> list[str]:
     folder = resources.files("memgate").joinpath("schemas")
     return sorted(p.name.removesuffix(".schema.json") for p in folder.iterdir() if p.name.endswith(".schema.json"))
+
+
+def re2_pattern(pattern: str) -> str:
+    """Translate an anchored Python/ECMA pattern to RE2 with the same meaning.
+
+    Python's ``$`` also matches before one final newline; RE2's does not.
+    """
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        return pattern[:-1] + "\n?$"
+    return pattern

@@ -69,7 +69,7 @@ def test_sample_peaks_come_from_the_pta_ge_series(sample: tuple) -> None:
     assert metrics.values["fragmentation"] == pools["PTA"]
     assert round(pools["PTA"], 4) == 0.1818
     for component in ("PTA", "GE"):
-        frame = profile.devices[0].series[component].frame
+        frame = profile.devices[0].series[component].frame.to_pandas()
         assert int(frame["allocated"].max()) == component_max("totalAllocated", component)
         assert len(frame) == raw(f"SELECT count(*) FROM MEMORY_RECORD m JOIN STRING_IDS s ON s.id = m.component "
                                  f"WHERE s.value = '{component}'")[0][0]
@@ -82,7 +82,7 @@ def test_sample_app_series_is_app_ddr_plus_hbm(sample: tuple) -> None:
                     "WHERE s.value = 'device'")[0]
     assert metrics.values["peak_app_reserved_bytes"] == app == 2212081664
     series = profile.devices[0].series
-    assert int(series["NPU MEM Device/Memory"].frame["reserved"].max()) == device
+    assert int(series["NPU MEM Device/Memory"].frame.to_pandas()["reserved"].max()) == device
     assert len(series["APP"].frame) == raw("SELECT count(*) FROM NPU_MEM n JOIN STRING_IDS s ON s.id = n.type "
                                            "WHERE s.value = 'app'")[0][0]
 
@@ -91,7 +91,7 @@ def test_sample_module_series(sample: tuple) -> None:
     profile, _ = sample
     expected = dict(raw("SELECT e.name, max(m.totalReserved) FROM NPU_MODULE_MEM m JOIN ENUM_MODULE e "
                         "ON e.id = m.moduleId GROUP BY e.name"))
-    got = {name.removeprefix("module:"): int(s.frame["reserved"].max())
+    got = {name.removeprefix("module:"): int(s.frame.to_pandas()["reserved"].max())
            for name, s in profile.devices[0].series.items() if name.startswith("module:")}
     assert got == expected
     assert got["HCCL"] == 423690240
@@ -108,7 +108,7 @@ def test_sample_blocks_and_op_max(sample: tuple) -> None:
             expected[op] = max(expected.get(op, 0), size)
     assert metrics.values["op_max_block_bytes"] == expected
     assert expected["aten::_foreach_add"] == 150995456
-    blocks = profile.devices[0].blocks
+    blocks = profile.devices[0].blocks.to_pandas()
     assert len(blocks) == len(rows) == 184
     assert int(blocks["t_free"].isna().sum()) == sum(r[3] is None for r in rows) == 24
     assert int((blocks["component"] == "GE").sum()) == sum(r[4] is None for r in rows) == 57
@@ -118,10 +118,10 @@ def test_sample_blocks_and_op_max(sample: tuple) -> None:
 def test_sample_steps_rank_and_exact_ns(sample: tuple) -> None:
     profile, _ = sample
     assert profile.rank == "0" and profile.format == "ascend_db"
-    assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == raw("SELECT id, startNs, endNs FROM STEP_TIME")
+    assert [tuple(map(int, r)) for r in profile.steps.to_pandas().to_numpy()] == raw("SELECT id, startNs, endNs FROM STEP_TIME")
     first = raw("SELECT min(m.timestamp) FROM MEMORY_RECORD m JOIN STRING_IDS s ON s.id = m.component "
                 "WHERE s.value = 'PTA'")[0][0]
-    assert int(profile.devices[0].series["PTA"].frame["t_ns"].iloc[0]) == first == 1736407067941451180
+    assert int(profile.devices[0].series["PTA"].frame.to_pandas()["t_ns"].iloc[0]) == first == 1736407067941451180
     assert profile.metadata["schema_version"] == "1.0.0"
 
 
@@ -240,7 +240,7 @@ def test_torch_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) ->
     expected = expected_metrics(trace, separate_allocators=True)  # PTA+GE: two allocators' reserved summed
     assert {k: got[k] for k in METRICS} == {k: expected[k] for k in METRICS}
     assert got["peak_app_reserved_bytes"] == app_peak(trace)
-    assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == sorted(trace.steps)
+    assert [tuple(map(int, r)) for r in profile.steps.to_pandas().to_numpy()] == sorted(trace.steps)
 
 
 @secondary_examples()
@@ -258,10 +258,10 @@ def test_msprof_db_round_trip(tmp_path_factory: pytest.TempPathFactory, trace) -
     assert metrics.values["op_max_block_bytes"] == {
         "cann::" + op.removeprefix("cann::"): size for op, size in expected["op_max_block_bytes"].items()}
     assert metrics.values["leaked_bytes"] is None  # msprof dbs have no steps
-    blocks = device.blocks
+    blocks = device.blocks.to_pandas()
     assert int(blocks["t_alloc"].isna().sum()) == sum(b.t_alloc is None for b in trace.blocks)
     assert int(blocks["t_free"].isna().sum()) == sum(b.t_free is None for b in trace.blocks)
-    assert int(device.series["module:APP"].frame["reserved"].max()) == max(r for _, r in trace.reserved_curve())
+    assert int(device.series["module:APP"].frame.to_pandas()["reserved"].max()) == max(r for _, r in trace.reserved_curve())
 
 
 # --- bad input -------------------------------------------------------------------------------------------
@@ -403,7 +403,7 @@ def test_pending_write_ahead_log_is_read_not_ignored(tmp_path: Path) -> None:
         profile = ascend_db.load(path)
     finally:
         writer.close()
-    assert int(profile.devices[0].series["PTA"].frame["allocated"].max()) == 9999999999
+    assert int(profile.devices[0].series["PTA"].frame.to_pandas()["allocated"].max()) == 9999999999
 
 
 def test_empty_memory_tables(tmp_path: Path) -> None:
@@ -456,7 +456,7 @@ def test_a_copied_pending_wal_is_read_and_nothing_is_written(tmp_path: Path, mon
     profile = ascend_db.load(path)
     assert _snapshot(path.parent) == before  # no -shm, no checkpoint, no change
     assert list(private.iterdir()) == []  # the private copy is gone
-    pta = profile.devices[0].series["PTA"].frame
+    pta = profile.devices[0].series["PTA"].frame.to_pandas()
     assert int(pta["allocated"].max()) == 9999999999
     assert int(pta["reserved"].max()) == 8888888888
     # immutable=1 alone would have read the db file without the log
@@ -487,7 +487,7 @@ def test_a_hot_rollback_journal_is_applied_to_a_copy(tmp_path: Path) -> None:
     before = _snapshot(profile_dir)
     profile = ascend_db.load(path)
     assert _snapshot(profile_dir) == before
-    blocks = profile.devices[0].blocks
+    blocks = profile.devices[0].blocks.to_pandas()
     assert (len(blocks), int(blocks["size"].abs().sum())) == (committed[0], abs(committed[1]))
 
 

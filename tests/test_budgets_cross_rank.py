@@ -229,7 +229,7 @@ def _softmax_bytes_at_peak() -> int:
     [measured] = measure(SNAPSHOT)
     [dev] = [d for d in measured.devices if d.device == "cuda:0"]
     [model] = [d for d in measured.profile.devices if d.device == "cuda:0"]
-    b = model.blocks
+    b = model.blocks.to_pandas()
     live = ((b["t_alloc"].isna() | (b["t_alloc"] <= dev.peak_t_ns)) & (b["t_free"].isna() | (b["t_free"] > dev.peak_t_ns))
             & b["owner"].fillna("").str.endswith(":custom_softmax"))
     return int(b["size"][live.fillna(False)].sum())

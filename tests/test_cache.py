@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers import PTA21_L0, PTA21_L1, PTA271, SAMPLES, copy_sample
@@ -17,11 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memgate import cache as cache_mod
-from memgate.cache import MANIFEST, ProfileCache, input_files, load_cached, profile_key
+from memgate.cache import CACHE_LAYOUT, MANIFEST, ProfileCache, input_files, load_cached, profile_key
 from memgate.discover import Found, discover, load
 from memgate.errors import ConfigError, InputError
 from memgate.metrics import profile_metrics
 from memgate.model import Profile
+from memgate.table import Ints, Table, Texts
 
 SNAPSHOT = SAMPLES / "torch" / "snapshot_newest_compile_context_windows_decomfl.pickle"
 MULTI_DEVICE = SAMPLES / "torch" / "snapshot_multidevice_expandable_notrace.pickle"
@@ -41,8 +46,8 @@ def loaded(path: Path) -> Profile:
     return load(found_of(path))
 
 
-def frames_of(profile: Profile) -> dict[str, pd.DataFrame]:
-    """Every DataFrame of a profile, by a name that says where it sits."""
+def frames_of(profile: Profile) -> dict[str, Table]:
+    """Every table of a profile, by a name that says where it sits."""
     out = {"steps": profile.steps}
     for device in profile.devices:
         out[f"{device.device}/blocks"] = device.blocks
@@ -63,10 +68,30 @@ def assert_same_profile(got: Profile, want: Profile) -> None:
             assert (g.series[key].component, g.series[key].source) == (w.series[key].component, w.series[key].source)
     got_frames, want_frames = frames_of(got), frames_of(want)
     assert list(got_frames) == list(want_frames)
-    for name, frame in want_frames.items():
+    for name, table in want_frames.items():
         other = got_frames[name]
-        assert other.dtypes.to_dict() == frame.dtypes.to_dict(), name
-        pd.testing.assert_frame_equal(other, frame, check_exact=True, check_index_type=True, obj=name)
+        assert_same_table(other, table, name)
+        as_frame, want_frame = other.to_pandas(), table.to_pandas()
+        assert as_frame.dtypes.to_dict() == want_frame.dtypes.to_dict(), name
+        pd.testing.assert_frame_equal(as_frame, want_frame, check_exact=True, check_index_type=True, obj=name)
+
+
+def assert_same_table(got: Table, want: Table, name: str) -> None:
+    """The same columns, kinds, values, missing cells and text names (unused ones too), in order."""
+    assert got.columns == want.columns and len(got) == len(want), name
+    for column in want.columns:
+        g, w = got.column(column), want.column(column)
+        assert type(g) is type(w), (name, column)
+        if isinstance(w, Ints):
+            assert isinstance(g, Ints)
+            assert g.values.dtype == np.int64, (name, column)
+            assert np.array_equal(g.isna(), w.isna()), (name, column)
+            assert np.array_equal(g.values[g.present()], w.values[w.present()]), (name, column)
+        else:
+            assert isinstance(g, Texts) and isinstance(w, Texts)
+            assert g.codes.dtype == np.int32, (name, column)
+            assert g.names.tolist() == w.names.tolist(), (name, column)
+            assert np.array_equal(g.codes, w.codes), (name, column)
 
 
 def tree_digest(root: Path) -> dict[str, tuple[str, int, int]]:
@@ -114,15 +139,16 @@ def test_round_trip_with_each_compression(tmp_path: Path, compression: str | Non
     assert_same_profile(got, loaded(PTA21_L1))
 
 
-def test_round_trip_keeps_nulls_strings_and_a_non_range_index(tmp_path: Path) -> None:
+def test_round_trip_keeps_nulls_strings_and_a_reordered_subset(tmp_path: Path) -> None:
     want = loaded(PTA271)
     device = want.devices[0]
     blocks = device.blocks
     # the 2.7.1 sample has blocks never freed (NA t_free) and GE-less PTA rows: real nulls to keep
-    assert blocks["t_free"].isna().any() and blocks["t_free"].notna().any()
-    assert str(blocks["op"].dtype) == "string" and str(blocks["size"].dtype) == "Int64"
+    assert blocks.ints("t_free").isna().any() and blocks.ints("t_free").present().any()
+    assert isinstance(blocks.column("op"), Texts) and isinstance(blocks.column("size"), Ints)
     found = found_of(PTA271)
-    odd = blocks.iloc[::-3]  # a reversed, strided index: not a RangeIndex(0..n)
+    rows = np.arange(len(blocks))[::-3]  # reversed and strided: text names no row uses any more stay
+    odd = blocks.take(rows)
     changed = Profile(want.path, want.format, want.rank,
                       (type(device)(device.device, device.series, odd, device.blocks_source, device.sum_components),),
                       want.steps, want.steps_source, {"a": [1, 2], "b": {"c": None, "d": "x"}})
@@ -131,7 +157,7 @@ def test_round_trip_keeps_nulls_strings_and_a_non_range_index(tmp_path: Path) ->
     got = store.get(found)
     assert got is not None
     assert_same_profile(got, changed)
-    assert list(got.devices[0].blocks.index) == list(odd.index)
+    assert got.devices[0].blocks.to_pandas().equals(blocks.to_pandas().iloc[rows].reset_index(drop=True))
 
 
 def test_load_cached_second_call_hits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -338,6 +364,60 @@ def test_damaged_entry_is_never_trusted(tmp_path: Path, damage: str) -> None:
         (entry / MANIFEST).write_text(text.replace(entry.name, "0" * len(entry.name)))
     assert store.get(found) is None
     assert entries(tmp_path / "cache") == []
+
+
+def test_an_entry_of_the_previous_layout_is_a_miss_and_removed(tmp_path: Path) -> None:
+    """An entry written by the pandas-era layout (dtype tokens, no column kinds) is never read as tables."""
+    store, found, entry = _stored(tmp_path)
+    doc = json.loads((entry / MANIFEST).read_text())
+    doc["layout"] = CACHE_LAYOUT - 1
+
+    def pandas_era(spec: dict[str, Any]) -> None:
+        kinds = spec.pop("kinds")
+        spec["dtypes"] = {name: "Int64" if kind == "int64" else "string[python]" for name, kind in kinds.items()}
+
+    pandas_era(doc["profile"]["steps"])
+    for device in doc["profile"]["devices"]:
+        pandas_era(device["blocks"])
+        for series in device["series"]:
+            pandas_era(series["frame"])
+    (entry / MANIFEST).write_text(json.dumps(doc))
+    assert store.get(found) is None
+    assert entries(tmp_path / "cache") == []
+    assert_same_profile(load_cached(found, store), loaded(PTA271))  # reloaded and stored in this layout
+    assert json.loads((entry / MANIFEST).read_text())["layout"] == CACHE_LAYOUT
+
+
+def test_a_cache_hit_imports_no_pandas(tmp_path: Path) -> None:
+    """Reading an entry back builds the tables from Arrow and numpy, and storing one writes them from
+    numpy: pandas (~0.4 s to import) stays out.
+
+    The probe names the format without importing its loader (whose own imports are not the cache's).
+    """
+    store = ProfileCache(tmp_path / "cache")
+    want = loaded(KINETO)
+    store.put(found_of(KINETO), want)
+    probe = ("import json, sys\n"
+             "from pathlib import Path\n"
+             "from memgate import cache\n"
+             "from memgate.cache import ProfileCache\n"
+             "from memgate.discover import Format, Found\n"
+             "cache.code_fingerprint = lambda: sys.argv[3]  # the parent's: memgate's source may change meanwhile\n"
+             "found = Found(Path(sys.argv[2]), Format(sys.argv[4], lambda p: True, lambda p: None))\n"
+             "got = ProfileCache(sys.argv[1]).get(found)\n"
+             "assert got is not None\n"
+             "ProfileCache(sys.argv[1] + '-copy').put(found, got)  # and stored: no pandas either\n"
+             "again = ProfileCache(sys.argv[1] + '-copy').get(found)\n"
+             "rows = None if again is None else [len(d.blocks) for d in again.devices]\n"
+             "print(json.dumps({'rows': rows, 'pandas': 'pandas' in sys.modules}))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMGATE_")}
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "cache"), str(KINETO),
+                           cache_mod.code_fingerprint(), found_of(KINETO).format.name], check=False,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["rows"] == [len(d.blocks) for d in want.devices]  # a hit, not a miss
+    assert report["pandas"] is False
 
 
 def test_errors_are_not_cached(tmp_path: Path) -> None:

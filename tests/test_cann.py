@@ -66,7 +66,7 @@ def test_metrics_equal_ground_truth(trace: Trace, opts: CannOptions) -> None:
     assert m.values["peak_app_reserved_bytes"] == max(v for _, v in app_samples(trace, opts))
     assert m.values["step_growth_bytes"] is None and m.values["leaked_bytes"] is None  # no steps in CANN CSVs
     # The blocks themselves: sizes, times, open ends.
-    blocks = profile.devices[0].blocks
+    blocks = profile.devices[0].blocks.to_pandas()
     got = sorted(zip(blocks["size"].astype(int), blocks["t_alloc"].fillna(-1).astype(int),
                      blocks["t_free"].fillna(-1).astype(int)))
     shown = [b for b in trace.blocks if b.t_alloc is not None or (opts.unfreed == "empty" and b.t_free is not None)]
@@ -105,8 +105,8 @@ def test_slices_read_as_one_file(trace: Trace, slices: int) -> None:
         whole = _read(write_prof([trace], Path(tmp) / "a", CannOptions()))
         pieces = _read(write_prof([trace], Path(tmp) / "b", CannOptions(slices=slices)))
     for name, series in whole.devices[0].series.items():
-        assert series.frame.equals(pieces.devices[0].series[name].frame), name
-    assert whole.devices[0].blocks.equals(pieces.devices[0].blocks)
+        assert series.frame.to_pandas().equals(pieces.devices[0].series[name].frame.to_pandas()), name
+    assert whole.devices[0].blocks.to_pandas().equals(pieces.devices[0].blocks.to_pandas())
 
 
 def _trace(device_id: int = 3) -> Trace:
@@ -126,7 +126,7 @@ def test_small_profile_values(tmp_path: Path) -> None:
     assert m.values["op_max_block_bytes"] == {"cann::Graph_21": 192 << 10, "cann::MatMulV2": 1 << 20}
     # The older export next to the latest is ignored and named, never mixed in.
     assert [Path(p).name for p in profile.metadata["older_exports_ignored"]] == ["memory_record_20000101000000.csv"]
-    assert profile.devices[0].series["module:SLOG"].frame["reserved"].isna().all()  # -1: no level
+    assert profile.devices[0].series["module:SLOG"].frame.to_pandas()["reserved"].isna().all()  # -1: no level
     assert set(profile.devices[0].series) >= {"GE", "APP", "NPU MEM Device/Memory", "module:HCCL"}
 
 
@@ -154,7 +154,7 @@ def test_zero_duration_with_a_reserved_total_is_a_real_release(tmp_path: Path) -
     fields[7], fields[8] = "4.0", "2048.0"
     lines[2] = join_row(fields, eol)
     write_lines(path, lines)
-    blocks = _read(prof).devices[0].blocks
+    blocks = _read(prof).devices[0].blocks.to_pandas()
     assert blocks["t_free"].isna().tolist() == [True, False]
     assert int(blocks["t_free"][1]) == t0 + 1000
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 from helpers import PTA271
 
@@ -28,6 +27,7 @@ from memgate.html_report import device_curves, render_html
 from memgate.metrics import profile_metrics
 from memgate.model import DeviceModel, Profile, ProfileInfo, Series
 from memgate.report import outcome_entry, profile_entry
+from memgate.table import Ints, Table
 
 GIB = 1 << 30
 # Anything that would make the page fetch or link outside itself.
@@ -172,10 +172,11 @@ def big_profile(n: int = 1_000_000, steps: int = 100) -> Profile:
     allocated = (6 * GIB + phase * 4096 + np.arange(n) * 64 + rng.integers(0, 1 << 20, n)).astype(np.int64)
     allocated[n // 3] = 14 * GIB + 12345  # a lone spike: the exact peak
     reserved = np.maximum.accumulate(allocated + (1 << 28))
-    frame = pd.DataFrame({"t_ns": t, "allocated": allocated, "reserved": reserved, "active": allocated}).astype("Int64")
+    frame = Table({"t_ns": Ints.of(t), "allocated": Ints.of(allocated), "reserved": Ints.of(reserved),
+                   "active": Ints.of(allocated)})
     bounds = np.linspace(0, n - 1, steps + 1).astype(np.int64)
-    step_frame = pd.DataFrame({"step": np.arange(steps) + 1, "t_start": t[bounds[:-1]],
-                               "t_end": t[bounds[1:]]}).astype("Int64")
+    step_frame = Table({"step": Ints.of(np.arange(steps) + 1), "t_start": Ints.of(t[bounds[:-1]]),
+                        "t_end": Ints.of(t[bounds[1:]])})
     device = DeviceModel("npu:0", series={"PTA": Series("PTA", frame, "synthetic/memory_record.csv")})
     return Profile("synthetic/rank3", "torch_npu", "3", (device,), step_frame, "synthetic")
 

@@ -59,18 +59,52 @@ def test_help_imports_no_core_library() -> None:
     assert not {m for m in modules if m.startswith("memgate.")} - {"memgate.cli", "memgate.errors"}
 
 
-@pytest.mark.parametrize(("sample", "loader"), [
-    (TORCH / "snapshot_modern_small_cs336.pickle", "memgate.loaders.snapshot"),
-    (TORCH / "cpu_train_profile_memory.json", "memgate.loaders.kineto"),
+@pytest.mark.parametrize(("sample", "loader", "also_not"), [
+    (TORCH / "snapshot_modern_small_cs336.pickle", "memgate.loaders.snapshot",
+     ("pandas", "memgate.readers.csvtable", "multiprocessing")),
+    (TORCH / "cpu_train_profile_memory.json", "memgate.loaders.kineto", ("memgate.readers.csvtable",)),
 ], ids=["snapshot", "kineto"])
-def test_inspect_imports_its_loader_only(sample: Path, loader: str) -> None:
+def test_inspect_imports_its_loader_only(sample: Path, loader: str, also_not: tuple[str, ...]) -> None:
     modules = imported_by("inspect", "--json", sample)
     assert loader in modules
     assert {m for m in LOADERS if m in modules} == {loader}
     # a budget file is what jsonschema checks; the Ascend readers and the outputs stay out
     for name in ("jsonschema", "memgate.readers.sqlitetable", "memgate.loaders.trace_view", "memgate.compare",
-                 "memgate.html_report", "memgate.plot", "memgate.cache"):
+                 "memgate.html_report", "memgate.plot", "memgate.cache", *also_not):
         assert name not in modules, name
+
+
+_ARROW_THEN_PANDAS = """
+import json, sys, threading
+import pyarrow as pa
+from memgate.lazy import arrow_without_pandas
+
+seen = {}
+with arrow_without_pandas():
+    seen["types"] = [str(pa.array([1, None]).type), str(pa.array(["a", None]).type)]
+    seen["inside"] = "pandas" in sys.modules
+    other = threading.Thread(target=lambda: seen.setdefault("other_thread", __import__("pandas").__name__))
+    other.start()
+    other.join()
+import pandas as pd
+seen["nullable"] = pa.array(pd.Series([1, None], dtype="Int64")).to_pylist()
+seen["categorical"] = str(pa.array(pd.Categorical(["a", "b"])).type)
+seen["back"] = pa.table({"a": [1, 2]}).to_pandas()["a"].tolist()
+print(json.dumps(seen))
+"""
+
+
+def test_arrow_builds_arrays_without_pandas_and_gets_it_back_once_imported() -> None:
+    """memgate.lazy.arrow_without_pandas: pyarrow imports pandas on pa.array() only to ask whether
+    the input is a pandas object; inside the block it does not, on that thread only, and after the
+    first real import pyarrow handles pandas objects as usual."""
+    done = subprocess.run([sys.executable, "-c", _ARROW_THEN_PANDAS], check=True, capture_output=True, text=True, timeout=120)
+    seen = json.loads(done.stdout)
+    assert seen["types"] == ["int64", "string"] and seen["inside"] is False
+    assert seen["other_thread"] == "pandas"  # another thread imports it as usual
+    assert seen["nullable"] == [1, None]
+    assert seen["categorical"].startswith("dictionary<")
+    assert seen["back"] == [1, 2]
 
 
 def test_a_folder_of_snapshots_imports_no_ascend_loader(tmp_path: Path) -> None:

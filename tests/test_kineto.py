@@ -181,8 +181,8 @@ def test_real_sample_metrics_from_the_raw_events(path: Path) -> None:
             start = live.pop(a["Addr"])
             pairs.append((start, e))
     assert len(model.blocks) == len(pairs) + len(live)
-    assert model.blocks["t_alloc"].notna().all()
-    assert int(model.blocks["t_free"].isna().sum()) == len(live)
+    assert model.blocks.ints("t_alloc").present().all()
+    assert int(model.blocks.ints("t_free").isna().sum()) == len(live)
     # Leaked: allocated inside a counted step (after the first) but the last, and never freed;
     # the last step's live blocks are undetermined (freed, or not, after the window).
     ends = step_ends(trace)
@@ -207,9 +207,9 @@ def test_real_sample_metrics_from_the_raw_events(path: Path) -> None:
     assert m.facts.components["allocator"].baseline_bytes == first["Total Allocated"] - first["Bytes"]
     assert m.facts.components["allocator"].consistency == 1.0
     # Steps and exact ns times.
-    assert profile.steps["step"].tolist() == sorted(ends)
-    assert profile.steps["t_end"].tolist() == [ends[s] for s in sorted(ends)]
-    assert int(model.series["allocator"].frame["t_ns"].iloc[0]) == ns(trace, mem[0]["ts"])
+    assert profile.steps.ints("step").tolist() == sorted(ends)
+    assert profile.steps.ints("t_end").tolist() == [ends[s] for s in sorted(ends)]
+    assert model.series["allocator"].frame.ints("t_ns").item(0) == ns(trace, mem[0]["ts"])
 
 
 def test_leak_sample_attributes_the_leak_to_aten_empty() -> None:
@@ -233,7 +233,7 @@ def test_memory_timeline_sample() -> None:
     [m] = profile_metrics(profile)
     assert model.device == "unknown"
     assert m.values["peak_allocated_bytes"] == max(sum(row) for row in sizes)
-    assert model.series["allocator"].frame["t_ns"].tolist() == [t * 1000 for t in times]
+    assert model.series["allocator"].frame.ints("t_ns").tolist() == [t * 1000 for t in times]
 
 
 def test_cli_inspect_json_reports_the_leak() -> None:
@@ -442,7 +442,7 @@ def test_written_trace_reads_back_to_ground_truth(trace: Trace, opts: KinetoOpti
         assert m.values["fragmentation"] == expected["fragmentation"]
         assert m.values["external_fragmentation"] == expected["external_fragmentation"]
     assert m.peak_t_ns == peak_moment(trace)
-    assert sorted(map(tuple, profile.steps.astype("int64").to_numpy().tolist())) == sorted(trace.steps)
+    assert sorted(map(tuple, profile.steps.to_pandas().astype("int64").to_numpy().tolist())) == sorted(trace.steps)
     facts = m.facts.components["allocator"]
     assert (facts.baseline_bytes, facts.consistency) == (trace.hidden_baseline, 1.0)
     assert facts.pre_window_blocks == sum(1 for b in trace.blocks if b.t_alloc is None)
@@ -526,11 +526,11 @@ def test_a_torch_1_9_trace_measures_growth_steps_and_op_blocks(tmp_path: Path) -
     [m] = profile_metrics(profile)
     assert m.device == "cpu"
     # steps, exactly as the trace times them
-    assert profile.steps["step"].tolist() == sorted(step_ends(trace)) == [2, 3, 4, 5, 6, 7]
-    assert profile.steps["t_end"].tolist() == [step_ends(trace)[s] for s in sorted(step_ends(trace))]
+    assert profile.steps.ints("step").tolist() == sorted(step_ends(trace)) == [2, 3, 4, 5, 6, 7]
+    assert profile.steps.ints("t_end").tolist() == [step_ends(trace)[s] for s in sorted(step_ends(trace))]
     # the series: the running sum of Bytes, one sample per event in ts order
     running = [sum(e["args"]["Bytes"] for e in mem[: k + 1]) for k in range(len(mem))]
-    frame = model.series["allocator"].frame
+    frame = model.series["allocator"].frame.to_pandas()
     assert frame["allocated"].tolist() == running
     assert frame["t_ns"].tolist() == [ns(trace, e["ts"]) for e in mem]
     assert frame["reserved"].isna().all()
@@ -546,7 +546,7 @@ def test_a_torch_1_9_trace_measures_growth_steps_and_op_blocks(tmp_path: Path) -
     assert m.values["op_max_block_bytes"] == ops and ops["aten::empty"] == LEAK_BYTES
     # blocks are the allocations alone: a free without Addr names none of them
     assert len(model.blocks) == sum(1 for e in mem if e["args"]["Bytes"] > 0)
-    assert model.blocks["t_free"].isna().all() and set(model.blocks["component"]) == {kineto.UNPAIRED}
+    assert model.blocks.ints("t_free").isna().all() and set(model.blocks.texts("component").tolist()) == {kineto.UNPAIRED}
     # the rest is not measurable, and says why
     for key in OLD_TRACE_GAPS:
         assert m.values[key] in (None, []), key
@@ -568,7 +568,7 @@ def test_a_trace_with_totals_but_no_addr_keeps_what_the_totals_give(tmp_path: Pa
     path = as_torch_1_9(LEAK, tmp_path / "totals.json", totals=True)
     profile = kineto.load(path)
     [model] = profile.devices
-    assert model.series["allocator"].frame["allocated"].tolist() == [
+    assert model.series["allocator"].frame.ints("allocated").tolist() == [
         e["args"]["Total Allocated"] for e in memory_events(raw(path))]
     [m] = profile_metrics(profile)
     for key in ("peak_allocated_bytes", "leaked_bytes", "top_at_peak"):
@@ -668,7 +668,7 @@ def test_the_raw_timeline_loads_with_exact_numbers(timelines: dict[str, Path], w
     for _, k in timed:
         total += rows[k][2]
         running.append(total)
-    frame = model.series["allocator"].frame
+    frame = model.series["allocator"].frame.to_pandas()
     assert frame["t_ns"].tolist() == [t for t, _ in timed]
     assert frame["allocated"].tolist() == running
     [m] = profile_metrics(profile)
@@ -681,7 +681,7 @@ def test_the_raw_and_the_coalesced_timeline_agree(timelines: dict[str, Path]) ->
     """The same recording: the raw rows end where the [times, sizes] form's last row does, and no
     coalesced state (one per µs) is above the raw peak."""
     _, sizes = json.loads(timelines["coalesced"].read_bytes())
-    raw_series = kineto.load_raw_timeline(timelines["raw_gz"]).devices[0].series["allocator"].frame["allocated"]
+    raw_series = kineto.load_raw_timeline(timelines["raw_gz"]).devices[0].series["allocator"].frame.to_pandas()["allocated"]
     assert int(raw_series.iloc[-1]) == sum(sizes[-1])
     assert int(raw_series.max()) >= max(sum(row) for row in sizes)
 
@@ -770,7 +770,7 @@ def test_an_empty_raw_timeline_and_one_without_times(tmp_path: Path) -> None:
     before = tmp_path / "before.raw.json"
     before.write_text("[[-1, 1, 512, 0], [-1, 1, 1024, 7]]")
     profile = kineto.load_raw_timeline(before)
-    frame = profile.devices[0].series["allocator"].frame
+    frame = profile.devices[0].series["allocator"].frame.to_pandas()
     assert frame["allocated"].tolist() == [512, 1536] and frame["t_ns"].tolist() == [0, 0]
     assert "no row has a time" in profile.metadata["times_note"]
 
@@ -859,8 +859,8 @@ def test_number_timestamps_are_exact_ns(tmp_path: Path, ijson_reader: bool) -> N
     if not ijson_reader:
         assert kineto.CHUNK_BYTES > path.stat().st_size  # one chunk of the json reader
     profile = kineto.load(path)
-    assert profile.steps["t_start"].tolist() == [TS_NS] and profile.steps["t_end"].tolist() == [TS_NS + 1_000_001]
-    assert profile.devices[0].series["allocator"].frame["t_ns"].tolist() == [TS_NS]
+    assert profile.steps.ints("t_start").tolist() == [TS_NS] and profile.steps.ints("t_end").tolist() == [TS_NS + 1_000_001]
+    assert profile.devices[0].series["allocator"].frame.ints("t_ns").tolist() == [TS_NS]
 
 
 # ---- a cap on inflated bytes --------------------------------------------------------------------------------

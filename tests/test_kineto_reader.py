@@ -304,7 +304,7 @@ def test_memory_events_split_by_device(tmp_path: Path) -> None:
     for e in trace["traceEvents"]:
         if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0:
             allocs[devices[(e["args"]["Device Type"], e["args"]["Device Id"])]] += 1
-    assert {d.device: int(d.blocks["t_alloc"].notna().sum()) for d in profile.devices} == allocs
+    assert {d.device: int(d.blocks.ints("t_alloc").present().sum()) for d in profile.devices} == allocs
 
 
 # ==== issue 11: keys an object repeats --------------------------------------------------------------------

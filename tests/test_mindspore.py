@@ -97,13 +97,13 @@ def test_metrics_equal_ground_truth(trace: Trace, opts: MsOptions) -> None:
     blocks_expected = expected_metrics(_only_ms(trace))
     assert m.values["op_max_block_bytes"] == blocks_expected["op_max_block_bytes"]
     if opts.steps == "kernel_details":
-        assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == sorted(trace.steps)
+        assert [tuple(map(int, r)) for r in profile.steps.to_pandas().to_numpy()] == sorted(trace.steps)
         _assert_equal(m.values, expected, ("step_growth_bytes",))
         _assert_equal(m.values, blocks_expected, ("leaked_bytes",))
     else:
         assert m.values["step_growth_bytes"] is None and m.values["leaked_bytes"] is None
         assert "step" in m.missing["leaked_bytes"]
-        assert list(profile.steps["step"]) == ([n for n, _, _ in sorted(trace.steps)]
+        assert list(profile.steps.to_pandas()["step"]) == ([n for n, _, _ in sorted(trace.steps)]
                                                if opts.steps == "step_trace_time" else [])
     # Who holds the peak: the largest MindSpore blocks live then (GE and pre-window blocks have no row).
     t = peak_moment(trace)
@@ -129,7 +129,8 @@ def test_float_times_as_mindspore_writes_them(trace: Trace, rank: int) -> None:
         profile, m = _one(Path(tmp))
     blocks_expected = expected_metrics(_only_ms(trace))
     _assert_equal(m.values, blocks_expected, ("op_max_block_bytes", "leaked_bytes"))
-    got = sorted(zip(profile.devices[0].blocks["t_alloc"], profile.devices[0].blocks["t_free"].fillna(-1)))
+    blocks = profile.devices[0].blocks.to_pandas()
+    got = sorted(zip(blocks["t_alloc"], blocks["t_free"].fillna(-1)))
     want = sorted((b.t_alloc, -1 if b.t_free is None else b.t_free) for b in _only_ms(trace).blocks
                   if b.t_alloc is not None)
     assert got == want
@@ -290,7 +291,7 @@ def test_small_profile_values(tmp_path: Path) -> None:
     assert m.values["leaked_bytes"] == 0  # Add-op2 was allocated in step 7, the warmup step
     assert m.values["leak_undetermined_bytes"] == 0  # nothing allocated in step 9 stays
     assert (profile.rank, m.device, m.peak_step) == ("4", "npu:2", 7)
-    dvpp = profile.devices[0].series["module:DVPP"].frame
+    dvpp = profile.devices[0].series["module:DVPP"].frame.to_pandas()
     assert dvpp["reserved"].isna().all()  # -1: no level
 
 

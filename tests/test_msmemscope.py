@@ -29,6 +29,7 @@ from memgate.loaders import msmemscope
 from memgate.metrics import device_metrics
 from memgate.readers.csvtable import read_csv, rows_as_dicts
 from memgate.schemas import load_schema
+from memgate.table import Table
 
 MS = SAMPLES / "msmemscope"
 BASELINE = MS / "example_compare_baseline.csv"
@@ -53,7 +54,8 @@ def memory_rows(path: Path) -> list[dict[str, str]]:
     return [r for r in raw_rows(path) if r["Event"] in ("MALLOC", "FREE")]
 
 
-def blocks_as_tuples(frame: pd.DataFrame) -> list[tuple]:
+def blocks_as_tuples(blocks: Table) -> list[tuple]:
+    frame = blocks.to_pandas()
     return sorted((None if pd.isna(r.t_alloc) else int(r.t_alloc), None if pd.isna(r.t_free) else int(r.t_free),
                    int(r.size), str(r.component)) for r in frame.itertuples())
 
@@ -96,7 +98,7 @@ def test_leak_example_open_blocks() -> None:
                       if r["Event"] == "MALLOC" and r["Event Type"] == "PTA" and attr_of(r["Attr"])["allocation_id"] not in freed)
 
     for path in NEW_FORMAT:
-        blocks = msmemscope.load(path).devices[0].blocks
+        blocks = msmemscope.load(path).devices[0].blocks.to_pandas()
         still = blocks[(blocks["component"] == "PTA") & blocks["t_free"].isna()]
         assert sorted(still["size"].astype(int)) == open_pta(path)
     # the leak run keeps two more blocks: aten._to_copy's 4000256-byte tensors, never freed
@@ -138,7 +140,7 @@ def test_old_fixture_reads_microseconds_and_splits_processes() -> None:
             continue
         pid, dev = device.device.split("/pid")[1], device.device.split(":")[1].split("/")[0]
         stream = [r for r in rows if r["Event Type"] == "PTA" and r["Process Id"] == pid and r["Device Id"] == dev]
-        frame = device.series["PTA"].frame
+        frame = device.series["PTA"].frame.to_pandas()
         assert int(frame["allocated"].max()) == max(int(attr_of(r["Attr"])["used"]) for r in stream)
         assert int(frame["t_ns"].min()) == min(int(r["Timestamp(ns)"]) for r in stream) * 1000
         # this writer's 'total' is below 'used': reserved is left empty rather than wrong
@@ -160,7 +162,7 @@ def test_old_fixture_pairing_matches_a_plain_dict_walk() -> None:
             lone.append(r)
     profile = msmemscope.load(SMOKE)
     assert profile.metadata["unmatched_frees"] == len(lone) == 7
-    blocks = pd.concat([d.blocks for d in profile.devices])
+    blocks = pd.concat([d.blocks.to_pandas() for d in profile.devices])
     closed = blocks.dropna(subset=["t_alloc", "t_free"])
     assert sorted(zip(closed["t_alloc"].astype(int), closed["t_free"].astype(int))) == sorted(
         (int(m["Timestamp(ns)"]) * 1000, int(f["Timestamp(ns)"]) * 1000) for m, f in pairs)
@@ -189,7 +191,7 @@ def check_round_trip(path: Path, trace: Trace) -> None:
     got = device_metrics(profile, device).values
     expected = expected_metrics(as_written(trace))
     assert {k: got[k] for k in METRICS} == {k: expected[k] for k in METRICS}
-    assert [tuple(map(int, r)) for r in profile.steps.to_numpy()] == sorted(as_written(trace).steps)
+    assert [tuple(map(int, r)) for r in profile.steps.to_pandas().to_numpy()] == sorted(as_written(trace).steps)
 
 
 @secondary_examples()
@@ -343,7 +345,7 @@ def test_steps_end_at_the_next_step_or_stop_trace(tmp_path: Path) -> None:
     write_lines(path, lines)
     stop = next(int(r["Timestamp(ns)"]) for r in raw_rows(BASELINE) if r["Event Type"] == "STOP_TRACE")
     steps = msmemscope.load(path).steps
-    assert [tuple(map(int, r)) for r in steps.to_numpy()] == [
+    assert [tuple(map(int, r)) for r in steps.to_pandas().to_numpy()] == [
         (1, 1764753083997498270, 1764753084427763120), (2, 1764753084427763120, stop)]
 
 
@@ -476,10 +478,10 @@ def test_device_id_cpu_is_the_cpu_device(tmp_path: Path) -> None:
         (1764753084100000000, None, 8192, "HOST"),
         (1764753084300000000, None, 512, "HOST_PINNED"),
     ]
-    assert cpu.blocks["op"].isna().all()  # host blocks are segments, never an op's
-    assert cpu.series["HOST"].frame["allocated"].tolist() == [4096, 12288, 8192]
-    assert cpu.series["HOST"].frame["reserved"].isna().all()  # pinned rows carry no pool total
-    assert cpu.series["HOST_PINNED"].frame["allocated"].tolist() == [512]
+    assert cpu.blocks.to_pandas()["op"].isna().all()  # host blocks are segments, never an op's
+    assert cpu.series["HOST"].frame.to_pandas()["allocated"].tolist() == [4096, 12288, 8192]
+    assert cpu.series["HOST"].frame.to_pandas()["reserved"].isna().all()  # pinned rows carry no pool total
+    assert cpu.series["HOST_PINNED"].frame.to_pandas()["allocated"].tolist() == [512]
     # the blocks are the cpu device's whole memory: 4096 + 8192 live at once, then 512 more after a free
     cpu_metrics = device_metrics(profile, cpu)
     assert (cpu_metrics.component, cpu_metrics.values["peak_allocated_bytes"]) == ("blocks", 12288)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from jsonschema import Draft202012Validator
@@ -15,11 +16,12 @@ from memgate.loaders import kineto, msmemscope
 from memgate.loaders.events import is_torch_file
 from memgate.loaders.snapshot import op_owner
 from memgate.metrics import METRIC_KEYS, OTHER, bytes_at, live_rows, profile_metrics
-from memgate.model import BLOCK_COLUMNS
+from memgate.model import BLOCK_COLUMNS, typed_blocks
 from memgate.report import inspect_text
 from memgate.schemas import load_schema
 from memgate.session import measure
 from memgate.sizes import format_size
+from memgate.table import Table
 
 GIB = 1 << 30
 USER = "/home/u/train.py(5): step"
@@ -69,7 +71,7 @@ EVENTS = [
 def test_kineto_owners_modules_then_user_frames(tmp_path: Path) -> None:
     profile = kineto.load(_trace(tmp_path, EVENTS))
     (device,) = profile.devices
-    blocks = device.blocks.sort_values("t_alloc")
+    blocks = device.blocks.to_pandas().sort_values("t_alloc")
     assert blocks["owner"].tolist() == ["M_0/Encoder_0/Linear_0", "M_0/Encoder_0", pd.NA, "M_0",
                                         "/home/u/train.py(5): step", pd.NA]
     assert blocks["op"].tolist()[0] == "aten::addmm"
@@ -87,7 +89,7 @@ def test_kineto_owner_bytes_at_peak(tmp_path: Path) -> None:
 def test_kineto_without_python_functions_has_no_owners(tmp_path: Path) -> None:
     events = [e for e in EVENTS if e.get("cat") != "python_function"]
     (device,) = kineto.load(_trace(tmp_path, events)).devices
-    assert device.blocks["owner"].isna().all()
+    assert device.blocks.texts("owner").isna().all()
     (m,) = profile_metrics(kineto.load(_trace(tmp_path, events)))
     assert m.values["owner_bytes_at_peak"] == {}
 
@@ -116,7 +118,7 @@ def test_real_sample_with_device_properties_added(tmp_path: Path) -> None:
     assert kineto.load(path).metadata["device_capacity_bytes"] == {"cuda:0": 24 * GIB}
 
 
-def _blocks(rows: list[tuple[int, int | None, int | None, str | None, str | None, str | None]]) -> pd.DataFrame:
+def _blocks(rows: list[tuple[int, int | None, int | None, str | None, str | None, str | None]]) -> Table:
     frame = pd.DataFrame({
         "size": pd.array([r[0] for r in rows], dtype="Int64"),
         "t_alloc": pd.array([r[1] for r in rows], dtype="Int64"),
@@ -127,7 +129,7 @@ def _blocks(rows: list[tuple[int, int | None, int | None, str | None, str | None
         "component": pd.array([r[5] for r in rows], dtype="string"),
         "alloc_total": pd.array([None] * len(rows), dtype="Int64"),
     })
-    return frame[list(BLOCK_COLUMNS)]
+    return typed_blocks(frame[list(BLOCK_COLUMNS)])
 
 
 def test_bytes_at_liveness_components_and_unnamed() -> None:
@@ -142,7 +144,8 @@ def test_bytes_at_liveness_components_and_unnamed() -> None:
     assert bytes_at(blocks, live_rows(blocks, 5, ("PTA",)), "owner") == {"X": 30}
     assert bytes_at(blocks, live_rows(blocks, 5, ("PTA",)), "op") == {"b": 160, "a": 30}
     assert bytes_at(blocks, live_rows(blocks, 5, ()), "owner") == {"Z": 320, "X": 30}
-    assert bytes_at(blocks.iloc[:0], live_rows(blocks.iloc[:0], 5, ()), "owner") == {}
+    none = blocks.take(np.zeros(0, dtype=np.int64))
+    assert bytes_at(none, live_rows(none, 5, ()), "owner") == {}
 
 
 def test_bytes_at_top_n_and_other() -> None:
@@ -198,7 +201,7 @@ def test_msmemscope_owner_attribute(tmp_path: Path) -> None:
     path = tmp_path / sample.name
     path.write_text("".join(lines))
     owned = {(d.device, int(size)) for d in msmemscope.load(path).devices
-             for size in d.blocks.loc[d.blocks["owner"] == "PTA@model@encoder", "size"]}
+             for size in d.blocks.ints("size").values[d.blocks.texts("owner").isin(["PTA@model@encoder"])]}
     assert owned == {("npu:0/pid2523738", 7168)}
 
 

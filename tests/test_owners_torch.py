@@ -54,7 +54,7 @@ def _run(model: Net, x: torch.Tensor) -> None:
 def _check(trace: Path) -> None:
     profile = kineto.load(trace)
     (device,) = profile.devices
-    blocks = device.blocks
+    blocks = device.blocks.to_pandas()
     encoder = blocks[blocks["owner"].fillna("").str.contains("Encoder")]
     assert sorted(encoder["size"].tolist()) == [ACTIVATION, ACTIVATION]
     assert sorted(encoder["owner"].str.rsplit("/", n=1).str[-1].tolist()) == ["Encoder_0", "Linear_0"]

@@ -204,7 +204,7 @@ def test_step_growth_with_samples_inside_the_steps_is_measured(tmp_path: Path) -
     """The control: the same steps with a block allocated inside each are measured."""
     prof = _steps_after_memory(tmp_path / "a")
     (profile,) = load_all(prof)
-    trace_steps = [(int(s), int(a), int(b)) for s, a, b in profile.steps.to_numpy()]
+    trace_steps = [(int(s), int(a), int(b)) for s, a, b in profile.steps.to_pandas().to_numpy()]
     blocks = tuple(Block(1 << 20, a + 10, None, "aten::leak") for _, a, _ in trace_steps)
     trace = Trace(device_id=0, hidden_baseline=0, blocks=blocks, steps=tuple(trace_steps), t_start=T0,
                   t_end=T0 + 8_000_000_000)

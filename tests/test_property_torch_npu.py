@@ -85,7 +85,7 @@ def test_series_metrics_equal_ground_truth(trace: Trace, opts: NpuOptions, warmu
     assert m.values["peak_app_reserved_bytes"] == max(r for _, r in app_samples(trace, opts))
 
     # Steps: numbers and exact ns bounds from trace_view.json / kernel_details.csv.
-    steps = profile.steps.dropna().astype("int64")
+    steps = profile.steps.to_pandas().dropna().astype("int64")
     assert sorted(map(tuple, steps[["step", "t_start", "t_end"]].to_numpy().tolist())) == sorted(trace.steps)
 
     # Who holds the peak: the first instant the truth reaches its maximum.

@@ -80,7 +80,7 @@ def test_training_loops_gated_by_step_growth(pytester: pytest.Pytester) -> None:
         assert (Path(directory) / TRACE_NAME).is_file()
         [profile] = [load(found) for found in discover(directory)]
         [m] = profile_metrics(profile)
-        assert profile.steps["step"].tolist() == [0, 1, 2, 3, 4, 5]  # one per training step
+        assert profile.steps.ints("step").tolist() == [0, 1, 2, 3, 4, 5]  # one per training step
         assert m.values["step_growth_bytes"] == (LEAK if leak == "True" else 0)
 
 
@@ -133,7 +133,7 @@ def test_drop_step_keeps_every_other_event_exactly(tmp_path: Path) -> None:
     assert {k: v for k, v in after.items() if k != "traceEvents"} == \
         {k: v for k, v in before.items() if k != "traceEvents"}
     profile = kineto.load(path)
-    assert profile.steps["step"].tolist() == [2, 3]
+    assert profile.steps.ints("step").tolist() == [2, 3]
 
 
 # ---- what a recording test shows: where the holders were allocated, hints, kept traces, reports ----

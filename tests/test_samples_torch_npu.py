@@ -153,10 +153,7 @@ def load_one(root: Path) -> Profile:
 
 
 def steps_of(profile: Profile) -> list[tuple[int, int | None, int | None]]:
-    return [
-        (int(r.step), None if r.t_start is None else int(r.t_start), None if r.t_end is None else int(r.t_end))
-        for r in profile.steps.astype(object).where(profile.steps.notna(), None).itertuples(index=False)
-    ]
+    return [(int(r["step"]), r["t_start"], r["t_end"]) for r in profile.steps.records()]
 
 
 def only_device(profile: Profile) -> DeviceMetrics:

@@ -138,7 +138,7 @@ def test_split_series_is_groupby_then_stable_time_sort(rows: list[tuple]) -> Non
     got = split_series(frame.copy())
     assert [(d, c) for d, c, _ in got] == [(d, c) for d, c, _ in want]
     for (_, _, g), (_, _, w) in zip(got, want):
-        pd.testing.assert_frame_equal(g, w.astype("Int64"))
+        pd.testing.assert_frame_equal(g.to_pandas(), w.astype("Int64"))
 
 
 BLOCKS = st.lists(st.tuples(st.integers(1, 50), st.one_of(st.none(), st.integers(0, 12)), st.integers(0, 12),

@@ -447,7 +447,7 @@ def test_real_sample_metrics_equal_the_viewer_reconstruction(path: Path) -> None
             assert_no_history(m)
         assert len(model.blocks) == ref["blocks"]
         assert m.values["op_max_block_bytes"] == ref["ops"]
-        frame = model.series["allocator"].frame
+        frame = model.series["allocator"].frame.to_pandas()
         assert int(frame["allocated"].iloc[-1]) == ref["end_allocated"] == sum(_final_active(data, dev).values())
         assert int(frame["reserved"].iloc[-1]) == sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
         assert frame["t_ns"].is_monotonic_increasing
@@ -483,16 +483,17 @@ def test_legacy_addresses_are_derived_from_the_segment(tmp_path: Path) -> None:
     data["device_traces"][0].append({"action": "alloc", "addr": addr, "size": size, "stream": 0})
     path = tmp_path / "legacy_with_alloc.pickle"
     path.write_bytes(pickle.dumps(data))
-    blocks = snapshot.load(path).devices[0].blocks
+    blocks = snapshot.load(path).devices[0].blocks.to_pandas()
     assert len(blocks) == 460 and int(blocks["t_alloc"].notna().sum()) == 1
     live = [b for s in data["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
     assert len(model.blocks) == len(live) == 460
-    assert model.blocks["t_alloc"].isna().all() and model.blocks["t_free"].isna().all()
-    assert sorted(model.blocks["size"].tolist()) == sorted(_requested(b) for b in live)
+    frame = model.blocks.to_pandas()
+    assert frame["t_alloc"].isna().all() and frame["t_free"].isna().all()
+    assert sorted(frame["size"].tolist()) == sorted(_requested(b) for b in live)
     with_stack = [b for b in live if b.get("history") and b["history"][0].get("frames")]
     owners = {f"{f['filename']}:{f['line']}:{f['name']}" for b in with_stack for f in b["history"][0]["frames"][:1]}
-    assert with_stack and set(model.blocks["owner"].dropna()) <= owners
-    assert model.blocks["owner"].notna().sum() == len(with_stack)
+    assert with_stack and set(frame["owner"].dropna()) <= owners
+    assert frame["owner"].notna().sum() == len(with_stack)
 
 
 def has_history(data: dict[str, Any]) -> bool:
@@ -516,7 +517,7 @@ def test_bare_list_of_segments(tmp_path: Path) -> None:
     [model] = profile.devices
     [m] = profile_metrics(profile)
     assert_no_history(m)  # a bare list of segments is the final state only
-    frame = model.series["allocator"].frame
+    frame = model.series["allocator"].frame.to_pandas()
     assert int(frame["allocated"].iloc[-1]) == sum(_final_active(data, 0).values())
     assert int(frame["reserved"].iloc[-1]) == sum(s["total_size"] for s in data["segments"])
 
@@ -529,7 +530,7 @@ def test_no_trace_multidevice_expandable() -> None:
     for dev, model in zip((0, 1), profile.devices):
         m = metrics[f"cuda:{dev}"]
         assert_no_history(m)
-        frame = model.series["allocator"].frame
+        frame = model.series["allocator"].frame.to_pandas()
         assert int(frame["allocated"].iloc[-1]) == sum(_final_active(data, dev).values())
         assert int(frame["reserved"].iloc[-1]) == sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
 
@@ -576,7 +577,8 @@ def test_ring_buffer_truncation_frees_without_allocs(tmp_path: Path, drop: int) 
                 live.remove(e["addr"])
             else:
                 frees_without_alloc.append(e)
-    early = model.blocks[model.blocks["t_alloc"].isna() & model.blocks["t_free"].notna()]
+    frame = model.blocks.to_pandas()
+    early = frame[frame["t_alloc"].isna() & frame["t_free"].notna()]
     assert len(early) == len(frees_without_alloc) == profile.metadata["devices"]["cuda:0"]["pre_window_frees"]
     assert sorted(early["size"].tolist()) == sorted(e["size"] for e in frees_without_alloc)
     assert sorted(early["t_free"].tolist()) == sorted(e["time_us"] * 1000 for e in frees_without_alloc)
@@ -593,9 +595,9 @@ def test_profiler_step_annotations_are_steps(tmp_path: Path) -> None:
     path = tmp_path / "steps.pickle"
     path.write_bytes(pickle.dumps(data))
     profile = snapshot.load(path)
-    assert profile.steps["step"].tolist() == list(range(10, 16))
-    assert profile.steps["t_start"].tolist() == [c * 1000 for c in cuts[:6]]
-    assert profile.steps["t_end"].tolist() == [(c - 1) * 1000 for c in cuts[1:]]
+    assert profile.steps.to_pandas()["step"].tolist() == list(range(10, 16))
+    assert profile.steps.to_pandas()["t_start"].tolist() == [c * 1000 for c in cuts[:6]]
+    assert profile.steps.to_pandas()["t_end"].tolist() == [(c - 1) * 1000 for c in cuts[1:]]
     [m] = profile_metrics(profile)
     assert isinstance(m.values["step_growth_bytes"], int)
     assert m.values["leaked_bytes"] is not None and m.values["leak_undetermined_bytes"] is not None
@@ -642,7 +644,7 @@ def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: Snapsho
     assert m.values["fragmentation"] == expected["fragmentation"]
     assert m.values["op_max_block_bytes"] == recoverable_ops(grid)
     assert len(model.blocks) == expected_block_count(grid)
-    frame = model.series["allocator"].frame
+    frame = model.series["allocator"].frame.to_pandas()
     assert int(frame["allocated"].iloc[0]) == grid.pre_window_bytes()
     # Every free completes at once here: active only lags allocated between the two entries.
     assert (frame["active"] >= frame["allocated"]).all()
@@ -651,7 +653,7 @@ def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: Snapsho
     if opts.era == "modern":
         assert m.values["step_growth_bytes"] == expected["step_growth_bytes"]
         assert m.values["leaked_bytes"] == expected["leaked_bytes"]
-        assert sorted(map(tuple, profile.steps.astype("int64").to_numpy().tolist())) == sorted(grid.steps)
+        assert sorted(map(tuple, profile.steps.to_pandas().astype("int64").to_numpy().tolist())) == sorted(grid.steps)
     else:
         assert len(profile.steps) == 0 and m.values["step_growth_bytes"] is None
         assert profile.metadata["time_base"] == "trace_index"
@@ -714,7 +716,7 @@ def test_real_sample_dump_state_equals_the_segments(path: Path) -> None:
 def test_dump_state_ends_the_series_where_there_is_history(path: Path) -> None:
     """The pool at the dump is where the allocated and reserved series end: the same basis."""
     for model in snapshot.load(path).devices:
-        frame = model.series["allocator"].frame
+        frame = model.series["allocator"].frame.to_pandas()
         assert model.dump_state is not None
         assert model.dump_state.allocated == int(frame["allocated"].iloc[-1])
         assert model.dump_state.reserved == int(frame["reserved"].iloc[-1])
@@ -758,7 +760,7 @@ def test_dump_state_without_free_blocks(tmp_path: Path) -> None:
     assert model.dump_state is not None
     assert (model.dump_state.allocated, model.dump_state.reserved) == (1000, 1536)
     assert (model.dump_state.largest_free_block, model.dump_state.free_bytes) == (0, 0)
-    assert int(model.series["allocator"].frame["allocated"].iloc[-1]) == 1000  # the pending free is not allocated
+    assert int(model.series["allocator"].frame.to_pandas()["allocated"].iloc[-1]) == 1000  # the pending free is not allocated
 
 
 def test_dump_state_of_a_segment_all_free(tmp_path: Path) -> None:

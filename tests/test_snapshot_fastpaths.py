@@ -114,7 +114,7 @@ def test_attribution_equals_op_owner_of_every_list(lists: list[Any], rounds: int
             assert (exc.column, exc.message, exc.found) == (expected.column, expected.message, expected.found)
             return
     assert not isinstance(expected, InputError), expected
-    assert list(zip(ops.to_pylist(), owners.to_pylist())) == expected
+    assert list(zip(ops.tolist(), owners.tolist())) == expected
 
 
 def test_a_bad_frame_shared_by_many_lists_is_reported_at_its_first_use() -> None:
@@ -141,7 +141,7 @@ def test_each_frame_is_read_once_however_many_stacks_share_it(monkeypatch: pytes
     monkeypatch.setattr(snapshot, "_role", counted)
     _, owners = snapshot._op_owner_each(lists, None, lambda j: f"e[{j}]")
     assert sorted(read) == sorted(set(read)) and len(read) == 20 + 50
-    assert owners.to_pylist() == [f"/w/train.py:{k}:step" for k in range(50) for _ in range(3)]
+    assert owners.tolist() == [f"/w/train.py:{k}:step" for k in range(50) for _ in range(3)]
 
 
 # ---- check_records: optional keys proved absent by the key counts ----------------------------------

@@ -15,10 +15,11 @@ from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.loaders import ascend_db, msmemscope
 from memgate.model import check_steps
+from memgate.table import Table
 
 
-def steps(*rows: tuple[int, int | None, int | None]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=["step", "t_start", "t_end"]).astype("Int64")
+def steps(*rows: tuple[int, int | None, int | None]) -> Table:
+    return Table.from_pandas(pd.DataFrame(rows, columns=["step", "t_start", "t_end"]).astype("Int64"))
 
 
 def test_steps_one_after_another_pass() -> None:
@@ -64,7 +65,7 @@ def test_trace_view_steps(tmp_path: Path) -> None:
     root = copy_sample(PTA271, tmp_path / "run_ascend_pt")
     view = root / "trace_view.json"
     view.write_text(_trace_view([(13, "1764246877073569.640", "400000"), (14, "1764246877473569.640", "400000")]))
-    assert [int(s) for s in load(discover(root)[0]).steps["step"]] == [13, 14]
+    assert [int(s) for s in load(discover(root)[0]).steps.ints("step").tolist()] == [13, 14]
     view.write_text(_trace_view([(13, "1764246877073569.640", "400000"), (14, "1764246877473569.639", "400000")]))
     with pytest.raises(InputError) as info:
         load(discover(root)[0])

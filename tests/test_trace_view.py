@@ -94,7 +94,7 @@ def test_real_sample_is_device_npu_0_and_an_npu_glob_finds_it(tmp_path: Path, ca
     assert [d.device for d in profile.devices] == ["npu:0"]
     assert all(fnmatch.fnmatchcase(d.device, "npu:*") for d in profile.devices)
     app_kb = [e["args"]["KB"] for e in _sample_events() if e.get("ph") == "C" and e.get("name") == "APP/Memory"]
-    assert int(profile.devices[0].series["APP"].frame["reserved"].max()) == round(max(app_kb) * 1024)
+    assert int(profile.devices[0].series["APP"].frame.ints("reserved").known().max()) == round(max(app_kb) * 1024)
 
     prof = tmp_path / "prof" / "run_rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
     prof.mkdir(parents=True)
@@ -149,12 +149,12 @@ def test_two_npu_mem_processes_are_two_devices(tmp_path: Path, layout: str) -> N
     assert [d.device for d in profile.devices] == ["npu:0", "npu:1"]
     for dev, model in enumerate(profile.devices):
         app = model.series["NPU MEM APP/Memory"].frame
-        assert app["reserved"].tolist() == [((dev + 1) * 1000 + k) * 1024 for k in range(3)]  # never merged
-        assert app["t_ns"].tolist() == [(1_700_000_000_000_000 + k) * 1000 for k in range(3)]
+        assert app.ints("reserved").tolist() == [((dev + 1) * 1000 + k) * 1024 for k in range(3)]  # never merged
+        assert app.ints("t_ns").tolist() == [(1_700_000_000_000_000 + k) * 1000 for k in range(3)]
         hbm = model.series["NPU MEM Device/HBM"].frame
-        assert hbm["reserved"].tolist() == [((dev + 1) * 4000 + k) * 1024 for k in range(3)]
-        assert model.series["APP"].frame["reserved"].tolist() == app["reserved"].tolist()
-    assert profile.steps["step"].tolist() == [5]
+        assert hbm.ints("reserved").tolist() == [((dev + 1) * 4000 + k) * 1024 for k in range(3)]
+        assert model.series["APP"].frame.ints("reserved").tolist() == app.ints("reserved").tolist()
+    assert profile.steps.ints("step").tolist() == [5]
 
 
 def test_device_3_counter(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ def test_a_pid_naming_no_device_goes_to_the_only_device(tmp_path: Path) -> None:
     (out / "trace_view.json").write_text(json.dumps(events), encoding="utf-8")
     assert set(read_trace_view(out / "trace_view.json").counters) == {None}
     [model] = torch_npu.load(out.parent).devices
-    assert model.device == "npu" and int(model.series["APP"].frame["reserved"].iloc[0]) == 10 * 1024
+    assert model.device == "npu" and model.series["APP"].frame.ints("reserved").item(0) == 10 * 1024
 
 
 # ==== issue 11: exact numbers and repeated keys (JSON side) ================================================
@@ -200,9 +200,9 @@ def test_number_timestamps_and_kb_are_exact(tmp_path: Path) -> None:
         f'{{"ph": "C", "name": "APP/Memory", "pid": {pid}, "tid": 0, "ts": {TS_TEXT}, "args": {{"KB": 1.5}}}}',
     ]) + "]")
     view = read_trace_view(path)
-    assert view.steps["t_start"].tolist() == [TS_NS] and view.steps["t_end"].tolist() == [TS_NS + 1]
+    assert view.steps.ints("t_start").tolist() == [TS_NS] and view.steps.ints("t_end").tolist() == [TS_NS + 1]
     frame = view.counters[0]["APP/Memory"]
-    assert frame["t_ns"].tolist() == [TS_NS] and frame["reserved"].tolist() == [1536]
+    assert frame.ints("t_ns").tolist() == [TS_NS] and frame.ints("reserved").tolist() == [1536]
 
 
 @pytest.mark.parametrize("member, column", [
@@ -217,7 +217,7 @@ def test_a_counter_repeating_a_key(tmp_path: Path, member: str, column: str | No
         f'{{"ph": "C", "name": "APP/Memory", "pid": {pid}, "tid": 0, "ts": "2.000", "args": {{{member}}}}}',
     ]) + "]")
     if column is None:
-        assert read_trace_view(path).counters[0]["APP/Memory"]["reserved"].tolist() == [10 * 1024]
+        assert read_trace_view(path).counters[0]["APP/Memory"].ints("reserved").tolist() == [10 * 1024]
         return
     with pytest.raises(InputError) as info:
         read_trace_view(path)

@@ -39,13 +39,14 @@ from memgate.errors import InputError
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.msmemscope import pair_events, take
 from memgate.model import (
-    BLOCK_COLUMNS,
+    STEP_COLUMNS,
     DeviceModel,
     Profile,
     Series,
     check_steps,
     empty_blocks,
     empty_steps,
+    int_table,
     split_series,
     typed_blocks,
 )
@@ -59,6 +60,7 @@ from memgate.readers.sqlitetable import (
     validate_table,
 )
 from memgate.schemas import load_schema
+from memgate.table import Table
 
 FORMAT = "ascend_db"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
@@ -130,20 +132,20 @@ def _load(db: Database, profile_path: Path) -> Profile:
     devices: dict[str, dict[str, Any]] = {}
 
     def slot(device: str) -> dict[str, Any]:
-        return devices.setdefault(device, {"series": {}, "blocks": [], "blocks_source": None})
+        return devices.setdefault(device, {"series": {}, "blocks": empty_blocks(), "blocks_source": None})
 
     source = str(db.path)
     if torch_kind and db.has("MEMORY_RECORD"):
         for device, component, frame in read_memory_record(db):
             slot(device)["series"][component] = Series(component, frame, f"{source}:MEMORY_RECORD")
     if torch_kind and db.has("OP_MEMORY"):
-        for device, blocks in read_op_memory(db):
-            slot(device)["blocks"].append(blocks)
+        for device, blocks in read_op_memory(db):  # each device once
+            slot(device)["blocks"] = blocks
             slot(device)["blocks_source"] = f"{source}:OP_MEMORY"
     if not torch_kind and db.has("NPU_OP_MEM"):
         blocks_by_device, series = read_npu_op_mem(db)
-        for device, blocks in blocks_by_device:
-            slot(device)["blocks"].append(blocks)
+        for device, blocks in blocks_by_device:  # each device once
+            slot(device)["blocks"] = blocks
             slot(device)["blocks_source"] = f"{source}:NPU_OP_MEM"
         for device, component, frame in series:
             slot(device)["series"][component] = Series(component, frame, f"{source}:NPU_OP_MEM")
@@ -167,12 +169,11 @@ def _load(db: Database, profile_path: Path) -> Profile:
     models = []
     for device in sorted(devices):
         parts = devices[device]
-        blocks = pd.concat(parts["blocks"], ignore_index=True) if parts["blocks"] else empty_blocks()
         series = parts["series"]
         models.append(DeviceModel(
             device=device,
             series=series,
-            blocks=blocks[list(BLOCK_COLUMNS)],
+            blocks=parts["blocks"],
             blocks_source=parts["blocks_source"],
             sum_components={"PTA+GE": ("PTA", "GE")} if "PTA+GE" in series else {},
         ))
@@ -228,7 +229,7 @@ def _string_ref_missing(db: Database, table: str, column: str, frame: pd.DataFra
                          expected="an id present in STRING_IDS", found=str(INVALID_ID))
 
 
-def read_memory_record(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
+def read_memory_record(db: Database) -> list[tuple[str, str, Table]]:
     validate_table(db, _schema("MEMORY_RECORD"))
     _check_devices(db, "MEMORY_RECORD")
     # Ids, not a join: mapping the few distinct ids in pandas is cheaper than a string per row from sqlite.
@@ -243,7 +244,7 @@ def read_memory_record(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
     return split_series(frame)
 
 
-def read_op_memory(db: Database) -> list[tuple[str, pd.DataFrame]]:
+def read_op_memory(db: Database) -> list[tuple[str, Table]]:
     validate_table(db, _schema("OP_MEMORY"))
     _check_devices(db, "OP_MEMORY")
     frame = db.frame(
@@ -280,12 +281,17 @@ def read_op_memory(db: Database) -> list[tuple[str, pd.DataFrame]]:
         "owner": pd.Series(pd.NA, index=frame.index, dtype="string"),
         "component": pd.Series(np.where(is_ge.to_numpy(), "GE", "PTA"), dtype="string"),
         "alloc_total": frame["alloc_total"],
-    })[list(BLOCK_COLUMNS)]
-    devices = _device_labels(frame["device_id"])
-    return [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices, sort=True)]
+    })
+    return _by_device(typed_blocks(blocks), _device_labels(frame["device_id"]))
 
 
-def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, pd.DataFrame]], list[tuple[str, str, pd.DataFrame]]]:
+def _by_device(blocks: Table, devices: pd.Series) -> list[tuple[str, Table]]:
+    """The rows of ``blocks`` of each device (``devices``: one label per row), devices in sorted order."""
+    codes, labels = pd.factorize(devices, sort=True)
+    return [(str(label), blocks.take(codes == k)) for k, label in enumerate(labels)]
+
+
+def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[str, str, Table]]]:
     """CANN GE allocate/release events → blocks and the GE totals series (msprof db)."""
     validate_table(db, _schema("NPU_OP_MEM"))
     _check_devices(db, "NPU_OP_MEM")
@@ -326,8 +332,7 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, pd.DataFrame]], list[
     devices = take(frame["device"], first)
     start = blocks["t_alloc"].fillna(blocks["t_free"]).to_numpy(dtype=np.int64, na_value=0)
     order = np.lexsort((first, start))
-    blocks, devices = typed_blocks(blocks.iloc[order].reset_index(drop=True)), devices.iloc[order].reset_index(drop=True)
-    by_device = [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices.to_numpy(), sort=True)]
+    by_device = _by_device(typed_blocks(blocks.iloc[order]), devices.iloc[order])
     series_frame = pd.DataFrame({
         "device": frame["device"], "component": frame["component"], "t_ns": frame["t_ns"],
         "allocated": frame["allocated"], "reserved": frame["reserved"],
@@ -336,7 +341,7 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, pd.DataFrame]], list[
     return by_device, split_series(series_frame)
 
 
-def read_npu_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
+def read_npu_mem(db: Database) -> list[tuple[str, str, Table]]:
     validate_table(db, _schema("NPU_MEM"))
     _check_devices(db, "NPU_MEM")
     frame = db.frame(
@@ -365,7 +370,7 @@ def read_npu_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
     return result
 
 
-def read_npu_module_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
+def read_npu_module_mem(db: Database) -> list[tuple[str, str, Table]]:
     validate_table(db, _schema("ENUM_MODULE"))
     validate_table(db, _schema("NPU_MODULE_MEM"))
     _check_devices(db, "NPU_MODULE_MEM")
@@ -381,7 +386,7 @@ def read_npu_module_mem(db: Database) -> list[tuple[str, str, pd.DataFrame]]:
     return split_series(frame)
 
 
-def read_step_time(db: Database) -> pd.DataFrame:
+def read_step_time(db: Database) -> Table:
     validate_table(db, _schema("STEP_TIME"))
     frame = db.frame("SELECT rowid, id, startNs, endNs FROM STEP_TIME ORDER BY rowid",
                      ("rowid", "step", "t_start", "t_end"), ("int",) * 4, table="STEP_TIME")
@@ -390,9 +395,10 @@ def read_step_time(db: Database) -> pd.DataFrame:
         row = frame.loc[bad.idxmax()]
         raise InputError(f"table STEP_TIME rowid {int(row['rowid'])}: step ends before it starts", file=db.path,
                          column="STEP_TIME.endNs", expected=f">= startNs {row['t_start']}", found=str(row["t_end"]))
-    check_steps(frame, db.path, column="STEP_TIME", where=[f"rowid {int(r)}" for r in frame["rowid"]])
-    steps = frame[["step", "t_start", "t_end"]].sort_values("step", kind="stable").reset_index(drop=True)
-    return steps.astype("Int64")
+    steps = int_table(frame, STEP_COLUMNS)
+    check_steps(steps, db.path, column="STEP_TIME", where=[f"rowid {int(r)}" for r in frame["rowid"]])
+    number = steps.ints("step")
+    return steps.take(np.lexsort((number.values, number.isna())))  # by step, stable, missing last
 
 
 def read_meta_data(db: Database) -> dict[str, str]:

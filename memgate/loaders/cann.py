@@ -42,11 +42,21 @@ import pyarrow.compute as pc
 from memgate import discover
 from memgate.errors import InputError, cannot_read
 from memgate.loaders.crossfile import cross_file_facts
-from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks
+from memgate.model import (
+    BLOCK_COLUMNS,
+    SERIES_COLUMNS,
+    DeviceModel,
+    Profile,
+    Series,
+    empty_blocks,
+    int_table,
+    typed_blocks,
+)
 from memgate.readers import convert
 from memgate.readers.csvtable import CsvTable
 from memgate.readers.limits import read_csv
 from memgate.schemas import load_schema
+from memgate.table import Table
 
 FORMAT = "cann"
 OUTPUT_DIR = "mindstudio_profiler_output"
@@ -286,10 +296,10 @@ def _load(path: Path) -> Profile:
         frame = pd.concat([reader(p) for p in files[kind]], ignore_index=True)
         source = ", ".join(str(p) for p in files[kind])
         for (device, key), group in frame.groupby(["device", "key"], sort=True):
-            part = group[["t_ns", "allocated", "reserved", "active"]].sort_values("t_ns", kind="stable")
-            series[str(device)][str(key)] = Series(str(key), part.reset_index(drop=True), source)
+            part = group[list(SERIES_COLUMNS)].sort_values("t_ns", kind="stable")
+            series[str(device)][str(key)] = Series(str(key), int_table(part, SERIES_COLUMNS), source)
 
-    blocks: dict[str, pd.DataFrame] = {}
+    blocks: dict[str, Table] = {}
     blocks_source: str | None = None
     marks: set[str] = set()
     if files.get("operator_memory"):
@@ -298,7 +308,7 @@ def _load(path: Path) -> Profile:
         marks = set().union(*(m for _, m in read))
         blocks_source = ", ".join(str(p) for p in files["operator_memory"])
         for device, group in frame.groupby("device", sort=True):
-            blocks[str(device)] = group.drop(columns="device").reset_index(drop=True)
+            blocks[str(device)] = typed_blocks(group)
 
     metadata: dict[str, Any] = {"units": "KB = bytes/1024"}
     devices = set(series) | set(blocks)

@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from memgate.errors import InputError
 from memgate.model import DeviceModel
+from memgate.table import Ints, Table
 
 # The allocator series whose rows are written from the same allocations as the blocks.
 ALLOCATOR_SERIES = ("PTA", "GE", "PTA+GE", "MindSpore", "MindSpore+GE", "allocator")
@@ -42,11 +40,11 @@ def _where(source: str) -> tuple[str, str | None]:
     return first, None
 
 
-def _span(values: Sequence[pd.Series]) -> tuple[int, int] | None:
+def _span(values: Sequence[Ints]) -> tuple[int, int] | None:
     lo: int | None = None
     hi: int | None = None
     for column in values:
-        times = column.to_numpy(dtype=np.int64, na_value=0)[column.notna().to_numpy()]
+        times = column.known()
         if len(times):
             lo = int(times.min()) if lo is None else min(lo, int(times.min()))
             hi = int(times.max()) if hi is None else max(hi, int(times.max()))
@@ -54,13 +52,13 @@ def _span(values: Sequence[pd.Series]) -> tuple[int, int] | None:
 
 
 def _blocks_span(model: DeviceModel) -> tuple[int, int] | None:
-    return _span([model.blocks["t_alloc"], model.blocks["t_free"]]) if len(model.blocks) else None
+    return _span([model.blocks.ints("t_alloc"), model.blocks.ints("t_free")]) if len(model.blocks) else None
 
 
 def _allocator_span(model: DeviceModel) -> tuple[tuple[int, int], str] | None:
     """The allocator series' window on a device and the file it comes from."""
     parts = [s for name, s in sorted(model.series.items()) if name in ALLOCATOR_SERIES]
-    span = _span([s.frame["t_ns"] for s in parts])
+    span = _span([s.frame.ints("t_ns") for s in parts])
     return None if span is None else (span, parts[0].source)
 
 
@@ -68,7 +66,7 @@ def _ns(span: tuple[int, int]) -> str:
     return f"{span[0]}..{span[1]} ns"
 
 
-def cross_file_facts(models: Sequence[DeviceModel], root: Path, steps: pd.DataFrame | None = None,
+def cross_file_facts(models: Sequence[DeviceModel], root: Path, steps: Table | None = None,
                      steps_source: str | None = None) -> dict[str, Any]:
     """Per file (named relative to the profile ``root``): the devices it names and its time window (ns,
     the steps' file too); InputError when the files cannot be one profile (see the module docstring)."""
@@ -86,7 +84,7 @@ def cross_file_facts(models: Sequence[DeviceModel], root: Path, steps: pd.DataFr
 
     for model in models:
         for series in model.series.values():
-            note(series.source, model.device, _span([series.frame["t_ns"]]))
+            note(series.source, model.device, _span([series.frame.ints("t_ns")]))
         note(model.blocks_source, model.device, _blocks_span(model))
 
     allocator = {m.device: _allocator_span(m) for m in models}  # each device's totals, computed once
@@ -119,7 +117,7 @@ def cross_file_facts(models: Sequence[DeviceModel], root: Path, steps: pd.DataFr
                 expected=f"blocks inside the window of {totals_file} ({_ns(span)})",
                 found=f"blocks from {_ns(blocks_span)}")
     if steps is not None and steps_source is not None:
-        steps_span = _span([steps["t_start"], steps["t_end"]])
+        steps_span = _span([steps.ints("t_start"), steps.ints("t_end")])
         if steps_span is not None:
             windows[_where(steps_source)[0]] = steps_span
     base = root if root.is_dir() else root.parent

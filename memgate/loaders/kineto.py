@@ -61,16 +61,14 @@ from typing import Any
 
 import ijson
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import discover, hints
 from memgate.errors import InputError, show
 from memgate.loaders.events import is_torch_file, pair_allocs
-from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_steps
+from memgate.model import DeviceModel, Profile, Series, empty_steps
 from memgate.readers import convert, limits
-from memgate.readers.csvtable import check_readable
 from memgate.readers.jsonstream import (
     DuplicateKey,
     GuardedReader,
@@ -87,9 +85,11 @@ from memgate.readers.jsonstream import (
     unique_keys,
     unique_pairs,
 )
+from memgate.readers.limits import check_readable
 from memgate.readers.memory import collector_paused
-from memgate.readers.pyrecords import check_column, check_records, missing_int64, nullable_int64, resolve
+from memgate.readers.pyrecords import check_column, check_records, resolve
 from memgate.schemas import load_schema
+from memgate.table import Ints, Table, Texts
 
 FORMAT = "kineto"
 TIMELINE_FORMAT = "torch_memory_timeline"
@@ -107,6 +107,7 @@ _BASE_MAX = 9 * 10**18
 MODULE_PREFIX = "nn.Module: "  # python_function spans of traces recorded with_modules=True
 _FRAME = re.compile(r"^(?!<built-in)(.+?)\([0-9]+\): ")  # a with_stack frame: ``file.py(12): forward``
 _I64_MAX = (1 << 63) - 1
+_NONE = np.array(None, dtype=object)  # np.equal(values, _NONE): where an object array holds None
 
 
 # ---- detection ------------------------------------------------------------------------------------
@@ -636,10 +637,25 @@ class _Codes:
         self._index: dict[tuple[type, Any], int] = {}
 
     def encode(self, values: list[Any], ints: bool = False) -> np.ndarray:
-        """Codes of ``values``; ``ints``: all are ints within int64 (hashed in C, not as objects)."""
-        local, uniques = pd.factorize(np.array(values, dtype=np.int64 if ints else object))
-        codes = np.array([self._code(v) for v in uniques.tolist()] + [self._code(None)], dtype=np.int64)
-        return np.asarray(codes[local], dtype=np.int64)  # a None (code -1 from factorize) takes the last one
+        """Codes of ``values``; ``ints``: all are ints within int64 (coded in C, not as objects).
+
+        Distinct values are met in order of first appearance; a value equal to one met before in
+        this batch (1 and True) takes its code, as a dict key would.
+        """
+        if ints:
+            array = np.array(values, dtype=np.int64)
+            uniques, first, local = np.unique(array, return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")  # the distinct values in order of first appearance
+            codes = np.empty(len(uniques) + 1, dtype=np.int64)
+            codes[order] = [self._code(v) for v in uniques[order].tolist()]
+            codes[-1] = self._code(None)
+            return np.asarray(codes[local.reshape(-1)], dtype=np.int64)
+        index: dict[Any, int] = {}
+        setdefault = index.setdefault
+        local = np.fromiter((-1 if v is None else setdefault(v, len(index)) for v in values), dtype=np.int64,
+                            count=len(values))
+        codes = np.array([self._code(v) for v in index] + [self._code(None)], dtype=np.int64)
+        return np.asarray(codes[local], dtype=np.int64)  # a None (local code -1) takes the last one
 
     def _code(self, value: Any) -> int:
         key = (type(value), value)
@@ -1008,7 +1024,7 @@ def _span_end(start: np.ndarray, durations: list[Any], path: Path) -> np.ndarray
     return np.asarray(start + dur, dtype=np.int64)
 
 
-def _steps(path: Path, got: _Collected, schema: dict[str, Any], base: int) -> pd.DataFrame:
+def _steps(path: Path, got: _Collected, schema: dict[str, Any], base: int) -> Table:
     if not got.steps:
         return empty_steps()
     cols = check_records(got.steps, schema["$defs"]["x_event"], file=path,
@@ -1018,11 +1034,17 @@ def _steps(path: Path, got: _Collected, schema: dict[str, Any], base: int) -> pd
     names = cols["name"]
     assert names is not None
     number = [int(m.group(1)) if (m := STEP_NAME.match(n)) else None for n in names.to_pylist()]
-    frame = pd.DataFrame({"step": number, "t_start": start, "t_end": end}).dropna(subset=["step"])
-    if frame.empty:
+    numbered = np.array([n is not None for n in number], dtype=bool)
+    if not numbered.any():
         return empty_steps()
-    frame = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max")).reset_index()
-    return frame.astype("Int64")
+    # one row per step number, in order: its earliest start and latest end
+    step, group = np.unique(np.array([n for n in number if n is not None], dtype=np.int64), return_inverse=True)
+    group = group.reshape(-1)
+    t_start = np.full(len(step), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(t_start, group, start[numbered])
+    t_end = np.full(len(step), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(t_end, group, end[numbered])
+    return Table({"step": Ints.of(step), "t_start": Ints.of(t_start), "t_end": Ints.of(t_end)})
 
 
 def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
@@ -1104,33 +1126,32 @@ def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.
     tm = t[moving]
     size = np.concatenate([nbytes[moving][allocs], -nbytes[moving][early]])
     n_early = len(early)
-    t_alloc = nullable_int64(np.concatenate([tm[allocs], np.zeros(n_early, np.int64)]),
-                             np.concatenate([np.zeros(len(allocs), bool), np.ones(n_early, bool)]))
-    t_free = nullable_int64(np.concatenate([np.where(freed_at >= 0, tm[np.maximum(freed_at, 0)], 0), tm[early]]),
-                            np.concatenate([freed_at < 0, np.zeros(n_early, bool)]))
+    t_alloc = Ints.of(np.concatenate([tm[allocs], np.zeros(n_early, np.int64)]),
+                      np.concatenate([np.zeros(len(allocs), bool), np.ones(n_early, bool)]))
+    t_free = Ints.of(np.concatenate([np.where(freed_at >= 0, tm[np.maximum(freed_at, 0)], 0), tm[early]]),
+                     np.concatenate([freed_at < 0, np.zeros(n_early, bool)]))
     totals, no_total = total_alloc[0][moving], total_alloc[1][moving]
-    alloc_total = nullable_int64(np.concatenate([totals[allocs], np.zeros(n_early, np.int64)]),
-                                 np.concatenate([no_total[allocs], np.ones(n_early, bool)]))
-    ops = list(op[moving][allocs]) + [None] * n_early
-    nothing = pd.array([None] * len(size), dtype="string")
-    blocks = pd.DataFrame({
-        "size": nullable_int64(size),
+    alloc_total = Ints.of(np.concatenate([totals[allocs], np.zeros(n_early, np.int64)]),
+                          np.concatenate([no_total[allocs], np.ones(n_early, bool)]))
+    ops = op[moving][allocs].tolist() + [None] * n_early
+    blocks = Table({
+        "size": Ints.of(size),
         "t_alloc": t_alloc,
         "t_free": t_free,
-        "op": pd.array(ops, dtype="string"),
-        "stream": nothing,
-        "owner": nothing.copy(),
-        "component": pd.array([COMPONENT] * len(size), dtype="string"),
+        "op": Texts.of(ops),
+        "stream": Texts.repeat(None, len(size)),
+        "owner": Texts.repeat(None, len(size)),
+        "component": Texts.repeat(COMPONENT, len(size)),
         "alloc_total": alloc_total,
-    })[list(BLOCK_COLUMNS)]
+    })
     series: dict[str, Series] = {}
     if not total_alloc[1][rows].all():
-        reserved = missing_int64(len(rows)) if cpu else nullable_int64(total_res[0][rows], total_res[1][rows])
-        frame = pd.DataFrame({
-            "t_ns": nullable_int64(t[rows]),
-            "allocated": nullable_int64(total_alloc[0][rows], total_alloc[1][rows]),
+        reserved = Ints.absent(len(rows)) if cpu else Ints.of(total_res[0][rows], total_res[1][rows])
+        frame = Table({
+            "t_ns": Ints.of(t[rows]),
+            "allocated": Ints.of(total_alloc[0][rows], total_alloc[1][rows]),
             "reserved": reserved,
-            "active": missing_int64(len(rows)),
+            "active": Ints.absent(len(rows)),
         })
         series[COMPONENT] = Series(COMPONENT, frame, str(path))
     # torch's CPU reporter counts only what was allocated while a profiler ran, and never forgets
@@ -1149,29 +1170,28 @@ def _unpaired_device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nb
     b = nbytes[rows]
     allocs = rows[b > 0]
     n = len(allocs)
-    nothing = pd.array([None] * n, dtype="string")
-    blocks = pd.DataFrame({
-        "size": nullable_int64(nbytes[allocs]),
-        "t_alloc": nullable_int64(t[allocs]),
-        "t_free": missing_int64(n),
-        "op": pd.array(list(op[allocs]), dtype="string"),
-        "stream": nothing,
-        "owner": nothing.copy(),
-        "component": pd.array([UNPAIRED] * n, dtype="string"),
-        "alloc_total": missing_int64(n),
-    })[list(BLOCK_COLUMNS)]
+    blocks = Table({
+        "size": Ints.of(nbytes[allocs]),
+        "t_alloc": Ints.of(t[allocs]),
+        "t_free": Ints.absent(n),
+        "op": Texts.of(op[allocs].tolist()),
+        "stream": Texts.repeat(None, n),
+        "owner": Texts.repeat(None, n),
+        "component": Texts.repeat(UNPAIRED, n),
+        "alloc_total": Ints.absent(n),
+    })
     totals = not total_alloc[1][rows].all()
     if totals:
-        allocated = nullable_int64(total_alloc[0][rows], total_alloc[1][rows])
+        allocated = Ints.of(total_alloc[0][rows], total_alloc[1][rows])
     else:
         if float(np.abs(b.astype(np.float64)).sum()) >= 2.0**63:
             raise InputError("the Bytes of the [memory] events add up past int64", file=path,
                              expected="a running total of allocated bytes that fits int64",
                              found=f"{len(b)} events of up to {int(np.abs(b).max())} bytes")
-        allocated = nullable_int64(np.cumsum(b))
-    reserved = nullable_int64(total_res[0][rows], total_res[1][rows]) if totals and not cpu else missing_int64(len(rows))
-    frame = pd.DataFrame({"t_ns": nullable_int64(t[rows]), "allocated": allocated, "reserved": reserved,
-                          "active": missing_int64(len(rows))})
+        allocated = Ints.of(np.cumsum(b))
+    reserved = Ints.of(total_res[0][rows], total_res[1][rows]) if totals and not cpu else Ints.absent(len(rows))
+    frame = Table({"t_ns": Ints.of(t[rows]), "allocated": allocated, "reserved": reserved,
+                   "active": Ints.absent(len(rows))})
     return DeviceModel(device=label, series={COMPONENT: Series(COMPONENT, frame, str(path))}, blocks=blocks,
                        blocks_source=str(path), window_relative=cpu or not totals)
 
@@ -1250,7 +1270,7 @@ def _owners(path: Path, got: _Collected, t_mem: np.ndarray, mem_thread: np.ndarr
         on_thread = thread == g
         for modules in (True, False):  # module spans first; frames for what no module span encloses
             kind = np.flatnonzero(on_thread & (is_module == modules))
-            todo = queries[pd.isna(result[queries])]
+            todo = queries[np.equal(result[queries], _NONE)]
             if not len(kind) or not len(todo):
                 continue
             inner = innermost(start[kind], end[kind], t_mem[todo])
@@ -1273,13 +1293,12 @@ def _module_paths(start: np.ndarray, end: np.ndarray, names: np.ndarray) -> np.n
 
 def _with_owners(model: DeviceModel, rows: np.ndarray, nbytes: np.ndarray, owner: np.ndarray) -> DeviceModel:
     """Fill the owner column of the blocks (allocations, in the order _device made them)."""
-    if not pd.notna(owner[rows]).any():
+    if np.equal(owner[rows], _NONE).all():
         return model
     allocs = rows[nbytes[rows] > 0]  # the blocks from allocations come first, in time order
     column = np.full(len(model.blocks), None, dtype=object)
     column[:len(allocs)] = owner[allocs]
-    blocks = model.blocks.assign(owner=pd.array(list(column), dtype="string"))
-    return replace(model, blocks=blocks)
+    return replace(model, blocks=model.blocks.with_column("owner", Texts.of(column.tolist())))
 
 
 def innermost(start: np.ndarray, end: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -1372,11 +1391,11 @@ def load_timeline(path: Path) -> Profile:
     totals = np.asarray(flat, dtype=np.int64).reshape(len(sizes), width).sum(axis=1) if width else \
         np.zeros(len(sizes), dtype=np.int64)
     t = _ints(arr, len(times)) * 1000
-    frame = pd.DataFrame({
-        "t_ns": nullable_int64(t),
-        "allocated": nullable_int64(totals),
-        "reserved": missing_int64(len(t)),
-        "active": missing_int64(len(t)),
+    frame = Table({
+        "t_ns": Ints.of(t),
+        "allocated": Ints.of(totals),
+        "reserved": Ints.absent(len(t)),
+        "active": Ints.absent(len(t)),
     })
     device = DeviceModel(device="unknown", series={COMPONENT: Series(COMPONENT, frame, str(path))})
     return Profile(path=str(path), format=TIMELINE_FORMAT, rank=_rank_of(path), devices=(device,),
@@ -1485,7 +1504,7 @@ def _cell(first: int, column: int, i: int) -> str:
     return f"[{first + i}][{column}]"
 
 
-def _raw_series(path: Path, t: np.ndarray, action: np.ndarray, nbytes: np.ndarray) -> tuple[pd.DataFrame, str | None]:
+def _raw_series(path: Path, t: np.ndarray, action: np.ndarray, nbytes: np.ndarray) -> tuple[Table, str | None]:
     """The allocator series of raw rows (checked against the file's own rules), and a note on its times."""
     def fail(mask: np.ndarray, message: str, expected: str, column: int) -> None:
         hits = np.flatnonzero(mask)
@@ -1528,8 +1547,8 @@ def _raw_series(path: Path, t: np.ndarray, action: np.ndarray, nbytes: np.ndarra
         raise InputError("memory below zero: a row frees bytes the timeline never allocated", file=path,
                          column=f"[{row}][2]", expected="a running total of bytes >= 0 (PREEXISTING rows hold what "
                          "existed before profiling)", found=f"{int(allocated[below[0]])} bytes after this row")
-    frame = pd.DataFrame({"t_ns": nullable_int64(t_ns[order]), "allocated": nullable_int64(allocated),
-                          "reserved": missing_int64(len(t)), "active": missing_int64(len(t))})
+    frame = Table({"t_ns": Ints.of(t_ns[order]), "allocated": Ints.of(allocated),
+                   "reserved": Ints.absent(len(t)), "active": Ints.absent(len(t))})
     return frame, note
 
 

@@ -47,11 +47,22 @@ from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.torch_npu import info_rank, rank_notes, read_profiler_info
 from memgate.loaders.torch_npu import run_window as torch_npu_run_window
-from memgate.model import BLOCK_COLUMNS, DeviceModel, Profile, Series, empty_blocks, empty_steps
+from memgate.model import (
+    SERIES_COLUMNS,
+    STEP_COLUMNS,
+    DeviceModel,
+    Profile,
+    Series,
+    empty_blocks,
+    empty_steps,
+    int_table,
+    typed_blocks,
+)
 from memgate.readers import convert
 from memgate.readers.csvtable import CsvTable, read_header
 from memgate.readers.limits import read_csv
 from memgate.schemas import load_schema
+from memgate.table import Ints, Table
 
 FORMAT = "mindspore"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
@@ -244,15 +255,15 @@ def _find_tracker_ops(profile_dir: Path) -> Path | None:
 # ---- the files -----------------------------------------------------------------------------------
 
 
-def _split(frame: pd.DataFrame, key: str) -> list[tuple[str, pd.DataFrame]]:
+def _split(frame: pd.DataFrame, key: str) -> list[tuple[str, Table]]:
     out = []
     for name, group in frame.groupby(key, sort=True):
-        series = group[["t_ns", "allocated", "reserved", "active"]].sort_values("t_ns", kind="stable")
-        out.append((str(name), series.reset_index(drop=True)))
+        series = group[list(SERIES_COLUMNS)].sort_values("t_ns", kind="stable")
+        out.append((str(name), int_table(series, SERIES_COLUMNS)))
     return out
 
 
-def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[str, pd.DataFrame]]:
+def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[str, Table]]:
     """(component, series frame) of the 6-column MindSpore memory_record.csv."""
     table = read_csv(path, load_schema("mindspore.memory_record"))
     component = convert.text(table.column("Component"))
@@ -279,7 +290,7 @@ def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[st
     return _split(frame, "component")
 
 
-def read_operator_memory(path: Path, parts: _Parts | None = None) -> pd.DataFrame:
+def read_operator_memory(path: Path, parts: _Parts | None = None) -> Table:
     """Blocks of MindSpore's allocator; ``N/A`` = missing (not freed, no active columns)."""
     table = read_csv(path, load_schema("mindspore.operator_memory"))
     size = table.bytes("Size(KB)", KIB)
@@ -317,7 +328,7 @@ def read_operator_memory(path: Path, parts: _Parts | None = None) -> pd.DataFram
             "alloc_total": convert.unit_text_to_bytes(convert.na_to_null(table.column("Allocation Total Allocated(MB)")), MIB),
         }
     )
-    return blocks[list(BLOCK_COLUMNS)]
+    return typed_blocks(blocks)
 
 
 def _check_order(path: Path, table: CsvTable, alloc: pd.Series, release: pd.Series, column: str) -> None:
@@ -329,7 +340,7 @@ def _check_order(path: Path, table: CsvTable, alloc: pd.Series, release: pd.Seri
                          found=f"{release.iloc[row]} ns < {alloc.iloc[row]} ns")
 
 
-def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[str, pd.DataFrame]]:
+def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[str, Table]]:
     table = read_csv(path, load_schema("mindspore.npu_module_mem"))
     reserved = table.bytes("Total Reserved(KB)", KIB)
     reserved[reserved < 0] = pd.NA  # -1: the module only showed releases, no level
@@ -348,7 +359,7 @@ def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[s
     return _split(frame, "component")
 
 
-def read_kernel_steps(path: Path) -> pd.DataFrame:
+def read_kernel_steps(path: Path) -> Table:
     """Step time ranges: first kernel start to last kernel end per ``Step ID``."""
     table = read_csv(path, load_schema("mindspore.kernel_details"))
     if not table.has("Step ID"):
@@ -358,18 +369,16 @@ def read_kernel_steps(path: Path) -> pd.DataFrame:
     frame = pd.DataFrame({"step": table.ints("Step ID"), "t_start": start, "t_end": end})
     frame = frame.dropna(subset=["step"])
     grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
-    return grouped.reset_index().astype("Int64")
+    return int_table(grouped.reset_index(), STEP_COLUMNS)
 
 
-def read_step_numbers(path: Path) -> pd.DataFrame:
+def read_step_numbers(path: Path) -> Table:
     table = read_csv(path, load_schema("mindspore.step_trace_time"))
-    steps = table.ints("Step").dropna().drop_duplicates().sort_values()
-    frame = empty_steps().reindex(range(len(steps)))
-    frame["step"] = steps.to_numpy()
-    return frame.astype("Int64")
+    steps = table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64)
+    return Table({"step": Ints.of(steps), "t_start": Ints.absent(len(steps)), "t_end": Ints.absent(len(steps))})
 
 
-def read_cpu_memory_record(path: Path) -> pd.DataFrame:
+def read_cpu_memory_record(path: Path) -> Table:
     """``cpu_ms_memory_record_{rank}.txt``: MindSpore's allocator totals, exact bytes and ns."""
     table = read_csv(path, load_schema("mindspore.cpu_ms_memory_record"))
     frame = pd.DataFrame(
@@ -380,10 +389,10 @@ def read_cpu_memory_record(path: Path) -> pd.DataFrame:
             "active": table.ints("Total Active(Byte)"),
         }
     )
-    return frame.sort_values("t_ns", kind="stable").reset_index(drop=True)
+    return int_table(frame.sort_values("t_ns", kind="stable"), SERIES_COLUMNS)
 
 
-def read_tracker_operator_memory(path: Path) -> pd.DataFrame:
+def read_tracker_operator_memory(path: Path) -> Table:
     """Memory tracker ``operator_memory_{rank}.csv``: one block per row, release = allocation + duration."""
     table = read_csv(path, load_schema("mindspore.tracker_operator_memory"))
     totals_per_unit = KIB if table.variant == "KB" else MIB
@@ -411,7 +420,7 @@ def read_tracker_operator_memory(path: Path) -> pd.DataFrame:
                                                       totals_per_unit),
         }
     )
-    return blocks[list(BLOCK_COLUMNS)]
+    return typed_blocks(blocks)
 
 
 def _load_tracker_dump(path: Path) -> Profile:
@@ -433,7 +442,7 @@ def _load_tracker_dump(path: Path) -> Profile:
                              "cross_file": cross_file_facts([device], path)})
 
 
-def read_memory_block(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
     """Blocks of ``memory_block.csv`` on the tracker's logical clock, and facts about the file."""
     table = read_csv(path, load_schema("mindspore.memory_block"))
     start = table.ints("start_time_stamp")
@@ -463,14 +472,14 @@ def read_memory_block(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
             "component": pd.Series(MS_COMPONENT, index=range(table.num_rows), dtype="string"),
             "alloc_total": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
-    )[list(BLOCK_COLUMNS)]
+    )
     peaks = table.ints("actual_peak_memory").dropna()
     facts: dict[str, Any] = {
         "clock": "logical: the memory tracker's event counter, not time (no steps)",
         "in_side_somas_rows_dropped": int(inside.sum()),
         "tracker_actual_peak_bytes": int(peaks.max()) if len(peaks) else None,
     }
-    return blocks[~pd.Series(inside)].reset_index(drop=True), facts
+    return typed_blocks(blocks).take(~inside), facts
 
 
 def _load_memory_block(path: Path) -> Profile:

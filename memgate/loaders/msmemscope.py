@@ -55,13 +55,23 @@ import pyarrow.compute as pc
 
 from memgate import discover
 from memgate.errors import InputError, cannot_read
-from memgate.model import DeviceModel, Profile, Series, empty_steps, typed_blocks
+from memgate.model import (
+    SERIES_COLUMNS,
+    STEP_COLUMNS,
+    DeviceModel,
+    Profile,
+    Series,
+    empty_steps,
+    int_table,
+    typed_blocks,
+)
 from memgate.readers import convert
-from memgate.readers.csvtable import describe, re2_pattern
+from memgate.readers.csvtable import describe
 from memgate.readers.limits import check_rows, read_csv
 from memgate.readers.numtext import offsets_and_text
 from memgate.readers.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
-from memgate.schemas import load_schema
+from memgate.schemas import load_schema, re2_pattern
+from memgate.table import Table
 
 FORMAT = "msmemscope"
 TABLE = "memscope_dump"
@@ -560,7 +570,8 @@ def build_profile(rows: Rows) -> Profile:
             notes.append(f"{device} {comp}: Attr 'total' is below 'used' (not the pool's reserved size in this "
                          "writer version): reserved left empty")
             frame["reserved"] = pd.array([pd.NA] * len(frame), dtype="Int64")
-        device_series.setdefault(str(device), {})[str(comp)] = Series(str(comp), frame, str(rows.path))
+        series = Series(str(comp), int_table(frame, SERIES_COLUMNS), str(rows.path))
+        device_series.setdefault(str(device), {})[str(comp)] = series
 
     steps = read_steps(rows, event, sub, pid, t_ns, seq)
     models = []
@@ -604,7 +615,7 @@ def _span_inputs(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: 
 
 
 def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np.ndarray, t_ns: np.ndarray,
-               seq: np.ndarray) -> pd.DataFrame:
+               seq: np.ndarray) -> Table:
     system = _np_bool(pc.equal(event, "SYSTEM"))
     is_step = system & _np_bool(pc.equal(sub, "STEP"))
     if not is_step.any():
@@ -640,7 +651,7 @@ def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np
     last = pd.Series(marks["pid"].map(last_at), dtype="Int64")
     marks["t_end"] = following.fillna(stop).fillna(last)
     steps = marks.groupby("step", sort=True).agg(t_start=("t", "min"), t_end=("t_end", "max")).reset_index()
-    return steps[["step", "t_start", "t_end"]].astype("Int64")
+    return int_table(steps, STEP_COLUMNS)
 
 
 _DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)

@@ -43,18 +43,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import discover
 from memgate.errors import InputError
+from memgate.lazy import arrow_without_pandas
 from memgate.loaders.events import is_torch_file, pair_allocs
-from memgate.model import BLOCK_COLUMNS, DeviceModel, PoolState, Profile, Series, empty_steps
+from memgate.model import DeviceModel, PoolState, Profile, Series, empty_steps
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
-from memgate.readers.pyrecords import check_records, missing_int64, nullable_int64
+from memgate.readers.pyrecords import check_records
 from memgate.schemas import load_schema
+from memgate.table import Ints, Table, Texts
 
 FORMAT = "torch_snapshot"
 SCHEMA = "torch_snapshot"
@@ -123,8 +124,9 @@ def is_snapshot_head(head: bytes) -> bool:
 def load(path: Path, *, max_bytes: int | None = None) -> Profile:
     limits.check_file_size(path)  # the general cap first: its message names its own override
     # The collector stays paused while the millions of unpickled objects are read too (a pass over
-    # them costs ~0.4 s per 1M trace entries); they are freed before it resumes.
-    with collector_paused():
+    # them costs ~0.4 s per 1M trace entries); they are freed before it resumes. A pickle holds no
+    # pandas object: Arrow reads the records without importing pandas.
+    with collector_paused(), arrow_without_pandas():
         profile, entries = _load_paused(path, limits.current().max_pickle_bytes if max_bytes is None else max_bytes)
     limits.check_rows(path, entries, what="trace entries", column="device_traces")
     return profile
@@ -421,22 +423,22 @@ def _device_model(
     frees_at = partner[allocs]
     size = np.concatenate([trace.size[allocs], trace.size[early_frees], segs.requested[live_through]])
     not_here = n_early + n_live
-    t_alloc = nullable_int64(np.concatenate([t[allocs], np.zeros(not_here, np.int64)]),
-                             np.concatenate([np.zeros(n_alloc, bool), np.ones(not_here, bool)]))
-    t_free = nullable_int64(
+    t_alloc = Ints.of(np.concatenate([t[allocs], np.zeros(not_here, np.int64)]),
+                      np.concatenate([np.zeros(n_alloc, bool), np.ones(not_here, bool)]))
+    t_free = Ints.of(
         np.concatenate([np.where(frees_at >= 0, t[np.maximum(frees_at, 0)], 0), t[early_frees], np.zeros(n_live, np.int64)]),
         np.concatenate([frees_at < 0, np.zeros(n_early, bool), np.ones(n_live, bool)]))
     stream = np.concatenate([trace.stream[allocs], trace.stream[early_frees], segs.stream[live_through]])
-    blocks = pd.DataFrame({
-        "size": nullable_int64(size),
+    blocks = Table({
+        "size": Ints.of(size),
         "t_alloc": t_alloc,
         "t_free": t_free,
-        "op": _strings(ops, pa.nulls(n_early, pa.large_string()), live_ops),
-        "stream": _strings(_int_text(stream)),
-        "owner": _strings(owners, pa.nulls(n_early, pa.large_string()), live_owners),
-        "component": _strings(pa.repeat(pa.scalar(COMPONENT, pa.large_string()), len(size))),
-        "alloc_total": missing_int64(len(size)),
-    }, copy=False)[list(BLOCK_COLUMNS)]  # the arrays are new: no copy
+        "op": Texts.concat([ops, Texts.repeat(None, n_early), live_ops]),
+        "stream": _int_text(stream),
+        "owner": Texts.concat([owners, Texts.repeat(None, n_early), live_owners]),
+        "component": Texts.repeat(COMPONENT, len(size)),
+        "alloc_total": Ints.absent(len(size)),
+    })
 
     # Series: deltas per entry, levels rebuilt backwards from the final segments.
     sizes = trace.size
@@ -454,7 +456,7 @@ def _device_model(
     t0 = {"time_us": int(t[0]) if trace.n else t_origin, "trace_index": 0}.get(trace.time_base, t_origin)
     every = len(changed) == trace.n  # the usual case: every entry moves a counter (no indexing then)
 
-    def level(start: int, deltas: np.ndarray) -> pd.arrays.IntegerArray:
+    def level(start: int, deltas: np.ndarray) -> Ints:
         levels = np.empty(len(changed) + 1, dtype=np.int64)
         levels[0] = 0
         if every:
@@ -462,14 +464,14 @@ def _device_model(
         else:
             np.take(np.cumsum(deltas), changed, out=levels[1:])
         levels += start
-        return nullable_int64(levels)
+        return Ints.of(levels)
 
-    frame = pd.DataFrame({
-        "t_ns": nullable_int64(np.concatenate([[t0], t if every else t[changed]])),
+    series: dict[str, Ints] = {
+        "t_ns": Ints.of(np.concatenate([[t0], t if every else t[changed]])),
         "allocated": level(start_alloc, d_alloc),
         "reserved": level(start_reserved, d_reserved),
         "active": level(start_active, d_active),
-    }, copy=False)
+    }
     facts: dict[str, Any] = {
         "trace_entries": trace.n,
         "pre_window_frees": n_early,
@@ -479,13 +481,13 @@ def _device_model(
         facts["open_allocs_without_segment_block"] = missing_in_segments
     for column, start in (("active", start_active), ("reserved", start_reserved)):
         if start < 0:  # the trace moves more than the final state holds: the file is inconsistent
-            frame[column] = missing_int64(len(frame))
+            series[column] = Ints.absent(len(series["t_ns"]))
             facts[f"{column}_unavailable"] = (f"the trace changes {column} by more than the final segments hold "
                                               f"({-start} bytes short)")
     model = DeviceModel(
         device=label,
-        series={COMPONENT: Series(COMPONENT, frame.reset_index(drop=True), str(path))},
-        blocks=blocks.reset_index(drop=True),
+        series={COMPONENT: Series(COMPONENT, Table(series), str(path))},
+        blocks=blocks,
         blocks_source=str(path),
         dump_state=_pool_state(segs, mine, segs.seg_device == dev, path),
     )
@@ -512,19 +514,19 @@ def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, pa
     )
 
 
-def _attribution(path: Path, trace: _Trace, allocs: np.ndarray) -> tuple[pa.Array, pa.Array]:
+def _attribution(path: Path, trace: _Trace, allocs: np.ndarray) -> tuple[Texts, Texts]:
     """(op, owner) of each trace allocation, from its frames."""
     rows = trace.order[allocs].tolist()
     frames = list(map(trace.frames.__getitem__, rows))
     return _op_owner_each(frames, path, lambda j: f"device_traces[{trace.device}][{rows[j]}].frames")
 
 
-def _ops_of_frames(segs: _Segments, rows: np.ndarray) -> tuple[pa.Array, pa.Array]:
+def _ops_of_frames(segs: _Segments, rows: np.ndarray) -> tuple[Texts, Texts]:
     picked = rows.tolist()
     return _op_owner_each([segs.frames[i] for i in picked], None, lambda j: f"{segs.where[picked[j]]}.frames")
 
 
-def _op_owner_each(frames: list[Any], path: Path | None, where: Callable[[int], str]) -> tuple[pa.Array, pa.Array]:
+def _op_owner_each(frames: list[Any], path: Path | None, where: Callable[[int], str]) -> tuple[Texts, Texts]:
     """:func:`op_owner` of each frames list (None: no frames), each distinct stack read once.
 
     torch gives every trace entry a list of its own but shares the frame dicts among them (a real
@@ -539,9 +541,9 @@ def _op_owner_each(frames: list[Any], path: Path | None, where: Callable[[int], 
     number[reps] = np.arange(len(reps))
     roles: dict[int, _Role] = {}
     pairs = [(None, None) if frames[j] is None else op_owner(frames[j], path, where(j), roles) for j in reps.tolist()]
-    take = pa.array(number[first])
-    return (pa.array([p[0] for p in pairs], pa.large_string()).take(take),
-            pa.array([p[1] for p in pairs], pa.large_string()).take(take))
+    stack = number[first]
+    ops, owners = Texts.of(p[0] for p in pairs), Texts.of(p[1] for p in pairs)
+    return Texts(ops.codes[stack], ops.names), Texts(owners.codes[stack], owners.names)
 
 
 _ROUNDS = 8  # rounds of candidates before what is left is grouped by the identities of its frames
@@ -601,16 +603,10 @@ def _first_equal(lists: Sequence[Any]) -> np.ndarray:
     return first
 
 
-def _int_text(values: np.ndarray) -> pa.Array:
-    """``large_string`` decimal text of int64 values, each distinct value (a few streams) cast once."""
+def _int_text(values: np.ndarray) -> Texts:
+    """Decimal text of int64 values, each distinct value (a few streams) written once."""
     distinct, at = np.unique(values, return_inverse=True)
-    return pc.cast(pa.array(distinct), pa.large_string()).take(pa.array(at.astype(np.int64, copy=False)))
-
-
-def _strings(*parts: pa.Array) -> pd.api.extensions.ExtensionArray:
-    """A pandas ``string`` column from ``large_string`` arrow pieces (its storage: no cast, no Python objects)."""
-    pieces = [p for p in parts if len(p)] or list(parts[:1])
-    return pd.array(pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces), dtype="string")
+    return Texts(at.astype(np.int32).reshape(-1), np.array([str(v) for v in distinct.tolist()], dtype=object))
 
 
 # What one frame tells: the op it names, the owner it is (a .py frame), the fallback owner it can be.
@@ -660,23 +656,26 @@ def _role(frame: Any, path: Path | None, where: str) -> _Role:
     return op, owner, fallback
 
 
-def _steps(ann: dict[str, pa.Array | None]) -> pd.DataFrame:
+def _steps(ann: dict[str, pa.Array | None]) -> Table:
+    """One row per ``ProfilerStep#N`` (by N): its earliest START and latest END annotation."""
     names, stages = ann["name"], ann["stage"]
     assert names is not None and stages is not None  # required by the schema
     number = pc.extract_regex(names, STEP_NAME.pattern.replace("([0-9]+)", "(?P<n>[0-9]+)"))
-    frame = pd.DataFrame({
-        "step": pd.array(pc.struct_field(number, "n").to_pylist(), dtype="string"),
-        "stage": stages.to_pylist(),
-        "t": _ints(ann["time_us"], len(names)) * 1000,
-    }).dropna(subset=["step"])
-    if frame.empty:
+    times = _ints(ann["time_us"], len(names)) * 1000
+    starts: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    for n, stage, t in zip(pc.struct_field(number, "n").to_pylist(), stages.to_pylist(), times.tolist()):
+        if n is None:
+            continue
+        if stage == "START":
+            starts[int(n)] = min(t, starts.get(int(n), t))
+        elif stage == "END":
+            ends[int(n)] = max(t, ends.get(int(n), t))
+    if not starts and not ends:
         return empty_steps()
-    frame["step"] = frame["step"].astype("int64")
-    start = frame[frame["stage"] == "START"].groupby("step")["t"].min().astype("Int64")
-    end = frame[frame["stage"] == "END"].groupby("step")["t"].max().astype("Int64")
-    numbers = start.index.union(end.index)
-    steps = pd.DataFrame({"t_start": start.reindex(numbers), "t_end": end.reindex(numbers)}).reset_index(names="step")
-    return steps[["step", "t_start", "t_end"]].sort_values("step").reset_index(drop=True).astype("Int64")
+    steps = sorted(starts.keys() | ends.keys())
+    return Table({"step": Ints.of(steps), "t_start": Ints.of_optional(starts.get(n) for n in steps),
+                  "t_end": Ints.of_optional(ends.get(n) for n in steps)})
 
 
 def _is_npu(snapshot: dict[str, Any]) -> bool:

@@ -24,23 +24,24 @@ from memgate.errors import InputError, cannot_read
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
-    BLOCK_COLUMNS,
+    STEP_COLUMNS,
     DeviceModel,
     Profile,
     Series,
     check_steps,
     empty_blocks,
-    empty_series,
     empty_steps,
+    int_table,
     split_columns,
     split_series,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import Converter, CsvTable, check_readable, keep_text
+from memgate.readers.csvtable import Converter, CsvTable, keep_text
 from memgate.readers.jsonstream import loads_unique
-from memgate.readers.limits import check_file_size, read_csv
+from memgate.readers.limits import check_file_size, check_readable, read_csv
 from memgate.readers.memory import release_free_memory
 from memgate.schemas import load_schema
+from memgate.table import Ints, Table, Texts
 
 FORMAT = "torch_npu"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
@@ -93,7 +94,7 @@ def _load(profile_dir: Path) -> Profile:
 
     ops_path = out / "operator_memory.csv"
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memgate-ops") as side:
-        ops: Future[list[tuple[str, pd.DataFrame]] | None] | None = None
+        ops: Future[list[tuple[str, Table]] | None] | None = None
         if (out / "memory_record.csv").exists():
             path = out / "memory_record.csv"
             # operator_memory.csv is parsed while this file's series are split (they would hold a
@@ -133,12 +134,8 @@ def _load(profile_dir: Path) -> Profile:
             if device_id is None and len(targets) != 1:
                 continue
             device = targets[0] if device_id is None else f"npu:{device_id}"
-            for name, frame in counters.items():
-                series_frame = empty_series().reindex(range(len(frame)))
-                series_frame["t_ns"] = frame["t_ns"].to_numpy()
-                series_frame["reserved"] = frame["reserved"].to_numpy()
-                series_frame = series_frame.astype("Int64")
-                slot(device)["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", series_frame, str(path))
+            for name, counter in counters.items():
+                slot(device)["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", _counter_series(counter), str(path))
     if steps_source is None and (out / "kernel_details.csv").exists():
         path = out / "kernel_details.csv"
         kernel_steps = read_kernel_steps(path)
@@ -180,8 +177,33 @@ def _load(profile_dir: Path) -> Profile:
     )
 
 
+def _counter_series(counter: Table) -> Table:
+    """An NPU MEM counter (``t_ns``, ``reserved``) as a series: allocated and active unknown."""
+    n = len(counter)
+    return Table({"t_ns": counter.ints("t_ns"), "allocated": Ints.absent(n), "reserved": counter.ints("reserved"),
+                  "active": Ints.absent(n)})
+
+
+def _texts(col: pa.ChunkedArray) -> Texts:
+    """A text or dictionary column as :class:`Texts`, encoded in C (no Python str per cell)."""
+    encoded = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
+    encoded = encoded.unify_dictionaries()
+    if encoded.num_chunks == 0:
+        return Texts.repeat(None, 0)
+    codes = np.concatenate([chunk.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+                            for chunk in encoded.chunks])
+    return Texts.coded(codes, [str(v) for v in encoded.chunk(0).dictionary.to_pylist()])
+
+
+def _take_texts(table: CsvTable, name: str) -> Texts:
+    """:func:`_texts` of a column, releasing the Arrow column (as :meth:`CsvTable.take`)."""
+    texts = _texts(table.column(name))
+    del table.columns[name]
+    return texts
+
+
 def _read_operator_memory_after(path: Path, start: threading.Event,
-                                failed: threading.Event) -> list[tuple[str, pd.DataFrame]] | None:
+                                failed: threading.Event) -> list[tuple[str, Table]] | None:
     start.wait()
     return None if failed.is_set() else read_operator_memory(path)
 
@@ -277,7 +299,7 @@ OPERATOR_MEMORY_COLUMNS: dict[str, Converter] = {
 
 
 @_file_errors
-def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> list[tuple[str, str, pd.DataFrame]]:
+def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> list[tuple[str, str, Table]]:
     """``parsed``: called once the file is parsed and checked, before the series are split."""
     table = read_csv(path, load_schema("torch_npu.memory_record"), MEMORY_RECORD_COLUMNS)
     if parsed is not None:
@@ -324,7 +346,7 @@ def _rows_where(col: pa.ChunkedArray, condition: Any) -> pa.ChunkedArray:
 
 
 @_file_errors
-def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
+def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     table = read_csv(path, load_schema("torch_npu.operator_memory"), OPERATOR_MEMORY_COLUMNS)
     # numpy (values, missing) pairs: the checks below run on 5M-row columns without pandas' masked ops
     size, no_size = table.take_ints("Size(KB)")
@@ -363,29 +385,34 @@ def read_operator_memory(path: Path) -> list[tuple[str, pd.DataFrame]]:
     del released, no_released, active_released, no_active_released
     name, stream = table.column("Name"), table.column("Stream Ptr")
     is_ge = pc.or_(pc.fill_null(pc.starts_with(name, "cann::"), False), pc.and_(pc.is_null(name), pc.is_null(stream)))
+    component = Texts.coded(np.where(np.asarray(is_ge, dtype=bool), 0, 1), ("GE", "PTA"))
+    del name, stream, is_ge
     np.abs(size, out=size)
-    blocks = pd.DataFrame(
+    total, no_total = table.take_ints("Allocation Total Allocated(MB)")
+    blocks = Table(
         {
-            "size": pd.arrays.IntegerArray(size, no_size),
-            "t_alloc": pd.arrays.IntegerArray(alloc, no_alloc),
-            "t_free": pd.arrays.IntegerArray(release, no_release),
-            "op": table.take("Name"),
-            "stream": table.take("Stream Ptr"),
-            "owner": convert.text(pa.nulls(len(size), pa.string())),
-            "component": convert.text(pc.if_else(is_ge, "GE", "PTA")),
-            "alloc_total": table.take("Allocation Total Allocated(MB)"),
-        },
-        copy=False,
-    )[list(BLOCK_COLUMNS)]
-    devices = table.take("Device Type")
+            "size": Ints.of(size, no_size),
+            "t_alloc": Ints.of(alloc, no_alloc),
+            "t_free": Ints.of(release, no_release),
+            "op": _take_texts(table, "Name"),
+            "stream": _take_texts(table, "Stream Ptr"),
+            "owner": Texts.repeat(None, len(size)),
+            "component": component,
+            "alloc_total": Ints.of(total, no_total),
+        }
+    )
+    del size, no_size, alloc, no_alloc, release, no_release, total, no_total
+    devices = _take_texts(table, "Device Type")
     release_free_memory()  # the parse buffers, before the next file
-    if devices.nunique() == 1:  # one device per file, as torch_npu writes it: no split needed
-        return [(str(devices.iloc[0]), blocks)]
-    return [(str(d), g.reset_index(drop=True)) for d, g in blocks.groupby(devices, sort=True)]
+    names = devices.used()
+    if len(names) == 1:  # one device per file, as torch_npu writes it: no split needed
+        return [(names[0], blocks)]
+    codes = {name: code for code, name in enumerate(devices.names.tolist())}
+    return [(d, blocks.take(devices.codes == codes[d])) for d in sorted(names)]
 
 
 @_file_errors
-def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
+def read_npu_module_mem(path: Path) -> list[tuple[str, str, Table]]:
     table = read_csv(path, load_schema("torch_npu.npu_module_mem"))
     frame = pd.DataFrame(
         {
@@ -401,7 +428,7 @@ def read_npu_module_mem(path: Path) -> list[tuple[str, str, pd.DataFrame]]:
 
 
 @_file_errors
-def read_kernel_steps(path: Path) -> pd.DataFrame:
+def read_kernel_steps(path: Path) -> Table:
     """Step time ranges from kernel start/duration grouped by ``Step Id`` (empty if no steps)."""
     table = read_csv(path, load_schema("torch_npu.kernel_details"))
     step_column = "Step Id" if table.has("Step Id") else None
@@ -412,17 +439,15 @@ def read_kernel_steps(path: Path) -> pd.DataFrame:
     frame = pd.DataFrame({"step": table.ints(step_column), "t_start": start, "t_end": end})
     frame = frame.dropna(subset=["step"])
     grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
-    return grouped.reset_index().astype("Int64")
+    return int_table(grouped.reset_index(), STEP_COLUMNS)
 
 
 @_file_errors
-def read_step_numbers(path: Path) -> pd.DataFrame:
+def read_step_numbers(path: Path) -> Table:
     """Step numbers without times (step_trace_time.csv holds durations only)."""
     table = read_csv(path, load_schema("torch_npu.step_trace_time"))
-    steps = table.ints("Step").dropna().drop_duplicates().sort_values()
-    frame = empty_steps().reindex(range(len(steps)))
-    frame["step"] = steps.to_numpy()
-    return frame.astype("Int64")
+    steps = table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64)
+    return Table({"step": Ints.of(steps), "t_start": Ints.absent(len(steps)), "t_end": Ints.absent(len(steps))})
 
 
 _INFO_NAME = re.compile(r"^profiler_info(?:_([0-9]+))?\.json$")

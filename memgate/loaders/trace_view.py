@@ -9,16 +9,18 @@ An event that repeats a key with another value is an InputError (iter_array).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import numpy as np
 
 from memgate.errors import InputError, show
 from memgate.model import empty_steps
 from memgate.readers.jsonstream import iter_array, top_level_kind
+from memgate.table import Ints, Table
 
 STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)\Z")
 I64_MAX = (1 << 63) - 1
@@ -55,9 +57,9 @@ def device_of_pid(pid: Any, sort_index: Any) -> int | None:
 
 @dataclass
 class TraceView:
-    steps: pd.DataFrame = field(default_factory=empty_steps)
-    # device id (None: the pid names none) -> counter name -> (t_ns, reserved)
-    counters: dict[int | None, dict[str, pd.DataFrame]] = field(default_factory=dict)
+    steps: Table = field(default_factory=empty_steps)  # step, t_start, t_end; by step
+    # device id (None: the pid names none) -> counter name -> table (t_ns, reserved) in time order
+    counters: dict[int | None, dict[str, Table]] = field(default_factory=dict)
 
 
 def us_to_ns(value: Any, path: Path, where: str) -> int:
@@ -122,14 +124,21 @@ def read_trace_view(path: Path) -> TraceView:
                 sort_index[event.get("pid")] = args.get("sort_index")
     result = TraceView()
     if steps:
-        frame = pd.DataFrame(steps, columns=["step", "t_start", "t_end"]).astype("Int64")
-        result.steps = frame.sort_values("step", kind="stable").reset_index(drop=True)
+        result.steps = _sorted_table(("step", "t_start", "t_end"), steps)
     for (pid, name), rows in samples.items():
         if mem_pids and pid not in mem_pids:
             continue  # a counter of the same name from another process is not device memory
-        frame = pd.DataFrame(rows, columns=["t_ns", "reserved"]).astype("Int64").sort_values("t_ns", kind="stable")
         # Keyed by device: counters of different devices are never merged into one series.
         counters = result.counters.setdefault(device_of_pid(pid, sort_index.get(pid)), {})
         previous = counters.get(name)
-        counters[name] = frame if previous is None else pd.concat([previous, frame]).sort_values("t_ns", kind="stable")
+        if previous is not None:  # the same counter of another pid naming the same device: one series
+            rows = list(zip(previous.ints("t_ns").values.tolist(), previous.ints("reserved").values.tolist())) + rows
+        counters[name] = _sorted_table(("t_ns", "reserved"), rows)
     return result
+
+
+def _sorted_table(names: tuple[str, ...], rows: Sequence[tuple[int, ...]]) -> Table:
+    """int64 columns ``names`` of ``rows``, sorted stably by the first column."""
+    data = np.array(rows, dtype=np.int64).reshape(len(rows), len(names))
+    data = data[np.argsort(data[:, 0], kind="stable")]
+    return Table({name: Ints.of(np.ascontiguousarray(data[:, k])) for k, name in enumerate(names)})

@@ -34,7 +34,9 @@ import pyarrow.csv as pacsv
 
 from memgate.errors import InputError
 from memgate.readers import convert
+from memgate.readers.limits import check_readable
 from memgate.readers.numtext import Parsed, prove
+from memgate.schemas import re2_pattern
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
 _ARROW_ROW = re.compile(r"Row #([0-9]+)")
@@ -194,17 +196,6 @@ def read_header(path: Path) -> list[str]:
     if fields and fields[-1] == "":
         fields = fields[:-1]  # MindSpore C++ writers end every line with a comma
     return fields
-
-
-def check_readable(path: Path) -> None:
-    if not path.exists():
-        raise InputError("no such file", file=path)
-    if not path.is_file():
-        raise InputError("not a regular file", file=path)
-    if not os.access(path, os.R_OK):
-        raise InputError("file is not readable (permission denied)", file=path)
-    if path.stat().st_size == 0:
-        raise InputError("empty file (0 bytes)", file=path)
 
 
 def match_header(path: Path, header: list[str], schema: dict[str, Any]) -> tuple[str, list[str]]:
@@ -684,16 +675,6 @@ def _encoding_error(path: Path) -> InputError:
                 return InputError(f"file is not UTF-8 text (byte {exc.start + 1} of the line)", file=path, line=number,
                                   expected="UTF-8 text", found=repr(raw[exc.start:exc.start + 4]))
     return InputError("file is not UTF-8 text", file=path, expected="UTF-8 text")
-
-
-def re2_pattern(pattern: str) -> str:
-    """Translate an anchored Python/ECMA pattern to RE2 with the same meaning.
-
-    Python's ``$`` also matches before one final newline; RE2's does not.
-    """
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        return pattern[:-1] + "\n?$"
-    return pattern
 
 
 def describe(prop: dict[str, Any]) -> str:

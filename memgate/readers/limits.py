@@ -34,12 +34,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from memgate.errors import ConfigError, InputError
-from memgate.readers.csvtable import Converter, CsvTable
-from memgate.readers.csvtable import read_csv as _read_csv
 from memgate.sizes import format_size, parse_size
+
+if TYPE_CHECKING:
+    from memgate.readers.csvtable import Converter, CsvTable
 
 FILE_BYTES_ENV = "MEMGATE_MAX_FILE_BYTES"
 ROWS_ENV = "MEMGATE_MAX_ROWS"
@@ -193,8 +194,22 @@ def check_rows(path: Path, rows: int, *, what: str = "rows", column: str | None 
         )
 
 
+def check_readable(path: Path) -> None:
+    """The file exists, is a regular file, can be read and is not empty; InputError otherwise."""
+    if not path.exists():
+        raise InputError("no such file", file=path)
+    if not path.is_file():
+        raise InputError("not a regular file", file=path)
+    if not os.access(path, os.R_OK):
+        raise InputError("file is not readable (permission denied)", file=path)
+    if path.stat().st_size == 0:
+        raise InputError("empty file (0 bytes)", file=path)
+
+
 def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None) -> CsvTable:
     """:func:`memgate.readers.csvtable.read_csv` between the size check and the row check."""
+    from memgate.readers.csvtable import read_csv as _read_csv  # pandas and Arrow's CSV reader: CSV loads only
+
     check_file_size(path)
     table = _read_csv(path, schema, columns)
     check_rows(path, table.num_rows)

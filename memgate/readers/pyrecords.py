@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError, show
-from memgate.readers.csvtable import re2_pattern
+from memgate.schemas import re2_pattern
 
 Where = Callable[[int], str]  # record index -> JSON path of the record, e.g. "device_traces[0][12]"
 
@@ -145,15 +144,13 @@ def _arrow_ok(arr: pa.Array, kinds: tuple[str, ...]) -> bool:
     return False
 
 
-def nullable_int64(values: np.ndarray, missing: np.ndarray | None = None) -> pd.arrays.IntegerArray:
-    """A pandas ``Int64`` array straight from int64 numpy values and a missing-mask (no per-value work)."""
-    data = np.asarray(values, dtype=np.int64)
-    mask = np.zeros(len(data), dtype=bool) if missing is None else np.asarray(missing, dtype=bool)
-    return pd.arrays.IntegerArray(data, mask)
-
-
-def missing_int64(n: int) -> pd.arrays.IntegerArray:
-    return pd.arrays.IntegerArray(np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+def _int64_array(values: Sequence[int]) -> pa.Array:
+    """Python ints as an Arrow int64 array: through numpy, ~2x faster than Arrow's own conversion;
+    Arrow's where one does not fit in int64 (its error or its uint64 column are judged as before)."""
+    try:
+        return pa.array(np.fromiter(values, dtype=np.int64, count=len(values)))
+    except OverflowError:
+        return pa.array(values, from_pandas=False)
 
 
 def _first_true(mask: np.ndarray) -> int | None:
@@ -215,9 +212,10 @@ def _check_column(
     if scalar:
         # pyarrow's type inference recurses into nested lists (a value nested a million deep kills the
         # process): a column holding any container is wrong already and goes to the Python scan.
-        holds_container = any(issubclass(t, (list, tuple, dict)) for t in set(map(type, values)))
+        types = set(map(type, values))
+        holds_container = any(issubclass(t, (list, tuple, dict)) for t in types)
         try:
-            arr = None if holds_container else pa.array(values, from_pandas=False)
+            arr = None if holds_container else _int64_array(values) if types == {int} else pa.array(values, from_pandas=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             arr = None
         if arr is None or not _arrow_ok(arr, kinds):
@@ -315,6 +313,15 @@ def _py_constraints(values: Sequence[Any], prop: Mapping[str, Any], problem: Cal
         return
 
 
+def gather(records: Sequence[dict[str, Any]], key: str) -> list[Any]:
+    """Each record's value of ``key``, None where a record has none: one C-level pass (itemgetter's,
+    ~1.5x faster than dict.get's, which takes over where a record lacks the key)."""
+    try:
+        return list(map(operator.itemgetter(key), records))
+    except KeyError:
+        return list(map(dict.get, records, repeat(key)))
+
+
 def check_records(
     records: Sequence[Any],
     schema: Mapping[str, Any],
@@ -389,7 +396,7 @@ def _check_records(
     for name, prop in properties.items():
         if name in later:
             continue
-        values = list(map(dict.get, records, repeat(name)))  # C-level gather, one pass per property
+        values = gather(records, name)  # C-level gather, one pass per property
         nulls = check(name, prop, values)
         if prove_absent and not problems:
             held += n - (nulls if nulls is not None else values.count(None))
@@ -404,7 +411,7 @@ def _check_records(
                 if objects is not None and not prefix and name in objects:
                     objects[name] = [None] * n
                 continue
-            check(name, prop, list(map(dict.get, records, repeat(name))))
+            check(name, prop, gather(records, name))
     # in the schema's order of properties (then their nested columns), as a single pass would give them
     for name in properties:
         for key in [k for k in read if k == prefix + name or k.startswith(f"{prefix}{name}.")]:
