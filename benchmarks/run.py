@@ -67,7 +67,7 @@ def _frames_bytes(profile: Any) -> int:
     for d in profile.devices:
         frames.append(d.blocks)
         frames += [s.frame for s in d.series.values()]
-    return int(sum(f.memory_usage(deep=True, index=True).sum() for f in frames))
+    return sum(f.nbytes for f in frames)
 
 
 def child(task: str, args: list[str]) -> dict[str, Any]:

@@ -1,3 +1,3 @@
-from memgate.cli import main
+from memgate.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -10,6 +10,7 @@ people (tests, notebooks): ``Int64`` and ``string`` columns.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -243,6 +244,17 @@ class Table:
         if rows.dtype == bool:
             rows = np.flatnonzero(rows)
         return Table({name: column.take(rows) for name, column in self._columns.items()})
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the columns hold: values, masks, codes and the text of each distinct name."""
+        total = 0
+        for column in self._columns.values():
+            if isinstance(column, Ints):
+                total += column.values.nbytes + (column.missing.nbytes if column.missing is not None else 0)
+            else:
+                total += column.codes.nbytes + column.names.nbytes + sum(map(sys.getsizeof, column.names.tolist()))
+        return total
 
     def select(self, names: Sequence[str]) -> Table:
         return Table({name: self._columns[name] for name in names})

@@ -327,6 +327,47 @@ def test_broken_pipe_is_not_an_error() -> None:
     assert (proc.returncode, err.decode()) == (141, "")
 
 
+_SMALL_SNAPSHOT = REPO / "tests" / "data" / "samples" / "torch" / "snapshot_modern_small_cs336.pickle"
+
+
+def test_the_command_leaves_a_snapshots_objects_to_its_exit_and_still_says_everything(tmp_path: Path) -> None:
+    """memgate.fastexit: the command ends without freeing the unpickled snapshot one object at a
+    time (os._exit), after flushing its output, with the exit code main() returned."""
+    env = {k: v for k, v in os.environ.items() if k != "MEMGATE_DEBUG"}
+    probe = ("import sys\nfrom memgate import cli, fastexit\n"
+             "real = fastexit.exit\n"
+             "def spy(code):\n    print('kept', len(fastexit._kept), file=sys.stderr)\n    real(code)\n"
+             "fastexit.exit = spy\nsys.argv = ['memgate', *sys.argv[1:]]\ncli.entry()\n")
+    done = subprocess.run([sys.executable, "-c", probe, "inspect", "--json", str(_SMALL_SNAPSHOT)],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (0, "kept 1\n")
+    assert json.loads(done.stdout)["profiles"][0]["format"] == "torch_snapshot"  # all of it, flushed
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "tiny"\npeak_allocated = "1KB"\n')
+    failed = subprocess.run([sys.executable, "-m", "memgate", "check", str(_SMALL_SNAPSHOT), "--budgets", str(budgets)],
+                            capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert failed.returncode == 1 and "tiny" in failed.stdout  # a failed gate's exit code, after its table
+
+
+def test_keeping_is_off_unless_the_command_turns_it_on_and_stays_within_its_budget() -> None:
+    code = ("import gc\nfrom memgate import fastexit\n"
+            "off = fastexit.keep([1], 1)\n"
+            "fastexit.keep_inputs(100)\n"
+            "print(off, fastexit.keep([2], 60), fastexit.keep([3], 60), fastexit.keep([4], 40), gc.get_freeze_count() > 0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["False", "True", "False", "True", "True"]
+
+
+def test_broken_pipe_after_a_kept_load_is_not_an_error() -> None:
+    read_end, write_end = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != "MEMGATE_DEBUG"}
+    proc = subprocess.Popen([sys.executable, "-m", "memgate", "inspect", str(_SMALL_SNAPSHOT), "--json"],
+                            stdout=write_end, stderr=subprocess.PIPE, env=env)
+    os.close(write_end)
+    os.close(read_end)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err.decode()) == (141, "")
+
+
 # ---- check: several profiles, every error, budgets for other devices ---------------------------
 
 

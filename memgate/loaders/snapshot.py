@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
+from memgate import discover, fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders.events import is_torch_file, pair_allocs
@@ -138,6 +138,7 @@ def _load_paused(path: Path, max_bytes: int) -> tuple[Profile, int]:
     profile = build_profile(path, data)
     traces = data.get("device_traces") if isinstance(data, dict) else None
     entries = sum(len(t) for t in traces if isinstance(t, (list, tuple))) if isinstance(traces, list) else 0
+    fastexit.keep(data, path.stat().st_size)  # the memgate command ends without freeing them one by one
     return profile, entries
 
 
