@@ -286,24 +286,26 @@ def pool_metrics(frame: Table) -> PoolMetrics | None:
     allocated_ints, reserved_ints = frame.ints("allocated"), frame.ints("reserved")
     if not allocated_ints.any_present() or not reserved_ints.any_present():
         return None
-    allocated, reserved = allocated_ints.floats(), reserved_ints.floats()
-    has_res = reserved_ints.present()
     peak_alloc = int(allocated_ints.known().max())
     res_values = reserved_ints.known()
     peak_res = int(res_values.max())
     # External: at each growth of reserved, the share of the grown pool that sat free just before.
-    # allocated "just before" = the latest known allocated at the row before the growth.
-    last_known = np.maximum.accumulate(np.where(allocated_ints.present(), np.arange(len(allocated)), -1))
-    filled = np.where(last_known >= 0, allocated[np.maximum(last_known, 0)], np.nan)
-    rows = np.flatnonzero(has_res)
-    r = reserved[rows]
-    grew = np.flatnonzero(r[1:] > r[:-1])  # growth between rows[k] and rows[k+1]
+    # allocated "just before" = the latest known allocated at the row before the growth. Computed at
+    # the growths only (a handful): float copies of a 10M-row series would cost ~0.5 GB.
+    grew = np.flatnonzero(res_values[1:] > res_values[:-1])  # growth between known rows k and k+1
     external = 0.0
     if len(grew):
-        before_alloc = filled[rows[grew]]
+        before_row = grew if reserved_ints.missing is None else np.flatnonzero(reserved_ints.present())[grew]
+        if allocated_ints.missing is None:
+            before_alloc = allocated_ints.values[before_row].astype(np.float64)
+        else:
+            known_rows = np.flatnonzero(allocated_ints.present())
+            at = np.searchsorted(known_rows, before_row, side="right") - 1
+            before_alloc = np.where(at >= 0, allocated_ints.values[known_rows[np.maximum(at, 0)]], np.nan)
         known = ~np.isnan(before_alloc)
-        free_before = np.clip(r[grew] - before_alloc, 0, None)
-        shares = free_before[known] / r[grew + 1][known]
+        grown_from = res_values[grew].astype(np.float64)
+        free_before = np.clip(grown_from - before_alloc, 0, None)
+        shares = free_before[known] / res_values[grew + 1][known]
         if len(shares):
             external = float(shares.max())
     return PoolMetrics(
@@ -464,9 +466,9 @@ def _leaked(
 ) -> tuple[tuple[int | None, int | None], str | None]:
     """(leaked, undetermined) bytes of blocks allocated in counted steps and live at the window's end."""
     blocks = device.blocks
-    if components is not None:
-        blocks = blocks.take(blocks.texts("component").isin(components))
-    if len(blocks) == 0:
+    # the component's blocks as a mask: a copy of every column of a 5M-block table costs ~300 MB
+    mine = blocks.texts("component").isin(components) if components is not None else None
+    if (len(blocks) == 0) if mine is None else not mine.any():
         return (None, None), "no per-block data (operator_memory / allocation events) to find unfreed blocks"
     horizon = options.leak_horizon_steps
     if len(counted) < horizon + 1:
@@ -475,6 +477,8 @@ def _leaked(
             f"{horizon} step(s) to be freed) after {options.warmup_steps} warmup step(s); the profile has "
             f"{_describe_steps(all_steps)}: " + _record_more(horizon + 1, options.warmup_steps, profile))
     is_open = blocks.ints("t_free").isna() & blocks.ints("t_alloc").present()
+    if mine is not None:
+        is_open &= mine
     t = blocks.ints("t_alloc").values[is_open]
     size = blocks.ints("size").values[is_open]
     starts = counted.ints("t_start").values

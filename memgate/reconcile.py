@@ -103,7 +103,9 @@ class DeviceFacts:
 
 
 class _BlockArrays(NamedTuple):
-    """The block columns reconciliation reads, as numpy (missing → 0, with a mask)."""
+    """The block columns reconciliation reads, as numpy (missing → 0, with a mask), and which
+    blocks are the component's (``member``; None: all). The columns are the whole table's, never
+    copied per component: a 5M-block file would hold each column twice."""
 
     size: np.ndarray
     t_alloc: np.ndarray
@@ -111,23 +113,17 @@ class _BlockArrays(NamedTuple):
     t_free: np.ndarray
     freed: np.ndarray
     alloc_total: np.ndarray  # -1 where missing
+    member: np.ndarray | None = None
 
     @classmethod
-    def of(cls, blocks: Table, rows: np.ndarray | None = None) -> _BlockArrays:
-        """The columns of ``blocks`` (only ``rows`` of them, when given), one column at a time."""
-
-        def pick(values: np.ndarray) -> np.ndarray:
-            return values if rows is None else values[rows]
-
+    def of(cls, blocks: Table) -> _BlockArrays:
         t_alloc, t_free = blocks.ints("t_alloc"), blocks.ints("t_free")
-        return cls(
-            size=pick(blocks.ints("size").values),
-            t_alloc=pick(t_alloc.values),
-            pre=pick(t_alloc.isna()),
-            t_free=pick(t_free.values),
-            freed=pick(t_free.present()),
-            alloc_total=pick(blocks.ints("alloc_total").filled(-1)),
-        )
+        return cls(size=blocks.ints("size").values, t_alloc=t_alloc.values, pre=t_alloc.isna(), t_free=t_free.values,
+                   freed=t_free.present(), alloc_total=blocks.ints("alloc_total").filled(-1))
+
+    def mine(self, mask: np.ndarray) -> np.ndarray:
+        """``mask`` over the component's blocks only."""
+        return mask if self.member is None else mask & self.member
 
 
 def reconcile(device: DeviceModel) -> DeviceFacts:
@@ -145,13 +141,13 @@ def reconcile(device: DeviceModel) -> DeviceFacts:
     groups = [(name, codes == names.index(name)) for name in sorted(component.used())]
     if (codes < 0).any():
         groups.append(("allocator", codes < 0))
+    columns = _BlockArrays.of(blocks)
     for name, member in groups:
-        rows = None if member.all() else np.flatnonzero(member)
-        arrays = [_BlockArrays.of(blocks, rows)]  # handed on below, so _reconcile_blocks holds the only reference
+        arrays = columns._replace(member=None if member.all() else member)
         series = device.series.get(name)
         if series is not None:
-            facts.consistency[name] = series_consistency(series, arrays[0], device.blocks_source)
-        component_facts, curve = _reconcile_blocks(name, arrays.pop())
+            facts.consistency[name] = series_consistency(series, arrays, device.blocks_source)
+        component_facts, curve = _reconcile_blocks(name, arrays)
         facts.components[name] = component_facts
         facts.curves[name] = curve
     return facts
@@ -166,8 +162,9 @@ def series_consistency(series: Series, blocks: _BlockArrays, blocks_source: str 
     if len(t) and not (t[1:] >= t[:-1]).all():
         order = np.argsort(t, kind="stable")
         t, values = t[order], values[order]
-    alloc_times = blocks.t_alloc[~blocks.pre]
-    free_times = blocks.t_free[blocks.freed]
+    allocated_here = blocks.mine(~blocks.pre)
+    alloc_times = blocks.t_alloc[allocated_here]
+    free_times = blocks.t_free[blocks.mine(blocks.freed)]
     overlap: float | None = None
     if (len(alloc_times) or len(free_times)) and len(t):
         lo = min(int(x.min()) for x in (alloc_times, free_times) if len(x))
@@ -177,9 +174,10 @@ def series_consistency(series: Series, blocks: _BlockArrays, blocks_source: str 
     del free_times
     # A block's recorded total against every sample of the series at its allocation time (the rows of
     # one instant are in an order the writer chose: any of them may be the one written with the block).
-    checkable = blocks.alloc_total[~blocks.pre] >= 0
-    at, total = alloc_times[checkable], blocks.alloc_total[~blocks.pre][checkable]
-    del alloc_times, checkable
+    recorded = blocks.alloc_total[allocated_here]
+    checkable = recorded >= 0
+    at, total = alloc_times[checkable], recorded[checkable]
+    del alloc_times, checkable, recorded, allocated_here
     if len(at) and not (at[1:] >= at[:-1]).all():  # sorted needles: searchsorted walks, never jumps
         order = np.argsort(at)
         at, total = at[order], total[order]
@@ -200,18 +198,17 @@ def series_consistency(series: Series, blocks: _BlockArrays, blocks_source: str 
 
 
 def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFacts, BlockCurve]:
-    size, t_alloc, pre, t_free, freed, alloc_total = blocks
-    del blocks  # the caller passes its only reference: columns are dropped below once used
-    start_live = int(size[pre].sum())
+    size, t_alloc, pre, t_free, freed, alloc_total, _ = blocks
+    pre_here, open_here = blocks.mine(pre), blocks.mine(~freed)
+    start_live = int(size[pre_here].sum())
 
     # Events [*frees, *allocs] in time order, frees first at the same ns, each kind in file order;
     # built in place where it can: a 5M-block file makes 10M events.
     index = np.int32 if 2 * len(size) < 2**31 else np.int64  # half the memory of the index arrays
-    alloc_idx = np.flatnonzero(~pre).astype(index)
-    free_idx = np.flatnonzero(freed).astype(index)
+    alloc_idx = np.flatnonzero(blocks.mine(~pre)).astype(index)
+    free_idx = np.flatnonzero(blocks.mine(freed)).astype(index)
     free_count = len(free_idx)
     times = np.concatenate([t_free[free_idx], t_alloc[alloc_idx]])
-    del t_alloc, t_free
     # A stable sort keeps frees (first in the array) before allocs at the same ns, and file order
     # within each kind: the same as lexsort((row, kind, time)) at a fraction of the memory.
     order = np.argsort(times, kind="stable").astype(index)
@@ -237,9 +234,9 @@ def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFa
             consistency = float(agreeing / checked)
     facts = ComponentFacts(
         component=component,
-        blocks=len(size),
-        pre_window_blocks=int(pre.sum()),
-        open_blocks=int((~freed).sum()),
+        blocks=len(size) if blocks.member is None else int(blocks.member.sum()),
+        pre_window_blocks=int(pre_here.sum()),
+        open_blocks=int(open_here.sum()),
         baseline_bytes=baseline,
         consistency=consistency,
         checked_blocks=checked,
@@ -251,9 +248,11 @@ def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFa
 
 def _mode(values: np.ndarray) -> tuple[int, int]:
     """(most common value, its count), the smallest such value on a tie, as np.unique would give.
+    May sort ``values`` in place (the caller's own array).
 
     Consistent blocks agree on one baseline, so the mode is usually a majority: found from a sample
-    and confirmed with one linear count instead of sorting millions of estimates.
+    and confirmed with one linear count instead of sorting millions of estimates. Otherwise the
+    values are sorted in place and counted run by run (np.unique would sort a copy).
     """
     sample = values[:: max(1, len(values) // 4096)]
     sample_values, sample_counts = np.unique(sample, return_counts=True)
@@ -261,8 +260,11 @@ def _mode(values: np.ndarray) -> tuple[int, int]:
     count = int(np.count_nonzero(values == candidate))
     if 2 * count > len(values):  # a majority is the only mode
         return int(candidate), count
-    all_values, counts = np.unique(values, return_counts=True)
-    return int(all_values[np.argmax(counts)]), int(counts.max())
+    values.sort()
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    counts = np.diff(np.r_[starts, len(values)])
+    best = int(np.argmax(counts))  # the first of the longest runs: the smallest value on a tie
+    return int(values[starts[best]]), int(counts[best])
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:

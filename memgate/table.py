@@ -337,14 +337,9 @@ def column_from_pandas(series: pd.Series) -> Column:
 
 
 def column_from_arrow(array: pa.Array) -> Column:
-    import pyarrow.compute as pc
-
     kind = array.type
-    if pa.types.is_dictionary(kind):
-        indices = array.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
-        return Texts.coded(indices, array.dictionary.to_pylist())
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return column_from_arrow(pc.dictionary_encode(array))
+    if pa.types.is_dictionary(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return texts_from_arrow(array)
     if pa.types.is_null(kind):
         return Ints.absent(len(array))
     if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
@@ -352,3 +347,18 @@ def column_from_arrow(array: pa.Array) -> Column:
         values = array.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
         return Ints.of(values, missing)
     raise TypeError(f"an Arrow column of type {kind} is neither whole numbers nor text")
+
+
+def texts_from_arrow(column: pa.Array | pa.ChunkedArray) -> Texts:
+    """A text or dictionary Arrow column (chunked or not) as :class:`Texts`, coded in C (no Python
+    str per cell, one per distinct value)."""
+    import pyarrow.compute as pc
+
+    chunked = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column], type=column.type)
+    encoded = chunked if pa.types.is_dictionary(chunked.type) else pc.dictionary_encode(chunked)
+    encoded = encoded.unify_dictionaries()
+    if encoded.num_chunks == 0:
+        return Texts.repeat(None, 0)
+    codes = np.concatenate([chunk.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+                            for chunk in encoded.chunks])
+    return Texts.coded(codes, [str(v) for v in encoded.chunk(0).dictionary.to_pylist()])

@@ -165,6 +165,25 @@ def test_event_order_is_time_then_frees_then_file_order(blocks: list[tuple]) -> 
     assert (curve.allocated - curve.start).tolist() == np.cumsum(deltas).tolist()
 
 
+@given(blocks=BLOCKS, picks=st.lists(st.booleans(), min_size=50, max_size=50))
+def test_a_components_blocks_reconcile_as_if_they_were_alone(blocks: list[tuple], picks: list[bool]) -> None:
+    """reconcile reads a component's blocks through a mask over the whole table's columns (no copy):
+    its facts and curve equal those of its blocks copied out."""
+    size = np.array([b[0] for b in blocks], dtype=np.int64)
+    pre = np.array([b[1] is None for b in blocks], dtype=bool)
+    t_alloc = np.array([b[1] or 0 for b in blocks], dtype=np.int64)
+    t_free = np.maximum(t_alloc, [b[2] for b in blocks]).astype(np.int64) if blocks else np.zeros(0, np.int64)
+    freed = np.array([b[3] or p for b, p in zip(blocks, pre)], dtype=bool)
+    total = np.array([-1 if b[4] is None else b[4] for b in blocks], dtype=np.int64)
+    member = np.array(picks[:len(blocks)], dtype=bool)
+    whole = _BlockArrays(size, t_alloc, pre, t_free, freed, total)
+    masked_facts, masked = _reconcile_blocks("PTA", whole._replace(member=member))
+    alone_facts, alone = _reconcile_blocks("PTA", _BlockArrays(*(column[member] for column in whole[:6])))
+    assert masked_facts == alone_facts
+    assert (masked.t_ns.tolist(), masked.allocated.tolist(), masked.start) == (
+        alone.t_ns.tolist(), alone.allocated.tolist(), alone.start)
+
+
 @given(bad_at=st.integers(0, 4999), bad=st.sampled_from([None, "NPU:x", "npu:1", ""]))
 def test_few_distinct_values_are_checked_like_every_cell(bad_at: int, bad: str | None) -> None:
     """A long column of few distinct values (checked on its distinct values) names the same first

@@ -36,12 +36,12 @@ from memgate.model import (
     split_series,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import Converter, CsvTable, keep_text
+from memgate.readers.csvtable import Converter, CsvTable
 from memgate.readers.jsonstream import loads_unique
 from memgate.readers.limits import check_file_size, check_readable, read_csv
 from memgate.readers.memory import release_free_memory
 from memgate.schemas import load_schema
-from memgate.table import Ints, Table, Texts
+from memgate.table import Ints, Table, Texts, texts_from_arrow
 
 FORMAT = "torch_npu"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
@@ -184,20 +184,9 @@ def _counter_series(counter: Table) -> Table:
                   "active": Ints.absent(n)})
 
 
-def _texts(col: pa.ChunkedArray) -> Texts:
-    """A text or dictionary column as :class:`Texts`, encoded in C (no Python str per cell)."""
-    encoded = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
-    encoded = encoded.unify_dictionaries()
-    if encoded.num_chunks == 0:
-        return Texts.repeat(None, 0)
-    codes = np.concatenate([chunk.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-                            for chunk in encoded.chunks])
-    return Texts.coded(codes, [str(v) for v in encoded.chunk(0).dictionary.to_pylist()])
-
-
 def _take_texts(table: CsvTable, name: str) -> Texts:
-    """:func:`_texts` of a column, releasing the Arrow column (as :meth:`CsvTable.take`)."""
-    texts = _texts(table.column(name))
+    """A text column as :class:`Texts`, releasing the Arrow column (as :meth:`CsvTable.take`)."""
+    texts = texts_from_arrow(table.column(name))
     del table.columns[name]
     return texts
 
@@ -288,8 +277,10 @@ MEMORY_RECORD_COLUMNS: dict[str, Converter] = {
 }
 OPERATOR_MEMORY_COLUMNS: dict[str, Converter] = {
     "Device Type": _LABELS,
-    "Name": keep_text,
-    "Stream Ptr": keep_text,
+    # dictionary-encoded while parsed, on the parse threads: a few hundred op names and streams over
+    # millions of rows (as text, the two columns were the largest part of the file's peak memory)
+    "Name": convert.ToCategories(),
+    "Stream Ptr": convert.ToCategories(),
     "Size(KB)": convert.ToBytes(KIB),
     "Allocation Time(us)": _US,
     "Release Time(us)": _US,
@@ -318,7 +309,7 @@ def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> 
                              expected="a size >= 0", found=repr(table.cell(row, columns[key])))
         return values, missing
 
-    series = split_columns(table.take("Device Type"), table.take("Component"), take)
+    series = split_columns(_take_texts(table, "Device Type"), _take_texts(table, "Component"), take)
     release_free_memory()  # the parse buffers, before the next file
     return series
 
@@ -355,6 +346,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
     released, no_released = table.take_ints("Release Time(us)")
     active_released, no_active_released = table.take_ints("Active Release Time(us)")
+    release_free_memory()  # the number columns' text and the parse buffers, before the checks and the blocks
     release = np.where(no_active_released, released, active_released)
     no_release = no_active_released & no_released
     release_only = size < 0  # a missing Size fails the schema: every row has one
@@ -384,7 +376,8 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
                              found=repr(table.cell(row, column)))
     del released, no_released, active_released, no_active_released
     name, stream = table.column("Name"), table.column("Stream Ptr")
-    is_ge = pc.or_(pc.fill_null(pc.starts_with(name, "cann::"), False), pc.and_(pc.is_null(name), pc.is_null(stream)))
+    is_ge = pc.or_(pc.fill_null(_rows_where(name, lambda c: pc.starts_with(c, "cann::")), False),
+                   pc.and_(pc.is_null(name), pc.is_null(stream)))
     component = Texts.coded(np.where(np.asarray(is_ge, dtype=bool), 0, 1), ("GE", "PTA"))
     del name, stream, is_ge
     np.abs(size, out=size)
