@@ -16,8 +16,6 @@ globals to the module itself, so later reads cost what a plain import's do.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
 import threading
 from collections.abc import Iterator
@@ -57,6 +55,8 @@ def arrow_without_pandas() -> Iterator[None]:
     of pandas afterwards, by memgate or by anyone else in the process, hands it to pyarrow again.
     A no-op once pandas is imported.
     """
+    import importlib.util  # here: pytest imports this module on every run
+
     if "pandas" in sys.modules or importlib.util.find_spec("pandas") is None:
         yield
         return
@@ -74,7 +74,7 @@ def arrow_without_pandas() -> Iterator[None]:
             del finder.refusing[me]
 
 
-class _PandasGate(importlib.abc.MetaPathFinder):
+class _PandasGate:  # a sys.meta_path finder
     """Refuses pandas to the threads inside :func:`arrow_without_pandas`; finds it as usual for the
     others, and once pandas has run, has pyarrow import it again (pyarrow only retries when asked
     for something pandas-specific)."""
@@ -87,6 +87,8 @@ class _PandasGate(importlib.abc.MetaPathFinder):
             return None
         if threading.get_ident() in self.refusing:
             raise ModuleNotFoundError("pandas is not imported here (memgate.lazy.arrow_without_pandas)", name=name)
+        import importlib.util
+
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec("pandas")
         if spec is None or spec.loader is None:
