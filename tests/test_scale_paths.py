@@ -145,16 +145,22 @@ BLOCKS = st.lists(st.tuples(st.integers(1, 50), st.one_of(st.none(), st.integers
                             st.booleans(), st.one_of(st.none(), st.integers(0, 200))), max_size=50)
 
 
-@given(blocks=BLOCKS)
-def test_event_order_is_time_then_frees_then_file_order(blocks: list[tuple]) -> None:
-    """The curve equals the one built with an explicit lexsort over (time, kind, row)."""
+def block_arrays(blocks: list[tuple]) -> _BlockArrays:
+    """BLOCKS as reconcile's columns: (size, t_alloc or None, t_free, freed, recorded total or None)."""
     size = np.array([b[0] for b in blocks], dtype=np.int64)
     pre = np.array([b[1] is None for b in blocks], dtype=bool)
     t_alloc = np.array([b[1] or 0 for b in blocks], dtype=np.int64)
     t_free = np.maximum(t_alloc, [b[2] for b in blocks]).astype(np.int64) if blocks else np.zeros(0, np.int64)
     freed = np.array([b[3] or p for b, p in zip(blocks, pre)], dtype=bool)
     total = np.array([-1 if b[4] is None else b[4] for b in blocks], dtype=np.int64)
-    _, curve = _reconcile_blocks("PTA", _BlockArrays(size, t_alloc, pre, t_free, freed, total))
+    return _BlockArrays(size, t_alloc, pre, t_free, freed, total)
+
+
+@given(blocks=BLOCKS)
+def test_event_order_is_time_then_frees_then_file_order(blocks: list[tuple]) -> None:
+    """The curve equals the one built with an explicit lexsort over (time, kind, row)."""
+    size, t_alloc, pre, t_free, freed, _, _ = arrays = block_arrays(blocks)
+    _, curve = _reconcile_blocks("PTA", arrays)
     free_idx, alloc_idx = np.flatnonzero(freed), np.flatnonzero(~pre)
     times = np.concatenate([t_free[free_idx], t_alloc[alloc_idx]])
     kinds = np.concatenate([np.zeros(len(free_idx)), np.ones(len(alloc_idx))])
@@ -169,14 +175,8 @@ def test_event_order_is_time_then_frees_then_file_order(blocks: list[tuple]) -> 
 def test_a_components_blocks_reconcile_as_if_they_were_alone(blocks: list[tuple], picks: list[bool]) -> None:
     """reconcile reads a component's blocks through a mask over the whole table's columns (no copy):
     its facts and curve equal those of its blocks copied out."""
-    size = np.array([b[0] for b in blocks], dtype=np.int64)
-    pre = np.array([b[1] is None for b in blocks], dtype=bool)
-    t_alloc = np.array([b[1] or 0 for b in blocks], dtype=np.int64)
-    t_free = np.maximum(t_alloc, [b[2] for b in blocks]).astype(np.int64) if blocks else np.zeros(0, np.int64)
-    freed = np.array([b[3] or p for b, p in zip(blocks, pre)], dtype=bool)
-    total = np.array([-1 if b[4] is None else b[4] for b in blocks], dtype=np.int64)
+    whole = block_arrays(blocks)
     member = np.array(picks[:len(blocks)], dtype=bool)
-    whole = _BlockArrays(size, t_alloc, pre, t_free, freed, total)
     masked_facts, masked = _reconcile_blocks("PTA", whole._replace(member=member))
     alone_facts, alone = _reconcile_blocks("PTA", _BlockArrays(*(column[member] for column in whole[:6])))
     assert masked_facts == alone_facts
