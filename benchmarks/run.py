@@ -264,8 +264,10 @@ from memgate import discover
 from memgate.loaders import snapshot
 from memgate.metrics import profile_metrics
 from memgate.readers import limits, safepickle
+from memgate.cli import as_command
 from memgate.lazy import arrow_without_pandas
 from memgate.readers.memory import collector_paused
+as_command()  # what the memgate command's process does
 cpu = {"imports": time.process_time()}
 last, started = time.process_time(), time.perf_counter()
 def phase(name):

@@ -396,12 +396,20 @@ def _write_images(target: Path, profiles: list[Any], entries: list[dict[str, Any
 
 
 def entry() -> None:
-    """The ``memgate`` command: :func:`main`, leaving the loads' Python objects to the process exit
-    (memgate.fastexit) instead of freeing them one by one just before it."""
+    """The ``memgate`` command: :func:`main` in a process of its own (:func:`as_command`)."""
     from memgate import fastexit
 
-    fastexit.keep_inputs(_physical_memory() // 32)
+    as_command()
     fastexit.exit(main())
+
+
+def as_command() -> None:
+    """What only the command's own process may do: leave the loads' Python objects to the process
+    exit (memgate.fastexit) instead of freeing them one by one just before it, and let Arrow read
+    a snapshot without importing pandas (memgate.lazy.arrow_without_pandas)."""
+    from memgate import fastexit
+
+    fastexit.as_command(_physical_memory() // 32)
 
 
 def _physical_memory() -> int:

@@ -2,7 +2,7 @@
 
 An unpickled snapshot is millions of small Python objects; freeing them takes ~0.2 s per 1M trace
 entries, time the ``memgate`` command would spend just before its process ends and the OS takes
-the memory back at once. The command's entry point (:func:`memgate.cli.entry`) turns keeping on;
+the memory back at once. The command's entry point (:func:`memgate.cli.as_command`) turns keeping on;
 a loader offers what it is done with (:func:`keep`), and the command ends with :func:`exit`, which
 flushes the output and ends the process without the interpreter's teardown (as mypy does). Within
 a process that goes on (pytest, a library user) nothing is kept: keeping is off unless turned on.
@@ -18,12 +18,20 @@ from typing import NoReturn
 
 _budget = 0  # input bytes still allowed to be kept (0: keeping is off)
 _kept: list[object] = []
+_command = False
 
 
-def keep_inputs(budget_bytes: int) -> None:
-    """Turn keeping on for this process: up to ``budget_bytes`` of input files' worth of objects."""
-    global _budget
-    _budget = max(0, budget_bytes)
+def as_command(keep_bytes: int) -> None:
+    """This process is the memgate command's own (never a pytest run's or a library user's): keep
+    up to ``keep_bytes`` of input files' worth of objects, and let other modules do what only such
+    a process may (:func:`is_command`; memgate.lazy.arrow_without_pandas)."""
+    global _budget, _command
+    _budget = max(0, keep_bytes)
+    _command = True
+
+
+def is_command() -> bool:
+    return _command
 
 
 def keep(objects: object, input_bytes: int) -> bool:

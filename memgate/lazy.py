@@ -45,19 +45,25 @@ def lazy_module(name: str, namespace: dict[str, Any], alias: str) -> Any:
 
 @contextmanager
 def arrow_without_pandas() -> Iterator[None]:
-    """Inside: pyarrow builds arrays on this thread without importing pandas (~0.4 s).
+    """Inside: pyarrow builds arrays on this thread without importing pandas (~0.4 s), in the
+    memgate command's own process (memgate.fastexit.is_command); elsewhere nothing changes.
 
     pyarrow imports pandas, where installed, on ``pa.array()`` calls, only to ask whether the input
     is a pandas object or holds pandas' missing values. A path whose inputs hold no pandas object
     (an unpickled snapshot) would pay for pandas before its first byte. Inside the block, an import
     of pandas on this thread fails as if pandas were not installed (other threads are not touched),
     so pyarrow reads the input as plain Python. pyarrow remembers "no pandas"; the first real import
-    of pandas afterwards, by memgate or by anyone else in the process, hands it to pyarrow again.
+    of pandas afterwards, by memgate or by anyone else in the process, hands it back to pyarrow's
+    Python side (pandas objects convert as usual). The limit, and why only the memgate command
+    allows it: pyarrow's C++ conversion of Python lists then never learns pandas' scalars for the
+    rest of the process (``pa.array([1, pd.NA], from_pandas=True)`` fails); memgate converts no such list.
     A no-op once pandas is imported.
     """
     import importlib.util  # here: pytest imports this module on every run
 
-    if "pandas" in sys.modules or importlib.util.find_spec("pandas") is None:
+    from memgate import fastexit
+
+    if not fastexit.is_command() or "pandas" in sys.modules or importlib.util.find_spec("pandas") is None:
         yield
         return
     finder = next((f for f in sys.meta_path if isinstance(f, _PandasGate)), None)

@@ -389,8 +389,8 @@ def test_an_entry_of_the_previous_layout_is_a_miss_and_removed(tmp_path: Path) -
 
 
 def test_a_cache_hit_imports_no_pandas(tmp_path: Path) -> None:
-    """Reading an entry back builds the tables from Arrow and numpy, and storing one writes them from
-    numpy: pandas (~0.4 s to import) stays out.
+    """In the memgate command, reading an entry back builds the tables from Arrow and numpy, and
+    storing one writes them from numpy: pandas (~0.4 s to import) stays out.
 
     The probe names the format without importing its loader (whose own imports are not the cache's).
     """
@@ -401,6 +401,8 @@ def test_a_cache_hit_imports_no_pandas(tmp_path: Path) -> None:
              "from pathlib import Path\n"
              "from memgate import cache\n"
              "from memgate.cache import ProfileCache\n"
+             "from memgate.cli import as_command\n"
+             "as_command()\n"
              "from memgate.discover import Format, Found\n"
              "cache.code_fingerprint = lambda: sys.argv[3]  # the parent's: memgate's source may change meanwhile\n"
              "found = Found(Path(sys.argv[2]), Format(sys.argv[4], lambda p: True, lambda p: None))\n"

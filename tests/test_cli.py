@@ -339,7 +339,7 @@ def test_the_command_leaves_a_snapshots_objects_to_its_exit_and_still_says_every
 def test_keeping_is_off_unless_the_command_turns_it_on_and_stays_within_its_budget() -> None:
     code = ("import gc\nfrom memgate import fastexit\n"
             "off = fastexit.keep([1], 1)\n"
-            "fastexit.keep_inputs(100)\n"
+            "fastexit.as_command(100)\n"
             "print(off, fastexit.keep([2], 60), fastexit.keep([3], 60), fastexit.keep([4], 40), gc.get_freeze_count() > 0)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["False", "True", "False", "True", "True"]

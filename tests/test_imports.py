@@ -30,7 +30,8 @@ LOADERS = tuple(f"memgate.loaders.{entry[0]}" for entry in discover.LOADERS)
 
 _PROBE = """
 import json, sys
-from memgate.cli import main
+from memgate.cli import as_command, main
+as_command()  # what the memgate command's entry point sets up, without its os._exit
 try:
     rc = main(sys.argv[1:])
 except SystemExit as exc:
@@ -56,7 +57,7 @@ def top_level(modules: set[str]) -> set[str]:
 def test_help_imports_no_core_library() -> None:
     modules = imported_by("--help")
     assert not top_level(modules) & set(HEAVY)
-    assert not {m for m in modules if m.startswith("memgate.")} - {"memgate.cli", "memgate.errors"}
+    assert not {m for m in modules if m.startswith("memgate.")} - {"memgate.cli", "memgate.errors", "memgate.fastexit"}
 
 
 @pytest.mark.parametrize(("sample", "loader", "also_not"), [
@@ -77,9 +78,11 @@ def test_inspect_imports_its_loader_only(sample: Path, loader: str, also_not: tu
 _ARROW_THEN_PANDAS = """
 import json, sys, threading
 import pyarrow as pa
+from memgate.cli import as_command
 from memgate.lazy import arrow_without_pandas
 
 seen = {}
+as_command()  # the memgate command's own process
 with arrow_without_pandas():
     seen["types"] = [str(pa.array([1, None]).type), str(pa.array(["a", None]).type)]
     seen["inside"] = "pandas" in sys.modules
@@ -92,6 +95,16 @@ seen["categorical"] = str(pa.array(pd.Categorical(["a", "b"])).type)
 seen["back"] = pa.table({"a": [1, 2]}).to_pandas()["a"].tolist()
 print(json.dumps(seen))
 """
+
+
+def test_outside_the_command_arrow_without_pandas_changes_nothing() -> None:
+    """A pytest run or a library user never asked: pyarrow imports pandas as usual, and pandas'
+    scalars in Python lists stay understood."""
+    probe = ("import sys, pyarrow as pa\nfrom memgate.lazy import arrow_without_pandas\n"
+             "with arrow_without_pandas():\n    pa.array([1])\n    inside = 'pandas' in sys.modules\n"
+             "import pandas as pd\nprint(inside, pa.array([1, pd.NA], from_pandas=True).to_pylist())\n")
+    done = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "[1,", "None]"]
 
 
 def test_arrow_builds_arrays_without_pandas_and_gets_it_back_once_imported() -> None:
