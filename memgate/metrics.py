@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from memgate import hints
 from memgate.lazy import lazy_module
-from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile
+from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile, steps_in_order
 from memgate.reconcile import DeviceFacts, reconcile
 from memgate.sizes import format_size
 from memgate.table import Table
@@ -383,10 +383,8 @@ def _timed_steps(steps: Table) -> Table:
 
 def _counted_steps(steps: Table, warmup_steps: int) -> Table:
     """The timed steps in step order (missing numbers last), minus the first ``warmup_steps``."""
-    timed = _timed_steps(steps)
-    number = timed.ints("step")
-    order = np.lexsort((number.values, number.isna()))
-    return timed.take(order[warmup_steps:] if warmup_steps > 0 else order)
+    ordered = steps_in_order(_timed_steps(steps))
+    return ordered.take(np.arange(warmup_steps, len(ordered))) if warmup_steps > 0 else ordered
 
 
 def _describe_steps(all_steps: Table) -> str:

@@ -69,7 +69,7 @@ def split_series(frame: pd.DataFrame) -> list[tuple[str, str, Table]]:
     stably by time. The long frame's columns are dropped from it as they are split, so a 10M-row
     file is not held twice.
     """
-    return split_columns(_key_texts(frame["device"]), _key_texts(frame["component"]),
+    return split_columns(key_texts(frame["device"]), key_texts(frame["component"]),
                          lambda name: _data_and_mask(frame.pop(name)))
 
 
@@ -107,7 +107,7 @@ def split_columns(device: Texts, component: Texts,
             for code, _ in groups]
 
 
-def _key_texts(keys: pd.Series) -> Texts:
+def key_texts(keys: pd.Series) -> Texts:
     """A key column (device, component) as codes into the text of its distinct values."""
     if isinstance(keys.dtype, pd.CategoricalDtype):
         return Texts.coded(keys.cat.codes.to_numpy(), [str(c) for c in keys.cat.categories])
@@ -122,6 +122,28 @@ def _data_and_mask(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 def empty_steps() -> Table:
     return Table.empty(STEP_COLUMNS)
+
+
+def untimed_steps(numbers: np.ndarray) -> Table:
+    """Steps known by number only (a file of step durations): no start or end time."""
+    n = len(numbers)
+    return Table({"step": Ints.of(numbers), "t_start": Ints.absent(n), "t_end": Ints.absent(n)})
+
+
+def steps_in_order(steps: Table) -> Table:
+    """``steps`` by step number, stably, steps without a number last."""
+    number = steps.ints("step")
+    return steps.take(np.lexsort((number.values, number.isna())))
+
+
+def by_device(blocks: Table, devices: Texts) -> list[tuple[str, Table]]:
+    """The rows of ``blocks`` of each device (``devices``: one label per row; a row without one is
+    dropped), in order of device name. One device, as most files hold: the table itself, no copy."""
+    names = devices.names.tolist()
+    used = sorted(devices.used())
+    if len(used) == 1 and not devices.isna().any():
+        return [(used[0], blocks)]
+    return [(name, blocks.take(devices.codes == names.index(name))) for name in used]
 
 
 def check_steps(steps: Table, file: str | Path, *, column: str | None = None,

@@ -16,7 +16,7 @@ from typing import Any
 from memgate.errors import ConfigError
 from memgate.html_report import CURVE_KINDS, GREY, OFF_SCALE, RED, budget_lines, device_curves, step_spans
 from memgate.lttb import downsample_steps
-from memgate.model import Profile
+from memgate.model import STEP_COLUMNS, Profile
 from memgate.sizes import format_size
 
 FORMATS = {".png": "png", ".svg": "svg"}
@@ -31,8 +31,7 @@ def _device_entries(profile: Profile, metrics_entry: Any) -> tuple[dict[str, Any
         raise TypeError(f"metrics_entry must be a report entry dict, got {type(metrics_entry).__name__}")
     if "devices" in metrics_entry:
         return metrics_entry, list(metrics_entry["devices"])
-    steps = [{"step": r["step"], "t_start": r["t_start"], "t_end": r["t_end"]}
-             for r in profile.steps.select(("step", "t_start", "t_end")).records() if None not in r.values()]
+    steps = [r for r in profile.steps.select(STEP_COLUMNS).records() if None not in r.values()]
     return {"path": profile.path, "rank": profile.rank, "steps": steps}, [metrics_entry]
 
 

@@ -24,7 +24,6 @@ import json
 import pickle
 import random
 import shutil
-import sqlite3
 import stat
 import struct
 from collections.abc import Callable, Sequence
@@ -32,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from groundtruth import Block, Trace
-from helpers import PTA21_L0, PTA21_L1, PTA271, SAMPLES, copy_sample
+from helpers import PTA21_L0, PTA21_L1, PTA271, SAMPLES, copy_sample, db_exec
 from writers.ascend_db import write_msprof_db, write_torch_db
 from writers.cann import CannOptions, write_prof
 from writers.kineto import KinetoOptions, write_trace
@@ -232,18 +231,6 @@ def set_header(path: Path, header: list[str]) -> None:
 
 def garbage(n: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(n)
-
-
-def db_exec(path: Path, *sql: str) -> None:
-    conn = sqlite3.connect(path)
-    try:
-        for statement in sql:
-            conn.execute(statement)
-        conn.commit()
-    finally:
-        conn.close()
-    for extra in ("-journal", "-wal", "-shm"):
-        Path(str(path) + extra).unlink(missing_ok=True)
 
 
 def loop(path: Path) -> None:

@@ -21,7 +21,6 @@ from corpus import (
     Expect,
     cann_file,
     cann_prof,
-    db_exec,
     edit_rows,
     mm_db,
     read_rows,
@@ -29,6 +28,7 @@ from corpus import (
     sample_file,
     small_trace,
 )
+from helpers import db_exec
 from writers.mindspore import MsOptions
 from writers.mindspore import write_profile as write_ms_profile
 

@@ -144,16 +144,23 @@ def in_process(args: Sequence[str | os.PathLike[str]], capsys: Any) -> CliResult
     return CliResult(rc, captured.out, captured.err)
 
 
-def edited_db(source: Path, target: Path, *statements: str) -> Path:
-    """``source`` copied to ``target`` with the SQL ``statements`` run on the copy."""
-    shutil.copyfile(source, target)
-    conn = sqlite3.connect(target)
+def db_exec(path: Path, *sql: str) -> None:
+    """Run the SQL statements on the sqlite file at ``path``; no journal file is left beside it."""
+    conn = sqlite3.connect(path)
     try:
-        for sql in statements:
-            conn.execute(sql)
+        for statement in sql:
+            conn.execute(statement)
         conn.commit()
     finally:
         conn.close()
+    for extra in ("-journal", "-wal", "-shm"):
+        Path(str(path) + extra).unlink(missing_ok=True)
+
+
+def edited_db(source: Path, target: Path, *statements: str) -> Path:
+    """``source`` copied to ``target`` with the SQL ``statements`` run on the copy."""
+    shutil.copyfile(source, target)
+    db_exec(target, *statements)
     return target
 
 

@@ -43,11 +43,14 @@ from memgate.model import (
     DeviceModel,
     Profile,
     Series,
+    by_device,
     check_steps,
     empty_blocks,
     empty_steps,
     int_table,
+    key_texts,
     split_series,
+    steps_in_order,
     typed_blocks,
 )
 from memgate.readers.sqlitetable import (
@@ -282,13 +285,7 @@ def read_op_memory(db: Database) -> list[tuple[str, Table]]:
         "component": pd.Series(np.where(is_ge.to_numpy(), "GE", "PTA"), dtype="string"),
         "alloc_total": frame["alloc_total"],
     })
-    return _by_device(typed_blocks(blocks), _device_labels(frame["device_id"]))
-
-
-def _by_device(blocks: Table, devices: pd.Series) -> list[tuple[str, Table]]:
-    """The rows of ``blocks`` of each device (``devices``: one label per row), devices in sorted order."""
-    codes, labels = pd.factorize(devices, sort=True)
-    return [(str(label), blocks.take(codes == k)) for k, label in enumerate(labels)]
+    return by_device(typed_blocks(blocks), key_texts(_device_labels(frame["device_id"])))
 
 
 def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[str, str, Table]]]:
@@ -332,13 +329,13 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[s
     devices = take(frame["device"], first)
     start = blocks["t_alloc"].fillna(blocks["t_free"]).to_numpy(dtype=np.int64, na_value=0)
     order = np.lexsort((first, start))
-    by_device = _by_device(typed_blocks(blocks.iloc[order]), devices.iloc[order])
+    blocks_of = by_device(typed_blocks(blocks.iloc[order]), key_texts(devices.iloc[order]))
     series_frame = pd.DataFrame({
         "device": frame["device"], "component": frame["component"], "t_ns": frame["t_ns"],
         "allocated": frame["allocated"], "reserved": frame["reserved"],
         "active": pd.Series(pd.NA, index=frame.index, dtype="Int64"),
     })
-    return by_device, split_series(series_frame)
+    return blocks_of, split_series(series_frame)
 
 
 def read_npu_mem(db: Database) -> list[tuple[str, str, Table]]:
@@ -397,8 +394,7 @@ def read_step_time(db: Database) -> Table:
                          column="STEP_TIME.endNs", expected=f">= startNs {row['t_start']}", found=str(row["t_end"]))
     steps = int_table(frame, STEP_COLUMNS)
     check_steps(steps, db.path, column="STEP_TIME", where=[f"rowid {int(r)}" for r in frame["rowid"]])
-    number = steps.ints("step")
-    return steps.take(np.lexsort((number.values, number.isna())))  # by step, stable, missing last
+    return steps_in_order(steps)
 
 
 def read_meta_data(db: Database) -> dict[str, str]:

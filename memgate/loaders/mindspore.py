@@ -57,12 +57,13 @@ from memgate.model import (
     empty_steps,
     int_table,
     typed_blocks,
+    untimed_steps,
 )
 from memgate.readers import convert
 from memgate.readers.csvtable import CsvTable, read_header
 from memgate.readers.limits import read_csv
 from memgate.schemas import load_schema
-from memgate.table import Ints, Table
+from memgate.table import Table
 
 FORMAT = "mindspore"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
@@ -374,8 +375,7 @@ def read_kernel_steps(path: Path) -> Table:
 
 def read_step_numbers(path: Path) -> Table:
     table = read_csv(path, load_schema("mindspore.step_trace_time"))
-    steps = table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64)
-    return Table({"step": Ints.of(steps), "t_start": Ints.absent(len(steps)), "t_end": Ints.absent(len(steps))})
+    return untimed_steps(table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
 
 
 def read_cpu_memory_record(path: Path) -> Table:

@@ -28,12 +28,14 @@ from memgate.model import (
     DeviceModel,
     Profile,
     Series,
+    by_device,
     check_steps,
     empty_blocks,
     empty_steps,
     int_table,
     split_columns,
     split_series,
+    untimed_steps,
 )
 from memgate.readers import convert
 from memgate.readers.csvtable import Converter, CsvTable
@@ -397,11 +399,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     del size, no_size, alloc, no_alloc, release, no_release, total, no_total
     devices = _take_texts(table, "Device Type")
     release_free_memory()  # the parse buffers, before the next file
-    names = devices.used()
-    if len(names) == 1:  # one device per file, as torch_npu writes it: no split needed
-        return [(names[0], blocks)]
-    codes = {name: code for code, name in enumerate(devices.names.tolist())}
-    return [(d, blocks.take(devices.codes == codes[d])) for d in sorted(names)]
+    return by_device(blocks, devices)
 
 
 @_file_errors
@@ -439,8 +437,7 @@ def read_kernel_steps(path: Path) -> Table:
 def read_step_numbers(path: Path) -> Table:
     """Step numbers without times (step_trace_time.csv holds durations only)."""
     table = read_csv(path, load_schema("torch_npu.step_trace_time"))
-    steps = table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64)
-    return Table({"step": Ints.of(steps), "t_start": Ints.absent(len(steps)), "t_end": Ints.absent(len(steps))})
+    return untimed_steps(table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
 
 
 _INFO_NAME = re.compile(r"^profiler_info(?:_([0-9]+))?\.json$")
