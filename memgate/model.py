@@ -76,35 +76,74 @@ def split_series(frame: pd.DataFrame) -> list[tuple[str, str, Table]]:
 def split_columns(device: Texts, component: Texts,
                   take: Callable[[str], tuple[np.ndarray, np.ndarray]]) -> list[tuple[str, str, Table]]:
     """:func:`split_series` of columns given one at a time: ``take(name)`` returns a SERIES_COLUMNS
-    column as numpy (values, missing) and lets go of it. Vectorized: a pass per (device, component)
-    pair over int32 codes, not a pandas groupby nor a sort of every row.
-    """
+    column as numpy (values, missing) and lets go of it (:func:`split_chunks` of one chunk)."""
     width = max(len(component.names), 1)
     pair = device.codes.astype(np.int32) * np.int32(width) + component.codes  # int32: 40 MB per 10M rows
     pair[(device.codes < 0) | (component.codes < 0)] = -1  # a missing key: no series (as groupby drops it)
     devices, components = device.names.tolist(), component.names.tolist()
-    present = sorted(np.flatnonzero(np.bincount(pair[pair >= 0], minlength=1)).tolist(),
-                     key=lambda code: (str(devices[code // width]), str(components[code % width])))
-    t_ns, t_missing = take("t_ns")
-    groups: list[tuple[int, np.ndarray]] = []  # (pair code, its rows in series order)
-    index = np.int32 if len(pair) < 2**31 else np.int64  # row numbers: half the memory of int64
-    for pair_code in present:
-        rows = np.flatnonzero(pair == pair_code).astype(index, copy=False)
-        times = np.where(t_missing[rows], np.iinfo(np.int64).max, t_ns[rows])  # missing times last
-        if (np.diff(times) < 0).any():
-            rows = rows[np.argsort(times, kind="stable")]
-        groups.append((pair_code, rows))
-    del pair
-    taken = {"t_ns": (t_ns, t_missing)}
-    del t_ns, t_missing
-    parts: dict[int, dict[str, Ints | Texts]] = {code: {} for code, _ in groups}
+    names = [(str(devices[code // width]), str(components[code % width])) for code in range(len(devices) * width)]
+    return split_chunks([pair], names, lambda name: [take(name)])
+
+
+# A column of one chunk: int64 values (any value where missing) and the missing mask (None: none is).
+ChunkColumn = tuple["np.ndarray", "np.ndarray | None"]
+_FEW_PAIRS = 16  # up to this many series in a chunk, each one's rows are found by a comparison pass
+
+
+def split_chunks(pairs: Sequence[np.ndarray], names: Sequence[tuple[str, str]],
+                 take: Callable[[str], Sequence[ChunkColumn]]) -> list[tuple[str, str, Table]]:
+    """(device, component, SERIES_COLUMNS table in time order) for each (device, component) pair of
+    a file read in chunks, in order of device then component name.
+
+    ``pairs[k]``: the pair code (an index into ``names``) of each row of chunk k, -1 for a row of no
+    series (a key is missing). ``take(name)`` returns a column's chunks and lets go of them. Each
+    column is copied once, chunk by chunk, straight into its series: the file's column is never
+    joined into one array first. Rows keep their file order within a pair unless its times go
+    backwards; then they are sorted stably by time (missing times last).
+    """
+    index = np.int32 if sum(len(codes) for codes in pairs) < 2**31 else np.int64
+    chunk_rows: list[list[tuple[int, np.ndarray]]] = []  # per chunk: (pair, its rows there)
+    sizes = np.zeros(len(names), dtype=np.int64)
+    for codes in pairs:
+        counts = np.bincount(codes[codes >= 0] if (codes < 0).any() else codes, minlength=len(names))
+        sizes += counts
+        present = np.flatnonzero(counts).tolist()
+        if len(present) == 1 and counts[present[0]] == len(codes):
+            chunk_rows.append([(present[0], np.arange(len(codes), dtype=index))])
+        elif len(present) <= _FEW_PAIRS:
+            chunk_rows.append([(p, np.flatnonzero(codes == p).astype(index, copy=False)) for p in present])
+        else:  # many series: one stable sort of the chunk's codes, cut where the code changes
+            order = np.argsort(codes, kind="stable").astype(index, copy=False)
+            bounds = np.cumsum(np.bincount(codes + 1, minlength=len(names) + 1))  # code -1 first
+            chunk_rows.append([(p, order[bounds[p]:bounds[p + 1]]) for p in present])
+    kept = sorted(np.flatnonzero(sizes).tolist(), key=lambda p: names[p])
+    orders: dict[int, np.ndarray] = {}  # a pair whose times go backwards: its stable time order
+    parts: dict[int, dict[str, Ints | Texts]] = {p: {} for p in kept}
     for column in SERIES_COLUMNS:
-        data, mask = taken.pop(column) if column in taken else take(column)
-        for code, rows in groups:
-            parts[code][column] = Ints.of(data[rows], mask[rows])
-        del data, mask
-    return [(str(devices[code // width]), str(components[code % width]), Table(parts[code]))
-            for code, _ in groups]
+        chunks = take(column)
+        values = {p: np.empty(int(sizes[p]), dtype=np.int64) for p in kept}
+        some_missing = any(absent is not None for _, absent in chunks)
+        missing = {p: np.zeros(int(sizes[p]) if some_missing else 0, dtype=bool) for p in kept}
+        filled = dict.fromkeys(kept, 0)
+        for (data, absent), rows_of in zip(chunks, chunk_rows, strict=True):
+            for p, rows in rows_of:
+                at, n = filled[p], len(rows)
+                # mode="clip": the rows are in range, and the default ("raise") would copy via a buffer
+                np.take(data, rows, out=values[p][at:at + n], mode="clip")
+                if absent is not None:
+                    np.take(absent, rows, out=missing[p][at:at + n], mode="clip")
+                filled[p] = at + n
+        del chunks
+        for p in kept:
+            data, absent = values.pop(p), (missing.pop(p) if some_missing else None)
+            if column == "t_ns":
+                times = data if absent is None else np.where(absent, np.iinfo(np.int64).max, data)
+                if (times[1:] < times[:-1]).any():
+                    orders[p] = np.argsort(times, kind="stable")
+            if p in orders:
+                data, absent = data[orders[p]], (None if absent is None else absent[orders[p]])
+            parts[p][column] = Ints.of(data, absent)
+    return [(*names[p], Table(parts[p])) for p in kept]
 
 
 def key_texts(keys: pd.Series) -> Texts:

@@ -11,7 +11,7 @@ people (tests, notebooks): ``Int64`` and ``string`` columns.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -362,3 +362,14 @@ def texts_from_arrow(column: pa.Array | pa.ChunkedArray) -> Texts:
     codes = np.concatenate([chunk.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
                             for chunk in encoded.chunks])
     return Texts.coded(codes, [str(v) for v in encoded.chunk(0).dictionary.to_pylist()])
+
+
+def coded_chunks(column: pa.ChunkedArray) -> Iterator[tuple[np.ndarray, list[Any]]]:
+    """Each chunk of a text or dictionary Arrow column as (int32 codes into its own distinct values,
+    -1 where missing; those values), coded in C and never joined into one array."""
+    import pyarrow.compute as pc
+
+    for chunk in column.chunks:
+        encoded = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+        codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        yield codes, encoded.dictionary.to_pylist()

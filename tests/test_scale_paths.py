@@ -16,6 +16,8 @@ from pathlib import Path
 import groundtruth
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from helpers import PTA21_L1, PTA271, SAMPLES
 from hypothesis import given
@@ -26,7 +28,7 @@ from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.metrics import MetricOptions, persistent_growth, profile_metrics
 from memgate.model import SERIES_COLUMNS, ProfileInfo, split_series
-from memgate.readers import csvtable
+from memgate.readers import convert, csvtable
 from memgate.reconcile import _BlockArrays, _mode, _reconcile_blocks
 from memgate.report import profile_entry
 from memgate.session import process_profile
@@ -133,9 +135,50 @@ def test_split_series_is_groupby_then_stable_time_sort(rows: list[tuple]) -> Non
                           "allocated": pd.array([r[3] for r in rows], dtype="Int64"),
                           "reserved": pd.array([r[3] for r in rows], dtype="Int64"),
                           "active": pd.array(list(range(len(rows))), dtype="Int64")})
-    want = [(str(d), str(c), g[list(SERIES_COLUMNS)].sort_values("t_ns", kind="stable").reset_index(drop=True))
+    got = split_series(frame)
+    want = _groupby_then_time_sort(rows)
+    assert [(d, c) for d, c, _ in got] == [(d, c) for d, c, _ in want]
+    for (_, _, g), (_, _, w) in zip(got, want):
+        pd.testing.assert_frame_equal(g.to_pandas(), w.astype("Int64"))
+
+
+def _groupby_then_time_sort(rows: list[tuple]) -> list[tuple[str, str, pd.DataFrame]]:
+    frame = pd.DataFrame({"device": pd.Series([r[0] for r in rows], dtype="string"),
+                          "component": pd.Series([r[1] for r in rows], dtype="string"),
+                          "t_ns": pd.array([r[2] for r in rows], dtype="Int64"),
+                          "allocated": pd.array([r[3] for r in rows], dtype="Int64"),
+                          "reserved": pd.array([r[3] for r in rows], dtype="Int64"),
+                          "active": pd.array(list(range(len(rows))), dtype="Int64")})
+    return [(str(d), str(c), g[list(SERIES_COLUMNS)].sort_values("t_ns", kind="stable").reset_index(drop=True))
             for (d, c), g in frame.groupby(["device", "component"], sort=True)]
-    got = split_series(frame.copy())
+
+
+MANY_ROWS = st.lists(st.tuples(st.sampled_from([f"npu:{i}" for i in range(8)] + [None]),
+                               st.sampled_from(["APP", "PTA", "GE", None]),
+                               st.one_of(st.none(), st.integers(0, 20)), st.one_of(st.none(), st.integers(0, 9))),
+                     max_size=80)
+
+
+@given(rows=st.one_of(ROWS, MANY_ROWS), cuts=st.lists(st.integers(0, 80), max_size=6))
+def test_split_of_arrow_chunks_is_groupby_then_stable_time_sort(rows: list[tuple], cuts: list[int]) -> None:
+    """memory_record's split: dictionary chunks (each with its own dictionary) and int64 chunks with
+    nulls, cut anywhere; 24 pairs take the sorting path, a few the comparison path."""
+    from memgate.loaders.torch_npu import _pair_codes
+    from memgate.model import split_chunks
+
+    bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
+    spans = list(zip(bounds, bounds[1:])) or [(0, 0)]
+
+    def chunked(values: list, text: bool) -> pa.ChunkedArray:
+        if text:
+            return pa.chunked_array([pc.dictionary_encode(pa.array(values[a:b], type=pa.string())) for a, b in spans])
+        return pa.chunked_array([pa.array(values[a:b], type=pa.int64()) for a, b in spans])
+
+    columns = {"t_ns": [r[2] for r in rows], "allocated": [r[3] for r in rows], "reserved": [r[3] for r in rows],
+               "active": list(range(len(rows)))}
+    pairs, names = _pair_codes(chunked([r[0] for r in rows], True), chunked([r[1] for r in rows], True))
+    got = split_chunks(pairs, names, lambda c: convert.int64_chunks(chunked(columns[c], False)))
+    want = _groupby_then_time_sort(rows)
     assert [(d, c) for d, c, _ in got] == [(d, c) for d, c, _ in want]
     for (_, _, g), (_, _, w) in zip(got, want):
         pd.testing.assert_frame_equal(g.to_pandas(), w.astype("Int64"))

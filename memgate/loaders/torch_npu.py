@@ -25,6 +25,7 @@ from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
     STEP_COLUMNS,
+    ChunkColumn,
     DeviceModel,
     Profile,
     Series,
@@ -33,7 +34,7 @@ from memgate.model import (
     empty_blocks,
     empty_steps,
     int_table,
-    split_columns,
+    split_chunks,
     split_series,
     untimed_steps,
 )
@@ -43,7 +44,7 @@ from memgate.readers.jsonstream import loads_unique
 from memgate.readers.limits import check_file_size, check_readable, read_csv
 from memgate.readers.memory import release_free_memory
 from memgate.schemas import load_schema
-from memgate.table import Ints, Table, Texts, texts_from_arrow
+from memgate.table import Ints, Table, Texts, coded_chunks, texts_from_arrow
 
 FORMAT = "torch_npu"
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
@@ -301,19 +302,39 @@ def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> 
     _require_when(table, "Component", lambda c: pc.equal(c, "APP"), ("Total Reserved(MB)",))
     columns = {"t_ns": "Timestamp(us)", "allocated": "Total Allocated(MB)", "reserved": "Total Reserved(MB)",
                "active": "Total Active(MB)"}
+    pairs, names = _pair_codes(table.column("Device Type"), table.column("Component"))
+    del table.columns["Device Type"], table.columns["Component"]
 
-    def take(key: str) -> tuple[np.ndarray, np.ndarray]:
-        values, missing = table.take_ints(columns[key])
-        below = (values < 0) & ~missing
-        if key != "t_ns" and below.any():  # allocator totals are never below 0 (an operator_memory Size is)
-            row = int(np.flatnonzero(below)[0])
-            raise InputError("a memory total below 0", file=table.path, line=table.line_of(row), column=columns[key],
-                             expected="a size >= 0", found=repr(table.cell(row, columns[key])))
-        return values, missing
+    def take(key: str) -> list[ChunkColumn]:
+        chunks = table.take_int_chunks(columns[key])
+        offset = 0
+        for values, missing in chunks if key != "t_ns" else ():
+            below = values < 0 if missing is None else (values < 0) & ~missing
+            if below.any():  # allocator totals are never below 0 (an operator_memory Size is)
+                row = offset + int(np.flatnonzero(below)[0])
+                raise InputError("a memory total below 0", file=table.path, line=table.line_of(row),
+                                 column=columns[key], expected="a size >= 0", found=repr(table.cell(row, columns[key])))
+            offset += len(values)
+        return chunks
 
-    series = split_columns(_take_texts(table, "Device Type"), _take_texts(table, "Component"), take)
+    series = split_chunks(pairs, names, take)
     release_free_memory()  # the parse buffers, before the next file
     return series
+
+
+def _pair_codes(device: pa.ChunkedArray, component: pa.ChunkedArray) -> tuple[list[np.ndarray], list[tuple[str, str]]]:
+    """Each chunk's (device, component) pair codes, -1 where either is missing, and the pairs they
+    name (some pairs of a chunk's device and component values may name no row)."""
+    names: dict[tuple[str, str], int] = {}
+    pairs = []
+    for (devices, device_names), (components, component_names) in zip(coded_chunks(device), coded_chunks(component),
+                                                                      strict=True):
+        lookup = np.array([[names.setdefault((str(d), str(c)), len(names)) for c in component_names]
+                           for d in device_names], dtype=np.int32).reshape(len(device_names), len(component_names))
+        codes = lookup[devices, components] if lookup.size else np.full(len(devices), -1, dtype=np.int32)
+        codes[(devices < 0) | (components < 0)] = -1  # (-1 indexed the last value above)
+        pairs.append(codes)
+    return pairs, list(names)
 
 
 def _require_when(table: CsvTable, key: str, condition: Any, columns: tuple[str, ...]) -> None:

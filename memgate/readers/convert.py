@@ -254,6 +254,13 @@ def int64_parts(values: ArrowColumn) -> tuple[np.ndarray, np.ndarray]:
     return data, missing
 
 
+def int64_chunks(values: ArrowColumn) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Each chunk of an int64 Arrow column as (values read in place, missing mask or None when none
+    is); a missing value's slot holds any number."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    return [(_int64_view(c), ~_valid_bits(c) if c.null_count else None) for c in chunks]
+
+
 def _int64_view(chunk: pa.Array) -> np.ndarray:
     buffer = chunk.buffers()[1]
     if buffer is None:  # all null

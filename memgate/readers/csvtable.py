@@ -90,6 +90,12 @@ class CsvTable:
         del self.columns[name]
         return parts
 
+    def take_int_chunks(self, name: str) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """:meth:`take` of an int64 column as its chunks (:func:`convert.int64_chunks`), not joined."""
+        chunks = convert.int64_chunks(self.column(name))
+        del self.columns[name]
+        return chunks
+
     @property
     def table(self) -> pa.Table:
         return pa.table(self.columns)
