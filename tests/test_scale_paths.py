@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from itertools import pairwise
 from pathlib import Path
 
 import groundtruth
@@ -167,7 +168,7 @@ def test_split_of_arrow_chunks_is_groupby_then_stable_time_sort(rows: list[tuple
     from memgate.model import split_chunks
 
     bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})
-    spans = list(zip(bounds, bounds[1:])) or [(0, 0)]
+    spans = list(pairwise(bounds)) or [(0, 0)]
 
     def chunked(values: list, text: bool) -> pa.ChunkedArray:
         if text:
