@@ -266,10 +266,19 @@ def _mode(values: np.ndarray) -> tuple[int, int]:
     if 2 * count > len(values):  # a majority is the only mode
         return int(candidate), count
     values.sort()
-    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
-    counts = np.diff(np.r_[starts, len(values)])
-    best = int(np.argmax(counts))  # the first of the longest runs: the smallest value on a tie
-    return int(values[starts[best]]), int(counts[best])
+    # The longest run of equal values, by bisection on its length: a run of L exists where a value
+    # equals the one L-1 places on. One bool array at a time, where listing every run would hold
+    # three int64 arrays as long as the values (the peak memory of a file of millions of blocks).
+    n = len(values)
+    longest, too_long = 1, n // 2 + 1  # no majority: the mode covers at most half
+    while too_long - longest > 1:
+        length = (longest + too_long) // 2
+        if (values[length - 1:] == values[:n - length + 1]).any():
+            longest = length
+        else:
+            too_long = length
+    first = int(np.argmax(values[longest - 1:] == values[:n - longest + 1]))  # the smallest value on a tie
+    return int(values[first]), longest
 
 
 def _sorted_unique(values: np.ndarray) -> np.ndarray:
