@@ -58,6 +58,7 @@ def test_help_imports_no_core_library() -> None:
     modules = imported_by("--help")
     assert not top_level(modules) & set(HEAVY)
     assert not {m for m in modules if m.startswith("memgate.")} - {"memgate.cli", "memgate.errors", "memgate.fastexit"}
+    assert "typing" not in modules  # ~3 ms of a start-up that is ~15 ms over bare Python's
 
 
 @pytest.mark.parametrize(("sample", "loader", "also_not"), [
