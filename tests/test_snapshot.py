@@ -197,17 +197,23 @@ def test_extension_registry_opcodes_are_refused(tmp_path: Path) -> None:
         safepickle.load(path)
 
 
-def test_persistent_ids_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("pid", "shown"), [
+    ("storage-7", "persistent id 'storage-7'"),
+    (10**5000, "persistent id <an integer of 16610 bits>"),  # past the 4300 digits Python will print
+    ([1, 10**5000], "persistent id <a list holding an integer too long to print>"),
+], ids=["text", "huge int", "list holding a huge int"])
+def test_persistent_ids_are_refused(tmp_path: Path, pid: Any, shown: str) -> None:
     class P(pickle.Pickler):
         def persistent_id(self, obj: Any) -> Any:
-            return "storage-7" if obj == "x" else None
+            return pid if obj == "x" else None
 
     buf = io.BytesIO()
     P(buf, protocol=4).dump({"segments": ["x"]})
     path = tmp_path / "persistent.pickle"
     path.write_bytes(buf.getvalue())
-    with pytest.raises(InputError, match="refused to load \"persistent id 'storage-7'\""):
+    with pytest.raises(InputError, match="refused to load") as info:
         safepickle.load(path)
+    assert info.value.found == shown
 
 
 @pytest.mark.parametrize("cut", [3, 40, -1])

@@ -48,7 +48,7 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise RefusedClass(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise RefusedClass(f"persistent id {pid!r}"[:120])
+        raise RefusedClass(f"persistent id {_shown(pid)}"[:120])
 
 
 class TooManyObjects(Exception):
@@ -147,6 +147,16 @@ def _unpickle(stream: _MeteredInput, memory: int) -> Any:
         stream.start_count()
         # typeshed wants read() -> bytes; the C Unpickler takes any buffer, and memoryviews copy nothing
         return _PlainDataUnpickler(cast(Any, stream)).load()
+
+
+def _shown(value: Any) -> str:
+    """``repr`` for a message, short of an int too long to print (Python refuses past 4300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        return repr(value)[:100]
+    except ValueError:  # an int past the digit limit inside a container
+        return f"<a {type(value).__name__} holding an integer too long to print>"
 
 
 def max_bytes_default() -> int:
