@@ -38,7 +38,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import chain, islice, repeat
+from itertools import chain, compress, islice, repeat
 from pathlib import Path
 from typing import Any
 
@@ -586,18 +586,19 @@ def _first_equal(lists: Sequence[Any]) -> np.ndarray:
     if blank.any():
         first[blank] = np.flatnonzero(blank)[0]
     todo = np.flatnonzero(lens > 0)
-    heads = np.fromiter(map(id, map(operator.itemgetter(0), map(rows.__getitem__, todo.tolist()))), dtype=np.uint64,
-                        count=len(todo))
+    placing = rows if len(todo) == m else list(map(rows.__getitem__, todo.tolist()))  # the lists of ``todo``
+    heads = np.fromiter(map(id, map(operator.itemgetter(0), placing)), dtype=np.uint64, count=len(todo))
     key = lens[todo].astype(np.uint64) * _MIX + heads  # wraps around: a key only proposes, == decides
     for _ in range(_ROUNDS):
         if not len(todo):
             break
         _, at, kind = np.unique(key, return_index=True, return_inverse=True)
         candidate = todo[at[kind]]  # the first of its kind still to place (itself for that one)
-        same = np.fromiter(map(operator.eq, map(rows.__getitem__, todo.tolist()),
-                               map(rows.__getitem__, candidate.tolist())), dtype=bool, count=len(todo))
+        same = np.fromiter(map(operator.eq, placing, map(rows.__getitem__, candidate.tolist())), dtype=bool,
+                           count=len(todo))
         first[todo[same]] = candidate[same]
         todo, key = todo[~same], key[~same]
+        placing = list(compress(placing, (~same).tolist()))
     seen: dict[tuple[int, ...], int] = {}
     for i in todo.tolist():
         first[i] = seen.setdefault(tuple(map(id, rows[i])), i)
