@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pandas as pd
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
@@ -290,3 +291,40 @@ def test_a_cell_of_megabytes_at_the_real_block_size(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         read_csv(path, load_schema("torch_npu.kernel_details"))
     assert (info.value.line, info.value.found) == (3, f"a line of {size + len('1,0,,1764246877074330.300,1.5')} bytes")
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), mutate=st.one_of(st.none(), st.tuples(st.integers(0, 7), _cells(None))))
+def test_twin_columns_are_checked_and_converted_as_each_alone(data: st.DataObject,
+                                                             mutate: tuple[int, str | None] | None) -> None:
+    """A column equal cell for cell to an earlier one under the same property takes that column's
+    check and conversion (torch_npu writes allocated and active from one value): errors still name
+    the leftmost bad cell, and a twin that differs in one cell is checked on its own."""
+    from memgate.loaders.torch_npu import MEMORY_RECORD_COLUMNS
+
+    name = "torch_npu.memory_record"
+    schema = load_schema(name)
+    header, rows = data.draw(TABLES[name])
+    if "Total Active(MB)" not in header:
+        return
+    source, twin = header.index("Total Allocated(MB)"), header.index("Total Active(MB)")
+    for row in rows:
+        row[twin] = row[source]
+    if mutate is not None and mutate[0] < len(rows):
+        rows[mutate[0]][twin] = mutate[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / schema["x-memgate-file"]
+        path.write_text(_csv_text(header, rows, "\n", False), encoding="utf-8", newline="")
+        expected = _first_jsonschema_error(path, VALIDATORS[name])
+        try:
+            table = read_csv(path, schema, MEMORY_RECORD_COLUMNS)
+        except InputError as exc:
+            if expected is None:  # valid text, but a number int64 cannot hold (no schema bounds it)
+                assert exc.message == "number out of range", str(exc)
+            else:
+                assert (exc.line, exc.column) == expected, str(exc)
+        else:
+            assert expected is None, f"memgate accepted a row jsonschema rejects at {expected}"
+            for column, at in (("Total Allocated(MB)", source), ("Total Active(MB)", twin)):
+                alone = unit_text_to_bytes(pa.array([r[at] for r in rows], type=pa.string()), 1 << 20)
+                assert table.column(column).to_pylist() == [None if pd.isna(v) else v for v in alone]

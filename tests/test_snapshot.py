@@ -199,8 +199,8 @@ def test_extension_registry_opcodes_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("pid", "shown"), [
     ("storage-7", "persistent id 'storage-7'"),
-    (10**5000, "persistent id <an integer of 16610 bits>"),  # past the 4300 digits Python will print
-    ([1, 10**5000], "persistent id <a list holding an integer too long to print>"),
+    (10**5000, "persistent id <16610-bit integer>"),  # past the 4300 digits Python will print
+    ([1, 10**5000], "persistent id [1, <16610-bit integer>]"),
 ], ids=["text", "huge int", "list holding a huge int"])
 def test_persistent_ids_are_refused(tmp_path: Path, pid: Any, shown: str) -> None:
     class P(pickle.Pickler):

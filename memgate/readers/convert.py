@@ -129,7 +129,11 @@ def _decimal_text_to_int_regex(col: ArrowColumn, decimals: int) -> ArrowColumn:
 
 def unit_to_bytes(col: ArrowColumn, bytes_per_unit: float, floats: ArrowColumn | None = None) -> pa.Array:
     """``floats``: the column already cast to float64 (by its check), else it is cast here."""
-    floats = pc.cast(col, pa.float64()) if floats is None else floats
+    if floats is None:
+        try:
+            floats = pc.cast(col, pa.float64())
+        except pa.ArrowInvalid:  # a checked cell ending in the one line break its pattern's "$" admits ("12\n")
+            floats = pc.cast(pc.utf8_rtrim(col, "\n"), pa.float64())
     values = np.asarray(floats.to_numpy(zero_copy_only=False), dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = np.rint(values * bytes_per_unit)

@@ -23,7 +23,7 @@ import pickle
 from pathlib import Path
 from typing import Any, cast
 
-from memgate.errors import InputError, cannot_read
+from memgate.errors import InputError, cannot_read, show
 from memgate.readers import limits
 from memgate.readers.memory import address_space_capped, collector_paused
 from memgate.sizes import format_size
@@ -48,7 +48,7 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise RefusedClass(f"{module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise RefusedClass(f"persistent id {_shown(pid)}"[:120])
+        raise RefusedClass(f"persistent id {show(pid, 100)}")
 
 
 class TooManyObjects(Exception):
@@ -147,16 +147,6 @@ def _unpickle(stream: _MeteredInput, memory: int) -> Any:
         stream.start_count()
         # typeshed wants read() -> bytes; the C Unpickler takes any buffer, and memoryviews copy nothing
         return _PlainDataUnpickler(cast(Any, stream)).load()
-
-
-def _shown(value: Any) -> str:
-    """``repr`` for a message, short of an int too long to print (Python refuses past 4300 digits)."""
-    if isinstance(value, int) and value.bit_length() > 256:
-        return f"<an integer of {value.bit_length()} bits>"
-    try:
-        return repr(value)[:100]
-    except ValueError:  # an int past the digit limit inside a container
-        return f"<a {type(value).__name__} holding an integer too long to print>"
 
 
 def max_bytes_default() -> int:
