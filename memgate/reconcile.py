@@ -205,19 +205,26 @@ def _reconcile_blocks(component: str, blocks: _BlockArrays) -> tuple[ComponentFa
     # Events [*frees, *allocs] in time order, frees first at the same ns, each kind in file order;
     # built in place where it can: a 5M-block file makes 10M events.
     index = np.int32 if 2 * len(size) < 2**31 else np.int64  # half the memory of the index arrays
-    alloc_idx = np.flatnonzero(blocks.mine(~pre)).astype(index)
-    free_idx = np.flatnonzero(blocks.mine(freed)).astype(index)
+    alloc_idx: np.ndarray = np.flatnonzero(blocks.mine(~pre)).astype(index)
+    free_idx: np.ndarray = np.flatnonzero(blocks.mine(freed)).astype(index)
     free_count = len(free_idx)
-    times = np.concatenate([t_free[free_idx], t_alloc[alloc_idx]])
+    times = np.empty(free_count + len(alloc_idx), dtype=np.int64)
+    running = np.empty_like(times)
+    # gathered straight into their halves (mode="clip": the indices are in range; "raise" buffers a copy)
+    np.take(t_free, free_idx, out=times[:free_count], mode="clip")
+    np.take(t_alloc, alloc_idx, out=times[free_count:], mode="clip")
+    np.take(size, free_idx, out=running[:free_count], mode="clip")
+    np.negative(running[:free_count], out=running[:free_count])
+    np.take(size, alloc_idx, out=running[free_count:], mode="clip")
+    del free_idx
     # A stable sort keeps frees (first in the array) before allocs at the same ns, and file order
     # within each kind: the same as lexsort((row, kind, time)) at a fraction of the memory.
-    order = np.argsort(times, kind="stable").astype(index)
-    running = np.concatenate([-size[free_idx], size[alloc_idx]])
-    del free_idx
-    running = running[order]
+    order: np.ndarray = np.argsort(times, kind="stable").astype(index)
+    unsorted_times, times = times, times[order]
+    running = np.take(running, order, out=unsorted_times, mode="clip")  # into the buffer just let go of
+    del unsorted_times
     np.cumsum(running, out=running)
     running += start_live
-    times = times[order]
 
     checked = 0
     consistency: float | None = None
