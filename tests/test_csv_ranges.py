@@ -6,6 +6,7 @@ conversions."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 from collections.abc import Iterator
@@ -111,6 +112,25 @@ def test_ranges_agree_with_one_read(tmp_path: Path, newline: str, size: int) -> 
             assert len(csvtable._cuts(path, path.stat().st_size)) > 10
             same_table(read_csv(path, schema, plan), whole_plan)
             same_table(read_csv(path, schema), whole_text)
+
+
+@pytest.mark.parametrize("size", [None, 1, 700, 50_000])
+def test_joined_columns_equal_the_chunks_joined(tmp_path: Path, size: int | None) -> None:
+    """operator_memory's int columns joined while the file is read (its size estimated from the bytes
+    read so far, grown when a guess falls short) equal the Arrow chunks joined at the end."""
+    rows = ops_rows(1500, seed=3)
+    for i in range(0, len(rows), 7):  # blocks still live: no release times
+        rows[i][3:7] = ["", "", "", ""]
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    ints = torch_npu.OPERATOR_MEMORY_INTS
+    with ranges_of(size) if size is not None else contextlib.nullcontext():
+        joined = read_csv(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS, joined=ints)
+        chunked = read_csv(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert not set(ints) & set(joined.columns)
+    for name in ints:
+        (values, missing), (want_values, want_missing) = joined.take_ints(name), chunked.take_ints(name)
+        assert values.tolist() == want_values.tolist() and missing.tolist() == want_missing.tolist(), name
+        assert missing.any() == (name in ("Release Time(us)", "Active Release Time(us)")), name
 
 
 def test_loader_output_is_the_same_in_ranges(tmp_path: Path) -> None:

@@ -19,10 +19,10 @@ import mmap
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -66,6 +66,7 @@ class CsvTable:
     columns: dict[str, pa.ChunkedArray]
     num_rows: int
     text_columns: frozenset[str]  # the columns kept as their raw text
+    joined: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # read_csv's ``joined``
 
     def column(self, name: str) -> pa.ChunkedArray:
         return self.columns[name]
@@ -86,6 +87,8 @@ class CsvTable:
 
     def take_ints(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`take` of an int64 column as numpy (values, missing), values 0 where missing."""
+        if name in self.joined:
+            return self.joined.pop(name)
         parts = convert.int64_parts(self.column(name))
         del self.columns[name]
         return parts
@@ -261,8 +264,12 @@ def _split_unit(column: str) -> tuple[str, str | None]:
     return (m.group("base"), m.group("unit")) if m else (column, None)
 
 
-def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None) -> CsvTable:
+def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None,
+             joined: Collection[str] = ()) -> CsvTable:
     """Read ``path``, check its header against ``schema`` and validate every row.
+
+    ``joined``: planned int64 columns joined into one numpy array each while the file is read
+    (:meth:`CsvTable.take_ints` hands them over), instead of kept as Arrow chunks.
 
     The file is read in byte ranges, each parsed, validated and its ``columns`` converted block by
     block on a thread pool (Arrow's parser and kernels release the GIL), so only the converted
@@ -284,17 +291,60 @@ def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter
     wanted = [c for c in header if c in known] if schema.get("additionalProperties", False) else header
     plan: dict[str, Converter] = dict(columns) if columns is not None else {name: keep_text for name in wanted}
     checks = [(name, known[name]) for name in wanted if name in known]
-    kept: dict[str, list[pa.Array]] = {name: [] for name in plan}
-    rows = 0
-    for block_rows, block in _read_ranges(path, names, wanted, checks, plan):
-        for name, arrays in block.items():
-            kept[name].extend(arrays)
+    kept: dict[str, list[pa.Array]] = {name: [] for name in plan if name not in joined}
+    joins = {name: _JoinedInts() for name in joined}
+    rows, size = 0, path.stat().st_size
+    for block_rows, block, done in _read_ranges(path, names, wanted, checks, plan):
         rows += block_rows
+        for name, arrays in block.items():
+            if name in joins:
+                joins[name].extend(arrays, expected=rows * size // done if done else None)
+            else:
+                kept[name].extend(arrays)
     if rows == 0:
         raise InputError("header only: the file has no data rows", file=path, line=2)
     return CsvTable(path=path, header=tuple(header), variant=variant, num_rows=rows,
                     text_columns=frozenset(name for name, converter in plan.items() if converter is keep_text),
-                    columns={name: pa.chunked_array(chunks) for name, chunks in kept.items()})
+                    columns={name: pa.chunked_array(chunks) for name, chunks in kept.items()},
+                    joined={name: join.result() for name, join in joins.items()})
+
+
+class _JoinedInts:
+    """An int64 column copied into one numpy array as its chunks arrive (values 0 where missing):
+    joined while the rest of the file is read, never held twice (as chunks and as their join)."""
+
+    def __init__(self) -> None:
+        self.values = np.empty(0, dtype=np.int64)
+        self.missing: np.ndarray | None = None  # made at the first missing value
+        self.used = 0
+
+    def extend(self, chunks: list[pa.Array], expected: int | None) -> None:
+        """``expected``: the rows the whole file likely holds (from the bytes read so far)."""
+        need = self.used + sum(len(chunk) for chunk in chunks)
+        if need > len(self.values):
+            self._grow(max(need, need + need // 4 if expected is None else expected + expected // 50))
+        for values, missing in convert.int64_chunks(pa.chunked_array(chunks, type=pa.int64())):
+            at, n = self.used, len(values)
+            self.values[at:at + n] = values
+            if missing is not None:
+                if self.missing is None:
+                    self.missing = np.zeros(len(self.values), dtype=bool)
+                self.missing[at:at + n] = missing
+                self.values[at:at + n][missing] = 0
+            self.used += n
+
+    def _grow(self, capacity: int) -> None:
+        values = np.empty(capacity, dtype=np.int64)
+        values[:self.used] = self.values[:self.used]
+        self.values = values
+        if self.missing is not None:
+            missing = np.zeros(capacity, dtype=bool)
+            missing[:self.used] = self.missing[:self.used]
+            self.missing = missing
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        missing = self.missing[:self.used] if self.missing is not None else np.zeros(self.used, dtype=bool)
+        return self.values[:self.used], missing
 
 
 def _column_names(path: Path, header: list[str]) -> list[str]:
@@ -372,6 +422,7 @@ os.register_at_fork(after_in_child=_forget_pool)
 class _RangeRead:
     rows: int
     columns: dict[str, list[pa.Array]]
+    bytes: int
 
 
 class _CellError(Exception):
@@ -411,13 +462,14 @@ def _cuts(path: Path, size: int) -> list[int]:
 
 
 def _read_ranges(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
-                 plan: dict[str, Converter]) -> Iterator[tuple[int, dict[str, list[pa.Array]]]]:
-    """(rows, converted column chunks) of each range, in file order."""
+                 plan: dict[str, Converter]) -> Iterator[tuple[int, dict[str, list[pa.Array]], int | None]]:
+    """(rows, converted column chunks, the byte the range ends at) of each range, in file order; the
+    byte is None where the file is read as one stream."""
     size = path.stat().st_size
     starts = _cuts(path, size) if size > RANGE_BYTES else [0]
     if len(starts) == 1:
         for rows, block in _blocks(path, names, wanted, checks, plan):
-            yield rows, {name: [array] for name, array in block.items()}
+            yield rows, {name: [array] for name, array in block.items()}, None
         return
     ends = starts[1:] + [size]
     pool = _pool()
@@ -445,11 +497,11 @@ def _read_ranges(path: Path, names: list[str], wanted: list[str], checks: list[t
                     later.cancel()
                 pending.clear()
                 for rows, block in _blocks(path, names, wanted, checks, plan, start=start, row_offset=rows_before):
-                    yield rows, {name: [array] for name, array in block.items()}
+                    yield rows, {name: [array] for name, array in block.items()}, None
                 return
             submit()
             rows_before += result.rows
-            yield result.rows, result.columns
+            yield result.rows, result.columns, start + result.bytes
     finally:  # an error: drop the ranges not started yet
         for _, future in pending:
             future.cancel()
@@ -499,7 +551,7 @@ def _parse_range(path: Path, names: list[str], wanted: list[str], checks: list[t
         raise _arrow_error(path, exc, len(names), start) from None
     except UnicodeDecodeError:
         raise _encoding_error(path) from None
-    return _RangeRead(rows, kept)
+    return _RangeRead(rows, kept, len(data))
 
 
 class _Buffers:

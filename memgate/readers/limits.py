@@ -31,7 +31,7 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -206,12 +206,13 @@ def check_readable(path: Path) -> None:
         raise InputError("empty file (0 bytes)", file=path)
 
 
-def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None) -> CsvTable:
+def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None,
+             joined: Collection[str] = ()) -> CsvTable:
     """:func:`memgate.readers.csvtable.read_csv` between the size check and the row check."""
     from memgate.readers.csvtable import read_csv as _read_csv  # pandas and Arrow's CSV reader: CSV loads only
 
     check_file_size(path)
-    table = _read_csv(path, schema, columns)
+    table = _read_csv(path, schema, columns, joined)
     check_rows(path, table.num_rows)
     return table
 
