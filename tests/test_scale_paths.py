@@ -130,26 +130,25 @@ ROWS = st.lists(st.tuples(st.sampled_from(["npu:0", "npu:1"]), st.sampled_from([
 
 @given(rows=ROWS)
 def test_split_series_is_groupby_then_stable_time_sort(rows: list[tuple]) -> None:
-    frame = pd.DataFrame({"device": pd.Series([r[0] for r in rows], dtype="string"),
-                          "component": pd.Series([r[1] for r in rows], dtype="string"),
-                          "t_ns": pd.array([r[2] for r in rows], dtype="Int64"),
-                          "allocated": pd.array([r[3] for r in rows], dtype="Int64"),
-                          "reserved": pd.array([r[3] for r in rows], dtype="Int64"),
-                          "active": pd.array(list(range(len(rows))), dtype="Int64")})
-    got = split_series(frame)
+    got = split_series(_record_frame(rows))
     want = _groupby_then_time_sort(rows)
     assert [(d, c) for d, c, _ in got] == [(d, c) for d, c, _ in want]
     for (_, _, g), (_, _, w) in zip(got, want):
         pd.testing.assert_frame_equal(g.to_pandas(), w.astype("Int64"))
 
 
+def _record_frame(rows: list[tuple]) -> pd.DataFrame:
+    """(device, component, t_ns, value) rows as memory_record's columns; active numbers the rows."""
+    return pd.DataFrame({"device": pd.Series([r[0] for r in rows], dtype="string"),
+                         "component": pd.Series([r[1] for r in rows], dtype="string"),
+                         "t_ns": pd.array([r[2] for r in rows], dtype="Int64"),
+                         "allocated": pd.array([r[3] for r in rows], dtype="Int64"),
+                         "reserved": pd.array([r[3] for r in rows], dtype="Int64"),
+                         "active": pd.array(list(range(len(rows))), dtype="Int64")})
+
+
 def _groupby_then_time_sort(rows: list[tuple]) -> list[tuple[str, str, pd.DataFrame]]:
-    frame = pd.DataFrame({"device": pd.Series([r[0] for r in rows], dtype="string"),
-                          "component": pd.Series([r[1] for r in rows], dtype="string"),
-                          "t_ns": pd.array([r[2] for r in rows], dtype="Int64"),
-                          "allocated": pd.array([r[3] for r in rows], dtype="Int64"),
-                          "reserved": pd.array([r[3] for r in rows], dtype="Int64"),
-                          "active": pd.array(list(range(len(rows))), dtype="Int64")})
+    frame = _record_frame(rows)
     return [(str(d), str(c), g[list(SERIES_COLUMNS)].sort_values("t_ns", kind="stable").reset_index(drop=True))
             for (d, c), g in frame.groupby(["device", "component"], sort=True)]
 
