@@ -7,6 +7,7 @@ conversions."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import re
 import tempfile
 from collections.abc import Iterator
@@ -201,6 +202,20 @@ def test_a_number_out_of_range_in_a_later_range_names_its_line(tmp_path: Path) -
         assert fields(error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)) == fields(whole)
 
 
+@pytest.mark.parametrize(("column", "cell"), [(7, "8796093022208"), (1, "9007199254740992"), (1, "-9007199254740992")])
+def test_exactly_2_to_the_63_bytes_is_out_of_range(tmp_path: Path, column: int, cell: str) -> None:
+    # 2**63 - 1 rounds up to 2**63 as a float: a bound compared as a float let 2**63 wrap to -2**63
+    rows = ops_rows(50)
+    rows[30][column] = cell
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    err = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert (err.line, err.column, err.message) == (32, OPS_HEADER[column], "number out of range")
+    rows[30][column] = "8796093022207"  # 2**63 - 2**20 bytes: the largest MB count that fits
+    write(path, OPS_HEADER, rows)
+    total = read_csv(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS).column(OPS_HEADER[column])
+    assert total[30].as_py() == 2**63 - 2**20 if column == 7 else 8796093022207 * 1024
+
+
 def test_a_ragged_row_in_a_later_range_names_its_line(tmp_path: Path) -> None:
     rows = record_rows(2000)
     rows[1500] = rows[1500][:-1]
@@ -209,6 +224,51 @@ def test_a_ragged_row_in_a_later_range_names_its_line(tmp_path: Path) -> None:
     assert (whole.line, whole.found) == (1502, "6 columns")
     with ranges_of(3000):
         assert fields(error_of(path, RECORD)) == fields(whole)
+
+
+@pytest.mark.parametrize("size", [None, 20_000])
+def test_a_quote_never_closed_names_its_line(tmp_path: Path, size: int | None) -> None:
+    # in one Arrow block: too few fields; over several, Arrow's chunker loses step ("out of sync")
+    rows = ops_rows(3000)
+    rows[2000][1] = '"32.5'
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    with ranges_of(size) if size else contextlib.nullcontext():
+        err = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+        assert (err.line, err.found) == (2002, "2 columns")
+        with mock.patch.object(csvtable, "BLOCK_BYTES", 4096):
+            err = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert (err.line, err.found) == (2002, "2 columns from here") and "never closed" in err.message
+
+
+def test_a_cell_past_the_csv_modules_field_limit_is_read_on_the_error_paths(tmp_path: Path) -> None:
+    # a 200 KB name is a valid cell; finding a later row's line re-reads the file with the csv module,
+    # whose default limit is 128 KiB a field (and is left as it was)
+    rows = ops_rows(300)
+    rows[10][0] = "aten::" + "x" * 200_000
+    rows[20][1] = '"32.5\n"'  # a quoted line break: lines are counted by the csv module
+    rows[250][1] = "abc"
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    err = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert (err.line, err.column, err.found) == (253, "Size(KB)", "'abc'")
+    rows[250] = rows[250][:-1]
+    write(path, OPS_HEADER, rows)
+    err = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+    assert (err.line, err.found) == (253, "14 columns")
+    assert csv.field_size_limit() == 131072
+
+
+def test_a_bad_cell_comes_before_a_later_ragged_row(tmp_path: Path) -> None:
+    # the bad cell's line is found in a file whose later row cannot be parsed (one read and ranges)
+    rows = ops_rows(2000)
+    rows[10][1] = "abc"
+    rows[1500] = rows[1500][:-1]
+    rows[5][0] = '"aten::a\nb"'  # a quoted line break: the line is not the row number plus 2
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    with mock.patch.object(csvtable, "BLOCK_BYTES", 4096):  # the two in different Arrow blocks
+        whole = error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
+        assert (whole.line, whole.column) == (13, "Size(KB)")
+        with ranges_of(20_000):
+            assert fields(error_of(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)) == fields(whole)
 
 
 def test_a_long_line_in_a_later_range_names_its_line(tmp_path: Path) -> None:

@@ -138,7 +138,9 @@ def unit_to_bytes(col: ArrowColumn, bytes_per_unit: float, floats: ArrowColumn |
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = np.rint(values * bytes_per_unit)
     missing = np.asarray(pc.is_null(floats).to_numpy(zero_copy_only=False), dtype=bool)
-    bad = ~missing & ~(np.abs(np.nan_to_num(scaled, nan=np.inf)) <= _INT64_MAX)
+    # below 2**63, compared as a float: _INT64_MAX rounds up to 2**63 in float64, which would let
+    # exactly 2**63 bytes through to wrap to -2**63
+    bad = ~missing & ~(np.abs(np.nan_to_num(scaled, nan=np.inf)) < 2.0**63)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise OutOfRange(row, col[row].as_py(), "a finite size below 8 EiB")

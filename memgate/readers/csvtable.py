@@ -153,18 +153,16 @@ def line_of(path: Path, row: int, rows: int | None = None) -> int:
     paths) is the file read again with the csv module to count the lines earlier rows span.
     """
     if rows is None:  # still streaming the file: count its rows
-        rows = sum(batch.num_rows for batch in _open_csv(path, _column_names(path, read_header(path)), []))
+        try:
+            rows = sum(batch.num_rows for batch in _open_csv(path, _column_names(path, read_header(path)), []))
+        except InputError:  # a malformed line after this row: the walk below still finds the row's line
+            rows = -1
     if _count_lines(path) == rows + 1:
         return row + 2
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
-        reader = csv.reader(fh)
-        next(reader, None)
-        start = reader.line_num + 1
-        for index, _ in enumerate(reader):
-            if index == row:
-                break
-            start = reader.line_num + 1
-    return start
+    for index, (start, _) in enumerate(_csv_rows(path)):
+        if index == row + 1:  # row 0 is the header
+            return start
+    return row + 2
 
 
 def _count_lines(path: Path, end: int | None = None) -> int:
@@ -683,6 +681,11 @@ def _arrow_error(path: Path, exc: Exception, fields: int, start: int = 0) -> Inp
         line, count = _first_ragged_line(path, fields)
         return InputError("wrong number of fields (truncated or malformed row)", file=path, line=line,
                           expected=f"{fields} columns", found=f"{count} columns" if count is not None else None)
+    if "out of sync" in text:  # a quote never closed: the cells after it run on to the end of the file
+        line, count = _first_ragged_line(path, fields)
+        return InputError("a quoted cell is never closed, or a row has the wrong number of fields", file=path,
+                          line=line, expected=f"{fields} columns, each quote closed in its cell",
+                          found=f"{count} columns from here" if count is not None else None)
     if "straddl" in text:  # a line longer than the block Arrow parses at a time
         line, length = _straddling_line(path, start=start)
         return InputError(f"a line longer than the {BLOCK_BYTES}-byte block the CSV is parsed in (a cell of megabytes)",
@@ -730,13 +733,42 @@ def _line_end(fh: BinaryIO, offset: int) -> int:
 
 
 def _first_ragged_line(path: Path, fields: int) -> tuple[int | None, int | None]:
-    """The first line whose field count differs from the header's (error path only)."""
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
-        reader = csv.reader(fh)
-        for row in reader:
-            if len(row) != fields and reader.line_num > 1:
-                return reader.line_num, len(row)
+    """The line where the first row whose field count differs from the header's starts, and that
+    count (error path only). A quote never closed makes the rest of the file one row: its line."""
+    for start, row in _csv_rows(path):
+        if row is None:
+            return start, None
+        if len(row) != fields and start > 1:
+            return start, len(row)
     return None, None
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, list[str] | None]]:
+    """(1-based line where it starts, fields) of each row of the file read by the csv module (error
+    paths only), the header first; a row the csv module cannot read ends it with its fields None.
+
+    The csv module refuses a field over 128 KiB by default, a process-wide limit; Arrow reads longer
+    cells (a long operator name, the rest of a file after a quote never closed), so it is lifted
+    while this runs.
+    """
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, 2**31 - 1))  # a C long on every platform
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as fh:
+            reader = csv.reader(fh)
+            start = 1
+            while True:
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error:
+                    yield start, None
+                    return
+                yield start, row
+                start = reader.line_num + 1
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _encoding_error(path: Path) -> InputError:
