@@ -8,7 +8,8 @@ file records the parameters it was made with):
 - ``csv/``: one torch_npu profile (``*_ascend_pt/ASCEND_PROFILER_OUTPUT/``) with a
   ``memory_record.csv`` of 10M rows (APP rows first, then PTA / PTA+GE pairs with repeated
   timestamps) and an ``operator_memory.csv`` of 5M rows (15 columns, op names drawn with the
-  frequencies of the torch_npu 2.7.1 sample, 1% never freed); µs text with 3 decimals and a TAB,
+  frequencies of the torch_npu 2.7.1 sample, 1% never freed, allocation and release totals the
+  allocator's running total, as real blocks agree on one baseline); µs text with 3 decimals and a TAB,
   MB/KB as exact decimals of byte counts, like torch_npu writes them.
 - ``trace_view/``: a torch_npu profile whose ``trace_view.json`` is a 1 GB JSON array: the
   torch_npu 2.1 sample's 8,375 events (cpu_op / python_function spans, flows, ``NPU MEM`` counters,
@@ -55,7 +56,9 @@ SNAPSHOT_SAMPLES = (SAMPLES / "torch" / "snapshot_newest_compile_context_windows
                     SAMPLES / "torch" / "snapshot_mid_timeus_noallocsettings_eornn.pickle")
 DEFAULT_OUT = Path("/tmp/memgate-bench")
 GENERATOR_VERSION = 1
-ITEM_VERSIONS = {"snapshot": 2}  # 2: one frames list per trace entry, like torch's own pickles
+# snapshot 2: one frames list per trace entry, like torch's own pickles; csv and ranks64 2: operator_memory's
+# allocation and release totals are the allocator's (blocks and totals agree, as in real profiles)
+ITEM_VERSIONS = {"snapshot": 2, "csv": 2, "ranks64": 2}
 ITEMS = ("csv", "trace_view", "kineto", "snapshot", "ranks64")
 
 # Full-scale sizes (× --scale).
@@ -177,6 +180,21 @@ def memory_record(path: Path, n: int, seed: int, device: int = 0) -> None:
     write_csv(path, MEMORY_RECORD_HEADER, n, chunk)
 
 
+def _allocator_totals(size: np.ndarray, t_alloc: np.ndarray, t_free: np.ndarray,
+                      freed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The allocated total right after each block's allocation and right after its release (0 where
+    never freed), as the allocator counts them: the bytes allocated before the window plus the blocks
+    live then, frees first at the same ns. A real profile's blocks agree on that one baseline."""
+    n_freed = int(freed.sum())
+    times = np.concatenate([t_free[freed], t_alloc])
+    order = np.argsort(times, kind="stable")
+    running = np.empty(len(times), dtype=np.int64)
+    running[order] = BASE_ALLOCATED + np.cumsum(np.concatenate([-size[freed], size])[order])
+    release_total = np.zeros(len(size), dtype=np.int64)
+    release_total[freed] = running[:n_freed]
+    return running[n_freed:], release_total
+
+
 def operator_memory(path: Path, n: int, seed: int, device: int = 0) -> None:
     """One block per row, allocation times increasing; 1% never freed (Release columns empty)."""
     rng = np.random.default_rng(seed + 1)
@@ -188,9 +206,14 @@ def operator_memory(path: Path, n: int, seed: int, device: int = 0) -> None:
     duration = (rng.exponential(300_000_000, n).astype(np.int64) // 10 * 10) + 10
     active_duration = np.maximum(duration - rng.integers(1, 400, n) * 10, 10)
     open_ = rng.random(n) < 0.01
-    total = np.maximum(BASE_ALLOCATED + np.cumsum(rng.integers(-8192, 8200, n) * 512), size)
+    # each allocator's own running total, GE's (cann:: blocks) and PTA's (the others); a block's bytes
+    # go back at its Active Release Time (torch_npu's Release Time is when the cache records it)
+    total, release_total = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    is_ge = np.char.startswith(names.astype(str), "cann::")
+    for rows in (is_ge, ~is_ge):
+        total[rows], release_total[rows] = _allocator_totals(size[rows], t_alloc[rows],
+                                                             (t_alloc + active_duration)[rows], ~open_[rows])
     reserved = ((np.maximum.accumulate(total) >> 21) + 1) << 21
-    release_total = np.maximum(total + rng.integers(-4096, 4096, n) * 512, 0)
     device_type = f"NPU:{device}"
 
     def chunk(start: int, stop: int) -> dict[str, pa.Array]:
