@@ -229,7 +229,10 @@ def rank_hint(found: Found) -> str | None:
 
 
 def load(found: Found) -> Profile:
+    from memgate.model import check_byte_ranges
+
     profile = found.format.load(found.path)
+    check_byte_ranges(profile)  # before anything adds byte counts up in int64
     if found.notes:
         notes = [*profile.metadata.get("notes", []), *found.notes]
         profile = replace(profile, metadata={**profile.metadata, "notes": notes})

@@ -185,6 +185,17 @@ def by_device(blocks: Table, devices: Texts) -> list[tuple[str, Table]]:
     return [(name, blocks.take(devices.codes == names.index(name))) for name in used]
 
 
+def step_number(digits: str, file: str | Path, column: str) -> int:
+    """The step number a writer's step name carries (``ProfilerStep#<digits>``); InputError past int64."""
+    if len(digits) > 19 or int(digits) > _INT64_MAX:
+        raise InputError("step number out of range", file=file, column=column,
+                         expected=f"a step number up to {_INT64_MAX}", found=f"{digits[:30]}{'...' if len(digits) > 30 else ''}")
+    return int(digits)
+
+
+_INT64_MAX = 2**63 - 1
+
+
 def check_steps(steps: Table, file: str | Path, *, column: str | None = None,
                 where: Sequence[str] | None = None) -> None:
     """Steps a writer recorded are distinct numbers whose spans do not overlap; InputError naming the
@@ -291,6 +302,46 @@ class Profile:
 def _check_table(table: object, what: str) -> None:
     if not isinstance(table, Table):  # a loader handing over a DataFrame is a bug, caught at the source
         raise TypeError(f"{what} must be a memgate.table.Table, not {type(table).__name__}")
+
+
+# No device holds 2**56 bytes (64 PiB): a byte count past it is garbage from the writer. Byte counts
+# that are added up (block sizes into levels and curves) must also sum below 2**62, or int64 sums
+# would wrap silently into a plausible peak.
+MAX_BYTES = 1 << 56
+MAX_SUMMED_BYTES = 1 << 62
+
+
+def check_bytes(values: np.ndarray, file: str | Path, column: str, *, summed: bool = False) -> None:
+    """InputError where an int64 byte count is past ±MAX_BYTES or, ``summed``, where the counts'
+    magnitudes add up past MAX_SUMMED_BYTES."""
+    if not len(values):
+        return
+    out = (values > MAX_BYTES) | (values < -MAX_BYTES)
+    if out.any():
+        raise InputError("byte count out of range", file=file, column=column,
+                         expected="a byte count within 2**56 (64 PiB) of 0",
+                         found=str(int(values[int(np.flatnonzero(out)[0])])))
+    if summed and float(np.abs(values).sum(dtype=np.float64)) > MAX_SUMMED_BYTES:
+        raise InputError("byte counts out of range: they add up past int64", file=file, column=column,
+                         expected="byte counts summing to under 2**62",
+                         found=f"{len(values)} counts summing to {float(np.abs(values).sum(dtype=np.float64)):.3g} bytes")
+
+
+def check_byte_ranges(profile: Profile) -> None:
+    """:func:`check_bytes` of every byte count a loaded profile holds, before anything adds them up:
+    series levels, block sizes (summed into curves) and recorded totals, the pool at the dump."""
+    for device in profile.devices:
+        for name, series in device.series.items():
+            for column in ("allocated", "reserved", "active"):
+                check_bytes(series.frame.ints(column).filled(0), profile.path, f"{device.device} {name} {column}")
+        blocks = device.blocks
+        check_bytes(blocks.ints("size").filled(0), profile.path, f"{device.device} block sizes", summed=True)
+        check_bytes(blocks.ints("alloc_total").filled(0), profile.path, f"{device.device} blocks' recorded totals")
+        if device.dump_state is not None:  # Python ints, clipped into int64 to be judged
+            state = device.dump_state
+            pool = (state.allocated, state.reserved, state.largest_free_block, state.free_bytes)
+            check_bytes(np.array([min(max(v, -MAX_SUMMED_BYTES), MAX_SUMMED_BYTES) for v in pool], dtype=np.int64),
+                        profile.path, f"{device.device} pool at the dump")
 
 
 @dataclass(frozen=True)

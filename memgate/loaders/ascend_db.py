@@ -44,6 +44,7 @@ from memgate.model import (
     Profile,
     Series,
     by_device,
+    check_bytes,
     check_steps,
     empty_blocks,
     empty_steps,
@@ -355,6 +356,8 @@ def read_npu_mem(db: Database) -> list[tuple[str, str, Table]]:
     frame["device"] = _device_labels(frame["device_id"])
     who = frame["kind"].map(NPU_MEM_KINDS)
     parts = []
+    for column in ("ddr", "hbm"):  # added up below
+        check_bytes(frame[column].fillna(0).to_numpy(dtype=np.int64), db.path, f"NPU_MEM.{column}")
     for suffix, values in (("DDR", frame["ddr"]), ("HBM", frame["hbm"]), ("Memory", frame["ddr"] + frame["hbm"])):
         parts.append(pd.DataFrame({
             "device": frame["device"], "component": "NPU MEM " + who + "/" + suffix, "t_ns": frame["t_ns"],

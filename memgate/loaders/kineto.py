@@ -67,7 +67,7 @@ import pyarrow.compute as pc
 from memgate import discover, hints
 from memgate.errors import InputError, show
 from memgate.loaders.events import is_torch_file, pair_allocs
-from memgate.model import DeviceModel, Profile, Series, empty_steps
+from memgate.model import DeviceModel, Profile, Series, empty_steps, step_number
 from memgate.readers import convert, limits
 from memgate.readers.jsonstream import (
     DuplicateKey,
@@ -960,13 +960,29 @@ def us_to_ns(values: list[Any], base: int, path: Path | None = None) -> np.ndarr
     if not values:
         return np.zeros(0, dtype=np.int64)
     try:
-        ns = _decimal_ns(pa.array(values, type=pa.decimal128(38, 9)))
+        ns = _decimal_ns(_us_decimals(values))
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # > 9 decimals or floats: exact per value
         ns = np.array([int((Decimal(v) * 1000).to_integral_value()) for v in values], dtype=np.int64)
     if base and (ns > _I64_MAX - base).any():
         raise InputError("ts + baseTimeNanoseconds is past the year 2262 (int64 ns)", file=path,
                          expected="ts relative to baseTimeNanoseconds", found=str(values[int(np.argmax(ns))]))
     return ns + base
+
+
+def _us_decimals(values: list[Any]) -> pa.Array:
+    """``values`` (ints and Decimals) as Arrow decimal128(38, 9); ArrowInvalid for a Decimal whose
+    exponent is far out of that range (pyarrow 26 crashes the process converting ``1E-99999999``
+    or ``0E-999999999`` to a decimal type, where ``1E-400`` is an error)."""
+    try:
+        exponents = list(map(Decimal.adjusted, values))
+    except TypeError:  # ints among them
+        exponents = [v.adjusted() for v in values if type(v) is Decimal]
+    if exponents and not -_DECIMAL_EXPONENTS <= min(exponents) <= max(exponents) <= _DECIMAL_EXPONENTS:
+        raise pa.ArrowInvalid("a decimal exponent out of range")
+    return pa.array(values, type=pa.decimal128(38, 9))
+
+
+_DECIMAL_EXPONENTS = 40  # decimal128(38, 9) holds values from 1e-9 to ~1e29
 
 
 def _decimal_ns(us: pa.Array) -> np.ndarray:
@@ -989,7 +1005,7 @@ def _plain_us_ns(values: list[Any], prop: Mapping[str, Any]) -> np.ndarray | Non
     if not kinds <= {Decimal, int}:
         return None
     try:
-        us = pa.array(values, type=pa.decimal128(38, 9))
+        us = _us_decimals(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         return None
     zero = np.flatnonzero(pc.equal(us, 0).to_numpy(zero_copy_only=False))
@@ -1033,7 +1049,8 @@ def _steps(path: Path, got: _Collected, schema: dict[str, Any], base: int) -> Ta
     end = _span_end(start, [e["dur"] for e in got.steps], path)
     names = cols["name"]
     assert names is not None
-    number = [int(m.group(1)) if (m := STEP_NAME.match(n)) else None for n in names.to_pylist()]
+    number = [step_number(m.group(1), path, f"traceEvents[{got.step_index[k]}].name")
+              if (m := STEP_NAME.match(n)) else None for k, n in enumerate(names.to_pylist())]
     numbered = np.array([n is not None for n in number], dtype=bool)
     if not numbered.any():
         return empty_steps()

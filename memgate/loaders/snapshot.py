@@ -50,7 +50,7 @@ from memgate import discover, fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders.events import is_torch_file, pair_allocs
-from memgate.model import DeviceModel, PoolState, Profile, Series, empty_steps
+from memgate.model import DeviceModel, PoolState, Profile, Series, check_bytes, empty_steps, step_number
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
 from memgate.readers.pyrecords import check_records
@@ -214,7 +214,7 @@ def build_profile(path: Path, data: Any) -> Profile:
     steps, steps_source = empty_steps(), None
     step_note = None
     if ann:
-        steps = _steps(ann)
+        steps = _steps(path, ann)
         if len(steps) and time_base != "time_us":
             step_note = "ProfilerStep annotations ignored: the trace has no time_us to place them on"
             steps = empty_steps()
@@ -274,6 +274,8 @@ def _read_segments(path: Path, segments: Sequence[Any], schema: dict[str, Any]) 
     seg_total = _ints(cols["total_size"], len(segments))
     seg_stream = _ints(cols.get("stream"), len(segments), fill=0)
     size = _ints(bcols["size"], len(blocks))
+    check_bytes(seg_total, path, "segments[].total_size", summed=True)
+    check_bytes(size, path, "segments[].blocks[].size", summed=True)
     # Address of each block = its segment's address + the sizes before it (legacy blocks carry none).
     before = np.cumsum(size) - size  # bytes of all blocks listed before this one
     first_before = np.concatenate([before, [0]])[offsets]  # ... before each segment's first block
@@ -443,6 +445,7 @@ def _device_model(
 
     # Series: deltas per entry, levels rebuilt backwards from the final segments.
     sizes = trace.size
+    check_bytes(sizes, path, f"device_traces[{trace.device}] size", summed=True)
     d_alloc = np.where(is_alloc, sizes, 0) - np.where(is_free, sizes, 0)
     d_active = np.where(is_alloc, sizes, 0) - np.where(is_done, sizes, 0)
     grow = _GROWS[code]
@@ -658,7 +661,7 @@ def _role(frame: Any, path: Path | None, where: str) -> _Role:
     return op, owner, fallback
 
 
-def _steps(ann: dict[str, pa.Array | None]) -> Table:
+def _steps(path: Path, ann: dict[str, pa.Array | None]) -> Table:
     """One row per ``ProfilerStep#N`` (by N): its earliest START and latest END annotation."""
     names, stages = ann["name"], ann["stage"]
     assert names is not None and stages is not None  # required by the schema
@@ -666,9 +669,11 @@ def _steps(ann: dict[str, pa.Array | None]) -> Table:
     times = _ints(ann["time_us"], len(names)) * 1000
     starts: dict[int, int] = {}
     ends: dict[int, int] = {}
-    for n, stage, t in zip(pc.struct_field(number, "n").to_pylist(), stages.to_pylist(), times.tolist()):
-        if n is None:
+    for i, (digits, stage, t) in enumerate(zip(pc.struct_field(number, "n").to_pylist(), stages.to_pylist(),
+                                               times.tolist())):
+        if digits is None:
             continue
+        n = step_number(digits, path, f"external_annotations[{i}].name")
         if stage == "START":
             starts[int(n)] = min(t, starts.get(int(n), t))
         elif stage == "END":

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from memgate.errors import InputError, show
-from memgate.model import empty_steps
+from memgate.model import empty_steps, step_number
 from memgate.readers.jsonstream import iter_array, top_level_kind
 from memgate.table import Ints, Table
 
@@ -101,14 +101,14 @@ def read_trace_view(path: Path) -> TraceView:
             if start + duration > I64_MAX:
                 raise InputError("step end out of range", file=path, column=f"[{index}].dur",
                                  expected="ts + dur before the year 2262 (int64 ns)", found=show(event.get("dur"), 40))
-            steps.append((int(m.group(1)), start, start + duration))
+            steps.append((step_number(m.group(1), path, f"[{index}].name"), start, start + duration))
         elif ph == "C" and name in MEMORY_COUNTERS:
             args = event.get("args")
             kb = args.get("KB") if isinstance(args, dict) else None
             if not isinstance(kb, (int, float, Decimal)) or isinstance(kb, bool) or not Decimal(kb).is_finite():
                 raise InputError("memory counter without a finite KB value", file=path,
                                  column=f"[{index}].args.KB", expected="a number", found=kb)
-            if not 0 <= Decimal(kb) * 1024 <= I64_MAX:
+            if not (Decimal(kb).adjusted() <= 18 and 0 <= Decimal(kb) * 1024 <= I64_MAX):  # (past 1e18: no product)
                 raise InputError("memory counter out of range" + (": its bytes overflow int64" if kb > 0 else ""),
                                  file=path, column=f"[{index}].args.KB", expected="KB >= 0 that fit int64 bytes",
                                  found=kb)
