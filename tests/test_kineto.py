@@ -906,3 +906,23 @@ def test_the_inflated_cap_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(InputError) as info:
         load(discover(path)[0])
     assert info.value.found == f"more than {len(text) - 1} bytes from a {path.stat().st_size}-byte file"
+
+
+def test_overlapping_profiler_steps_are_an_error_naming_both(tmp_path: Path) -> None:
+    # the spans of one step number merge (earliest start, latest end); two steps never overlap
+    memory = {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1,
+              "args": {"Addr": 1, "Bytes": 16, "Total Allocated": 16, "Total Reserved": 0, "Device Type": 0,
+                       "Device Id": -1}}
+
+    def step(n: int, ts: int, dur: int) -> dict[str, Any]:
+        return {"ph": "X", "name": f"ProfilerStep#{n}", "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": [memory, step(1, 0, 4), step(1, 2, 8), step(2, 10, 5)]}))
+    (found,) = discover(path)
+    steps = load(found).steps
+    assert steps.to_pandas().values.tolist() == [[1, 0, 10_000], [2, 10_000, 15_000]]  # touching is fine
+    path.write_text(json.dumps({"traceEvents": [memory, step(1, 0, 10), step(2, 5, 10)]}))
+    with pytest.raises(InputError) as info:
+        load(found)
+    assert (info.value.message, info.value.column) == ("steps 1 and 2 overlap", "ProfilerStep")

@@ -67,7 +67,7 @@ import pyarrow.compute as pc
 from memgate import discover, hints
 from memgate.errors import InputError, show
 from memgate.loaders.events import is_torch_file, pair_allocs
-from memgate.model import DeviceModel, Profile, Series, empty_steps, step_number
+from memgate.model import DeviceModel, Profile, Series, check_steps, empty_steps, step_number
 from memgate.readers import convert, limits
 from memgate.readers.jsonstream import (
     DuplicateKey,
@@ -1061,7 +1061,9 @@ def _steps(path: Path, got: _Collected, schema: dict[str, Any], base: int) -> Ta
     np.minimum.at(t_start, group, start[numbered])
     t_end = np.full(len(step), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(t_end, group, end[numbered])
-    return Table({"step": Ints.of(step), "t_start": Ints.of(t_start), "t_end": Ints.of(t_end)})
+    steps = Table({"step": Ints.of(step), "t_start": Ints.of(t_start), "t_end": Ints.of(t_end)})
+    check_steps(steps, path, column="ProfilerStep")  # one step's spans may repeat; two steps never overlap
+    return steps
 
 
 def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
