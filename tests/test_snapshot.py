@@ -421,11 +421,13 @@ def test_other_structural_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="without time_us") as info:
         snapshot.load(write(data))
     assert info.value.column == "device_traces[0][10]"
-    data = raw(MODERN)
-    data["device_traces"][0][3]["frames"] = [{"name": "f"}]
-    with pytest.raises(InputError, match="malformed stack frame") as info:
-        snapshot.load(write(data))
-    assert info.value.column == "device_traces[0][3].frames[0]"
+    for frame in ({"name": "f"}, {"name": "f", "filename": "x.py", "line": "1"},
+                  {"name": "f", "filename": "x.py", "line": True}):  # line is an integer (schema)
+        data = raw(MODERN)
+        data["device_traces"][0][3]["frames"] = [frame]
+        with pytest.raises(InputError, match="malformed stack frame") as info:
+            snapshot.load(write(data))
+        assert info.value.column == "device_traces[0][3].frames[0]"
     legacy = raw(LEGACY)
     legacy["segments"][0]["total_size"] += 512
     with pytest.raises(InputError, match="do not add up") as info:

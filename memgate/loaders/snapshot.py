@@ -647,7 +647,7 @@ def op_owner(frames: Any, path: Path | None, where: str,
 
 def _role(frame: Any, path: Path | None, where: str) -> _Role:
     if not isinstance(frame, dict) or not isinstance(frame.get("name"), str) \
-            or not isinstance(frame.get("filename"), str):
+            or not isinstance(frame.get("filename"), str) or type(frame.get("line")) is not int:
         raise InputError("malformed stack frame", file=path, column=where,
                          expected="an object with filename, line and name", found=frame)  # errors.show: bounded
     name, filename = frame["name"], frame["filename"]
