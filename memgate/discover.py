@@ -36,6 +36,10 @@ class Format:
     # When the profile recorded, (start, end) in ns since the epoch, cheaply (profiler_info), or None:
     # two profiles of one rank whose windows overlap are stated as a collision (module docstring).
     run_window: Callable[[Path], tuple[int, int] | None] | None = None
+    # Is this file named as this format names its files? A file given directly that no format claims
+    # goes to the loader whose name it bears, which says what is wrong with it (a pickle protocol,
+    # a file that is not sqlite, an empty dump) instead of "not a profile file".
+    named: Callable[[Path], bool] | None = None
 
 
 FORMATS: list[Format] = []  # in the order they are asked; each loader module registers its own
@@ -157,6 +161,9 @@ def _discover(root: Path) -> list[Found]:
     if fmt is not None:
         return [Found(root, fmt)]
     if not root.is_dir():
+        named = next((f for f in FORMATS if f.named is not None and f.named(root)), None)
+        if named is not None:
+            return [Found(root, named)]
         raise InputError("not a profile file of any known format", file=root,
                          expected="a profile directory or file (see `memgate inspect --help`)")
     found: list[Found] = []

@@ -441,4 +441,5 @@ def rank_of(db_path: Path, profile_path: Path, meta: dict[str, str], rank_map: l
 
 # Asked before the torch_npu text loader: a directory with a db and only trace_view.json is better
 # read from the db; a directory with the text CSVs is not claimed here (see the module docstring).
-discover.register(discover.Format(FORMAT, claims, load), before="torch_npu")
+discover.register(discover.Format(FORMAT, claims, load, named=lambda path: path.is_file() and bool(
+    TORCH_DB.match(path.name) or MSPROF_DB.match(path.name))), before="torch_npu")

@@ -665,4 +665,5 @@ def _rank(path: Path) -> str:
     return "0"
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank))
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank,
+                                  named=lambda path: path.is_file() and bool(CSV_NAME.search(path.name.lower()))))

@@ -758,4 +758,5 @@ def _rank_of(path: Path) -> str:
     return str(int(m.group(1))) if m else "0"
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of))
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of,
+                                  named=lambda path: path.suffix.lower() in SUFFIXES and path.is_file()))
