@@ -926,3 +926,15 @@ def test_overlapping_profiler_steps_are_an_error_naming_both(tmp_path: Path) -> 
     with pytest.raises(InputError) as info:
         load(found)
     assert (info.value.message, info.value.column) == ("steps 1 and 2 overlap", "ProfilerStep")
+
+
+def test_a_memory_event_of_another_phase_is_an_error_not_dropped(tmp_path: Path) -> None:
+    memory = {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1,
+              "args": {"Addr": 1, "Bytes": 16, "Total Allocated": 16, "Total Reserved": 0, "Device Type": 0,
+                       "Device Id": -1}}
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": [memory, dict(memory, ph="Z", ts=2)]}))
+    (found,) = discover(path)
+    with pytest.raises(InputError) as info:
+        load(found)
+    assert (info.value.column, info.value.found) == ("traceEvents[1].ph", "'Z'")
