@@ -428,6 +428,11 @@ def test_other_structural_errors(tmp_path: Path) -> None:
         with pytest.raises(InputError, match="malformed stack frame") as info:
             snapshot.load(write(data))
         assert info.value.column == "device_traces[0][3].frames[0]"
+    modern = raw(MODERN)  # blocks with addresses tile their segment too
+    modern["segments"][1]["total_size"] += 512
+    with pytest.raises(InputError, match="the blocks of a segment do not add up") as info:
+        snapshot.load(write(modern))
+    assert info.value.column == "segments[1].total_size"
     legacy = raw(LEGACY)
     legacy["segments"][0]["total_size"] += 512
     with pytest.raises(InputError, match="do not add up") as info:
