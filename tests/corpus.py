@@ -702,6 +702,15 @@ def mm_attr(tmp: Path) -> Expect:
     return Expect(path, path, line, "Attr", ("Attr",))
 
 
+@case("memscope-attr-repeated-key", "msmemscope")
+def mm_attr_repeated(tmp: Path) -> Expect:
+    # the same key twice with another value: no telling which is meant (with the same value: read)
+    path = mm_csv(tmp)
+    row = first_row(path, "Event", "MALLOC")
+    line = set_cell(path, row, "Attr", "{addr:0x1000,size:4096,size:999999999,owner:,MID:1}")
+    return Expect(path, path, line, "Attr", ("Attr repeats size with another value",))
+
+
 @case("memscope-timestamp-20-digits", "msmemscope")
 def mm_ts(tmp: Path) -> Expect:
     path = mm_csv(tmp)

@@ -383,7 +383,14 @@ def parse_attr(rows: Rows, mem_idx: np.ndarray, is_malloc: np.ndarray) -> Attr:
         hit = np.flatnonzero(codes == names.index(name)) if name in names else np.array([], dtype=np.int64)
         out = pd.Series(pd.NA, index=range(m), dtype="string")
         if len(hit):
-            # a repeated key: the last one wins
+            repeated = pd.Index(parent[hit]).duplicated(keep=False)
+            if repeated.any():  # a key twice in one Attr: the same value, or no telling which is meant
+                seen = pd.DataFrame({"row": parent[hit[repeated]],
+                                     "value": _strings(value.take(pa.array(hit[repeated]))).to_numpy()})
+                differ = seen.groupby("row", sort=True)["value"].nunique()
+                if (differ > 1).any():
+                    raise fail(int(differ.index[(differ > 1).to_numpy()][0]), f"Attr repeats {name} with another value",
+                               "each key once in Attr (or repeated with the same value)")
             keep = hit[~pd.Index(parent[hit]).duplicated(keep="last")]
             out.iloc[parent[keep]] = _strings(value.take(pa.array(keep))).to_numpy()
         return out.mask(out == "")
