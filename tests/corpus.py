@@ -694,21 +694,22 @@ def mm_utf16(tmp: Path) -> Expect:
     return Expect(path, path, 1, None, ("header is not utf-8 text",))
 
 
+def _mm_first_malloc_attr(tmp: Path, attr: str, says: str) -> Expect:
+    path = mm_csv(tmp)
+    line = set_cell(path, first_row(path, "Event", "MALLOC"), "Attr", attr)
+    return Expect(path, path, line, "Attr", (says,))
+
+
 @case("memscope-attr-malformed", "msmemscope")
 def mm_attr(tmp: Path) -> Expect:
-    path = mm_csv(tmp)
-    row = first_row(path, "Event", "MALLOC")
-    line = set_cell(path, row, "Attr", "{size:12,addr")
-    return Expect(path, path, line, "Attr", ("Attr",))
+    return _mm_first_malloc_attr(tmp, "{size:12,addr", "Attr")
 
 
 @case("memscope-attr-repeated-key", "msmemscope")
 def mm_attr_repeated(tmp: Path) -> Expect:
     # the same key twice with another value: no telling which is meant (with the same value: read)
-    path = mm_csv(tmp)
-    row = first_row(path, "Event", "MALLOC")
-    line = set_cell(path, row, "Attr", "{addr:0x1000,size:4096,size:999999999,owner:,MID:1}")
-    return Expect(path, path, line, "Attr", ("Attr repeats size with another value",))
+    return _mm_first_malloc_attr(tmp, "{addr:0x1000,size:4096,size:999999999,owner:,MID:1}",
+                                 "Attr repeats size with another value")
 
 
 @case("memscope-timestamp-20-digits", "msmemscope")
