@@ -187,10 +187,11 @@ def by_device(blocks: Table, devices: Texts) -> list[tuple[str, Table]]:
 
 def step_number(digits: str, file: str | Path, column: str) -> int:
     """The step number a writer's step name carries (``ProfilerStep#<digits>``); InputError past int64."""
-    if len(digits) > 19 or int(digits) > _INT64_MAX:
+    number = int(digits) if len(digits) <= 19 else None  # (no int of thousands of digits)
+    if number is None or number > _INT64_MAX:
         raise InputError("step number out of range", file=file, column=column,
                          expected=f"a step number up to {_INT64_MAX}", found=f"{digits[:30]}{'...' if len(digits) > 30 else ''}")
-    return int(digits)
+    return number
 
 
 _INT64_MAX = 2**63 - 1

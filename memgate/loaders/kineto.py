@@ -759,13 +759,13 @@ class _Collected:
                     py_index.append(first + i)
                     for key in _OP_FIELDS:
                         py_columns[key].append(get(key))
-            elif ph == "i" and get("name") == "[memory]":
+            elif get("name") == "[memory]":
+                if ph != "i":  # read as another kind of event, its bytes would go unseen
+                    raise InputError("a [memory] event that is not an instant event", file=self.path,
+                                     column=f"traceEvents[{first + i}].ph",
+                                     expected="'i' (Kineto's [memory] events)", found=show(ph, 20))
                 mem.append(event)
                 mem_index.append(first + i)
-            elif get("name") == "[memory]":  # dropped as another kind of event, its bytes would go unseen
-                raise InputError("a [memory] event that is not an instant event", file=self.path,
-                                 column=f"traceEvents[{first + i}].ph", expected="'i' (Kineto's [memory] events)",
-                                 found=show(ph, 20))
         self.mem.count += len(mem)
         self.ops.count += len(op_index)
         if mem and self.mem.problem is None:

@@ -678,9 +678,9 @@ def _steps(path: Path, ann: dict[str, pa.Array | None]) -> Table:
             continue
         n = step_number(digits, path, f"external_annotations[{i}].name")
         if stage == "START":
-            starts[int(n)] = min(t, starts.get(int(n), t))
+            starts[n] = min(t, starts.get(n, t))
         elif stage == "END":
-            ends[int(n)] = max(t, ends.get(int(n), t))
+            ends[n] = max(t, ends.get(n, t))
     if not starts and not ends:
         return empty_steps()
     steps = sorted(starts.keys() | ends.keys())

@@ -105,15 +105,16 @@ def read_trace_view(path: Path) -> TraceView:
         elif ph == "C" and name in MEMORY_COUNTERS:
             args = event.get("args")
             kb = args.get("KB") if isinstance(args, dict) else None
-            if not isinstance(kb, (int, float, Decimal)) or isinstance(kb, bool) or not Decimal(kb).is_finite():
+            if not isinstance(kb, (int, float, Decimal)) or isinstance(kb, bool) \
+                    or not (exact := Decimal(kb)).is_finite():
                 raise InputError("memory counter without a finite KB value", file=path,
                                  column=f"[{index}].args.KB", expected="a number", found=kb)
-            if not (Decimal(kb).adjusted() <= 18 and 0 <= Decimal(kb) * 1024 <= I64_MAX):  # (past 1e18: no product)
+            if not (exact.adjusted() <= 18 and 0 <= exact * 1024 <= I64_MAX):  # (past 1e18: no product)
                 raise InputError("memory counter out of range" + (": its bytes overflow int64" if kb > 0 else ""),
                                  file=path, column=f"[{index}].args.KB", expected="KB >= 0 that fit int64 bytes",
                                  found=kb)
             t = us_to_ns(event.get("ts"), path, f"[{index}].ts")
-            samples.setdefault((event.get("pid"), name), []).append((t, round(Decimal(kb) * 1024)))
+            samples.setdefault((event.get("pid"), name), []).append((t, round(exact * 1024)))
         elif ph == "M" and name == "process_name":
             args = event.get("args")
             if isinstance(args, dict) and args.get("name") == "NPU MEM":

@@ -247,14 +247,14 @@ def int64_series(values: ArrowColumn) -> pd.Series:
 def int64_parts(values: ArrowColumn) -> tuple[np.ndarray, np.ndarray]:
     """(values, missing) of an int64 Arrow column, 0 where missing, copied once: each chunk's buffers
     are read in place (pandas' own conversion concatenates the chunks, then copies the result)."""
-    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
-    data = np.concatenate([_int64_view(c) for c in chunks]) if chunks else np.zeros(0, dtype=np.int64)
+    chunks = int64_chunks(values)
+    data = np.concatenate([part for part, _ in chunks]) if chunks else np.zeros(0, dtype=np.int64)
     missing = np.zeros(len(data), dtype=bool)
     start = 0
-    for chunk in chunks:
-        if chunk.null_count:
-            missing[start:start + len(chunk)] = ~_valid_bits(chunk)
-        start += len(chunk)
+    for part, absent in chunks:
+        if absent is not None:
+            missing[start:start + len(part)] = absent
+        start += len(part)
     if missing.any():
         data[missing] = 0
     return data, missing
