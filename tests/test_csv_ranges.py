@@ -294,6 +294,28 @@ def test_bad_utf8_in_a_later_range_names_its_line(tmp_path: Path) -> None:
         assert fields(error_of(path, RECORD)) == fields(whole)
 
 
+@pytest.mark.parametrize("column", OPS_HEADER)
+@pytest.mark.parametrize("plan", [None, torch_npu.OPERATOR_MEMORY_COLUMNS], ids=["text", "loader"])
+@pytest.mark.parametrize("size", [None, 1000], ids=["one-read", "ranges"])
+def test_a_byte_that_is_not_utf8_is_refused_in_any_column(tmp_path: Path, column: str,
+                                                          plan: dict[str, csvtable.Converter] | None,
+                                                          size: int | None) -> None:
+    # Cells are read as bytes; number columns are proven ASCII, encoded columns (device, stream, op
+    # names) have their distinct values checked, the rest is checked whole: a bad byte is found in each.
+    rows = ops_rows(3000)
+    at = 2500
+    cell = rows[at][OPS_HEADER.index(column)]
+    path = write(tmp_path / "operator_memory.csv", OPS_HEADER, rows)
+    data = path.read_bytes()
+    start = data.index(("\n" + ",".join(rows[at]) + "\n").encode()) + 1
+    offset = start + len(",".join(rows[at][:OPS_HEADER.index(column)])) + (1 if OPS_HEADER.index(column) else 0)
+    assert data[offset:offset + len(cell)] == cell.encode()
+    path.write_bytes(data[:offset + 1] + b"\xe9" + data[offset + 1:])  # a Latin-1 byte inside the cell
+    with ranges_of(size) if size else contextlib.nullcontext():
+        err = error_of(path, OPS, plan)
+    assert err.line == at + 2 and err.message.startswith("file is not UTF-8 text"), fields(err)
+
+
 # -- what Arrow accepts and the patterns do not ------------------------------------------------------
 
 TIME_LAX = ["+5", ".5", "5.", "5e3", "5E3", " 5", "5 ", "nan", "NaN", "inf", "-5", "5.\t", "\t5", "5\t\t", "1.2.3",

@@ -110,7 +110,8 @@ class CsvTable:
         offset = 0
         for batch in _open_csv(self.path, _column_names(self.path, list(self.header)), [name]):
             if row < offset + batch.num_rows:
-                return batch.column(0)[row - offset].as_py()  # type: ignore[no-any-return]
+                value = batch.column(0)[row - offset].as_py()
+                return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
             offset += batch.num_rows
         raise IndexError(row)
 
@@ -357,8 +358,8 @@ BLOCK_BYTES = 4 << 20
 
 
 def _open_csv(path: Path, names: list[str], include: list[str], start: int = 0) -> Iterator[pa.RecordBatch]:
-    """The file's data rows (from byte ``start``, a line start) as text batches, Arrow's parse errors
-    turned into InputError."""
+    """The file's data rows (from byte ``start``, a line start) as batches of bytes (:func:`_texts`
+    makes them text), Arrow's parse errors turned into InputError."""
     source = pa.OSFile(str(path))
     try:
         source.seek(start)
@@ -383,7 +384,9 @@ def _read_options(names: list[str], start: int, use_threads: bool) -> pacsv.Read
 
 
 def _convert_options(names: list[str], include: list[str]) -> pacsv.ConvertOptions:
-    return pacsv.ConvertOptions(column_types={n: pa.string() for n in names}, include_columns=include,
+    # Cells are read as bytes: Arrow's UTF-8 check would read every byte of the number columns, which
+    # their proofs read anyway (a proven cell is ASCII); :func:`_texts` checks the other columns.
+    return pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}, include_columns=include,
                                 strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=True)
 
 
@@ -421,6 +424,10 @@ class _RangeRead:
     rows: int
     columns: dict[str, list[pa.Array]]
     bytes: int
+
+
+class _NotUtf8(Exception):
+    """A block holds a cell that is not UTF-8 (the file's first such line is found by the caller)."""
 
 
 class _CellError(Exception):
@@ -547,7 +554,7 @@ def _parse_range(path: Path, names: list[str], wanted: list[str], checks: list[t
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
         raise _arrow_error(path, exc, len(names), start) from None
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, _NotUtf8):
         raise _encoding_error(path) from None
     return _RangeRead(rows, kept, len(data))
 
@@ -624,6 +631,8 @@ def _process(path: Path, batch: pa.RecordBatch, offset: int, checks: list[tuple[
         return _check_convert(batch, checks, plan)
     except _CellError as exc:
         raise exc.error(path, line_of(path, offset + exc.row)) from None
+    except _NotUtf8:
+        raise _encoding_error(path) from None
 
 
 def _check_convert(batch: pa.RecordBatch, checks: list[tuple[str, dict[str, Any]]],
@@ -631,20 +640,23 @@ def _check_convert(batch: pa.RecordBatch, checks: list[tuple[str, dict[str, Any]
     """Validate one block, then convert its planned columns, each cell read once where the check's
     work serves the conversion (:class:`convert.FromParsed`); :class:`_CellError` names the row."""
     first: tuple[int, str, str, str] | None = None  # row, column, problem, expected
-    parsed: dict[str, Parsed] = {}
+    raw = dict(zip(batch.schema.names, batch.columns))
     # A column equal cell for cell to an earlier one under the same property (torch_npu writes its
     # allocated and active totals from one value when nothing waits to be freed) gets that column's
     # check and conversion: comparing two columns costs a fraction of checking one.
-    results: dict[str, tuple[int | None, str, Parsed | None]] = {}
     twin_of: dict[str, str] = {}
     for at, (name, prop) in enumerate(checks):
-        column = batch.column(name)
         twin = next((other for other, other_prop in checks[:at]
-                     if other in results and other_prop == prop and batch.column(other).equals(column)), None)
+                     if other not in twin_of and other_prop == prop and raw[other].equals(raw[name])), None)
         if twin is not None:
             twin_of[name] = twin
-        else:
-            results[name] = _first_bad_parsed(column, prop)
+    columns, found = _texts(raw, checks, plan, twin_of)
+    parsed: dict[str, Parsed] = {}
+    results: dict[str, tuple[int | None, str, Parsed | None]] = {}
+    for name, prop in checks:
+        if name not in twin_of:
+            proof, encoded = found.get(name, (None, None))
+            results[name] = _first_bad_parsed(columns[name], prop, proof, tried=True, encoded=encoded)
         bad_row, problem, proof = results[twin_of.get(name, name)]
         if proof is not None:
             parsed[name] = proof
@@ -652,7 +664,7 @@ def _check_convert(batch: pa.RecordBatch, checks: list[tuple[str, dict[str, Any]
             first = (bad_row, name, problem, describe(prop))
     if first is not None:
         row, name, problem, expected = first
-        value = batch.column(name)[row].as_py()
+        value = columns[name][row].as_py()
         raise _CellError(row, name, problem, expected, repr(value) if value is not None else "an empty cell")
     out: dict[str, pa.Array] = {}
     for name, converter in plan.items():
@@ -660,15 +672,54 @@ def _check_convert(batch: pa.RecordBatch, checks: list[tuple[str, dict[str, Any]
         if twin is not None and twin in out and plan[twin] == converter:
             out[name] = out[twin]
             continue
-        column = batch.column(name)
+        column = columns[name]
+        encoded = found.get(name, (None, None))[1]
+        known = parsed.get(name) or (Parsed(encoded=encoded) if encoded is not None else None)
         try:
             if isinstance(converter, convert.FromParsed):
-                out[name] = converter(column, parsed.get(name))
+                out[name] = converter(column, known)
             else:
                 out[name] = converter(column)
         except convert.OutOfRange as exc:
             raise _CellError(exc.row, name, exc.message, exc.expected, exc.found) from None
     return out
+
+
+def _texts(raw: dict[str, pa.Array], checks: list[tuple[str, dict[str, Any]]], plan: dict[str, Converter],
+           twin_of: dict[str, str]) -> tuple[dict[str, pa.Array], dict[str, tuple[Parsed | None, pa.Array | None]]]:
+    """The block's columns as text, and for each column what reading it found: the proof of a
+    number column (:func:`numtext.prove`), the dictionary encoding of a column of few distinct
+    values or of one converted to categories.
+
+    Arrow reads the cells as bytes. A proven column is ASCII (digits, dots, signs, TABs): its bytes
+    are text as they are. Of an encoded column only the distinct values are checked to be UTF-8;
+    every other column is checked whole. All before any cell of the block is judged, as when
+    Arrow's parse checked the text. Raises :class:`_NotUtf8`.
+    """
+    props = dict(checks)
+    columns: dict[str, pa.Array] = {}
+    found: dict[str, tuple[Parsed | None, pa.Array | None]] = {}
+    for name, column in raw.items():
+        if name in twin_of:
+            continue
+        if pa.types.is_binary(column.type):
+            view, prop = column.view(pa.string()), props.get(name, {})
+            proof = prove(view, prop["pattern"]) if "pattern" in prop else None
+            encoded = None
+            if proof is None and (isinstance(plan.get(name), convert.ToCategories)
+                                  or (("pattern" in prop or "enum" in prop) and _few_distinct(view))):
+                encoded = pc.dictionary_encode(view)
+            try:
+                if proof is None:
+                    (encoded.dictionary if encoded is not None else view).validate(full=True)
+            except pa.ArrowInvalid:
+                raise _NotUtf8 from None
+            column = view
+            found[name] = (proof, encoded)
+        columns[name] = column
+    for name, twin in twin_of.items():
+        columns[name] = columns[twin]
+    return columns, found
 
 
 def _arrow_error(path: Path, exc: Exception, fields: int, start: int = 0) -> InputError:
@@ -811,13 +862,19 @@ def _first_bad(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[i
     return row, problem
 
 
-def _first_bad_parsed(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[int | None, str, Parsed | None]:
-    """:func:`_first_bad`, with what proving the column valid computed (for its conversion)."""
-    proof = prove(col, prop["pattern"]) if "pattern" in prop and isinstance(col, pa.Array) else None
+def _first_bad_parsed(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any], proof: Parsed | None = None,
+                      tried: bool = False, encoded: pa.Array | None = None) -> tuple[int | None, str, Parsed | None]:
+    """:func:`_first_bad`, with what proving the column valid computed (for its conversion);
+    ``tried``: ``proof`` is what :func:`numtext.prove` gave already, and ``encoded`` the column's
+    dictionary encoding where it has few distinct values (None: it was not encoded)."""
+    if not tried:
+        proof = prove(col, prop["pattern"]) if "pattern" in prop and isinstance(col, pa.Array) else None
     if proof is not None:  # left to check: empty cells, enum
         prop = {key: value for key, value in prop.items() if key != "pattern"}
-    if ("pattern" in prop or "enum" in prop) and _few_distinct(col):
-        encoded = pc.dictionary_encode(col) if isinstance(col, pa.Array) else None
+    few = (encoded is not None) if tried else (("pattern" in prop or "enum" in prop) and _few_distinct(col))
+    if ("pattern" in prop or "enum" in prop) and few:
+        if encoded is None and isinstance(col, pa.Array):
+            encoded = pc.dictionary_encode(col)
         distinct = encoded.dictionary if encoded is not None else pc.unique(col)
         if col.null_count and encoded is not None:
             distinct = pa.concat_arrays([distinct, pa.nulls(1, distinct.type)])
