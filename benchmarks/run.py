@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,6 +181,7 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
     stderr: str = ""
     cpu_s: float = 0.0  # user + system time of the process and the children it waited for
+    samples: list[float] = field(default_factory=list)  # the compared time of each repeat (best_of)
 
 
 # A tiny launcher between this (large) process and each measured one: a child's ru_maxrss also
@@ -198,6 +199,7 @@ _LAUNCHER = (
 @dataclass
 class Settings:
     warm_memory_gib: float = 6.0  # --warm-memory
+    repeats: int = 3  # --repeat
 
 
 SETTINGS = Settings()
@@ -286,6 +288,32 @@ profile_metrics(profile)
 phase("metrics")
 print(json.dumps({"op_s": time.perf_counter() - started, "cpu_s": cpu}))
 """
+
+
+def best_of(base: Callable[[], Run], mine: Callable[[], Run], clock: str) -> tuple[Run, Run]:
+    """The fastest of ``SETTINGS.repeats`` runs of each side, taken in turn (base, mine, base, ...).
+
+    For the lines whose ratio sits near its target. On these VMs noise only ever adds time (other
+    tenants, memory the host backs again): the same process moved 3.1-4.4 s (the CSV baseline) and
+    6.3-9.6 s (`_memory_viz stats`) from run to run, so one run of each side is a coin toss while the
+    fastest of a few is what each side costs. Both sides get the same treatment; every sample is kept.
+    """
+    runs: tuple[list[Run], list[Run]] = ([], [])
+    for _ in range(max(1, SETTINGS.repeats)):
+        runs[0].append(base())
+        runs[1].append(mine())
+
+    def time_of(run: Run) -> float:
+        value = run.op_s if clock == "op" else run.wall_s
+        return float("inf") if value is None or run.rc != 0 else value
+
+    best = []
+    for side in runs:
+        failed = next((run for run in side if run.rc != 0), None)
+        chosen = failed or min(side, key=time_of)
+        chosen.samples = [time_of(run) for run in side]
+        best.append(chosen)
+    return best[0], best[1]
 
 
 STARTUP_REPEATS = 21
@@ -458,8 +486,8 @@ def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = 
     if "csv" in inputs:
         info = inputs["csv"]
         log("csv ...")
-        base = measure("pandas.read_csv(engine=pyarrow)", child_cmd("pandas-pyarrow", *info["files"]))
-        mine = lib("csv", info["path"])
+        base, mine = best_of(lambda: measure("pandas.read_csv(engine=pyarrow)", child_cmd("pandas-pyarrow", *info["files"])),
+                             lambda: lib("csv", info["path"]), "op")
         net = mine.peak_rss - base_rss.peak_rss
         model = mine.extra.get("model_bytes")
         line = Line("csv", "pandas.read_csv(engine='pyarrow')", base, mine, "memgate inspect (lib)", "op",
@@ -502,10 +530,13 @@ def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = 
         lines.append(Line("snapshot", "pickle.load (unrestricted)", base, mine, "memgate inspect (lib)", "op",
                           "≤1.5× unpickling", 1.5))
         log("  CLI and torch.cuda._memory_viz ...")
-        cli = measure("cli", cli_cmd(path), capture=False)
+
+        def viz_run(sub: str) -> Run:
+            return measure(f"_memory_viz {sub}", [PY, "-m", "torch.cuda._memory_viz", sub, path], capture=False)
+
         viz = {}
-        for sub in ("stats", "trace"):
-            viz[sub] = measure(f"_memory_viz {sub}", [PY, "-m", "torch.cuda._memory_viz", sub, path], capture=False)
+        viz["stats"], cli = best_of(lambda: viz_run("stats"), lambda: measure("cli", cli_cmd(path), capture=False), "wall")
+        viz["trace"] = viz_run("trace")
         # issue 12's target: ≥ 3× faster than `stats`, process wall; `trace` (the viewer's page) for reference
         lines.append(Line("snapshot", "python -m torch.cuda._memory_viz stats", viz["stats"], cli,
                           "memgate inspect --json (CLI)", "wall", "≥3× faster", 1 / 3))
@@ -540,6 +571,14 @@ def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = 
     return lines, extras
 
 
+def _samples(line: Line) -> str:
+    """Every repeat of a best-of line (its fastest is the one compared)."""
+    if len(line.base.samples) < 2 or len(line.mine.samples) < 2:
+        return ""
+    return (f"fastest of {len(line.base.samples)}: " + "/".join(f"{x:.2f}" for x in line.base.samples) + " vs "
+            + "/".join(f"{x:.2f}" for x in line.mine.samples) + " s")
+
+
 def table(lines: list[Line]) -> list[str]:
     head = ("input", "baseline", "base time", "memgate", "memgate time", "ratio", "target", "result", "peak RSS base",
             "peak RSS memgate", "CPU base/memgate", "note")
@@ -549,7 +588,7 @@ def table(lines: list[Line]) -> list[str]:
         r = ln.ratio()
         rows.append((ln.input, ln.baseline, _s(b), ln.mine_name, _s(m), "-" if r is None else f"{r:.2f}×", ln.target,
                      ln.verdict(), _mb(ln.base.peak_rss), _mb(ln.mine.peak_rss),
-                     f"{ln.base.cpu_s:.1f}/{ln.mine.cpu_s:.1f} s", ln.rss_note))
+                     f"{ln.base.cpu_s:.1f}/{ln.mine.cpu_s:.1f} s", "; ".join(filter(None, (ln.rss_note, _samples(ln))))))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(head))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
@@ -569,8 +608,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="workers for the parallel 64-rank line")
     parser.add_argument("--warm-memory", type=float, default=SETTINGS.warm_memory_gib, metavar="GIB",
                         help="GiB touched by a throwaway process before each measured one (0: none)")
+    parser.add_argument("--repeat", type=int, default=SETTINGS.repeats, metavar="N",
+                        help="runs of each side of the CSV and snapshot-vs-stats lines, in turn; the fastest counts")
     args = parser.parse_args(argv)
-    SETTINGS.warm_memory_gib = args.warm_memory
+    SETTINGS.warm_memory_gib, SETTINGS.repeats = args.warm_memory, args.repeat
     only = tuple(x for x in args.only.split(",") if x)
     info = machine() | {"warm_memory_gib": args.warm_memory}
     print("machine: " + ", ".join(f"{k}={v}" for k, v in info.items()), flush=True)
