@@ -28,6 +28,7 @@ import stat
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from pathlib import Path
 
 from groundtruth import Block, Trace
@@ -1070,6 +1071,28 @@ def pickle_values(tmp: Path) -> Expect:
     return Expect(path, path, None, "segments[0]", ())
 
 
+@case("pickle-alloc-twice-same-address", "torch_snapshot")
+def pickle_alloc_twice(tmp: Path) -> Expect:
+    path = snapshot_file(tmp)
+    data = pickle.loads(path.read_bytes())
+    trace = data["device_traces"][0]
+    at = next(i for i, e in enumerate(trace) if e["action"] == "alloc")
+    trace.insert(at + 1, {**trace[at], "time_us": trace[at]["time_us"] + 1})
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    return Expect(path, path, None, f"device_traces[0][{at + 1}]", ("allocated twice",))
+
+
+@case("pickle-free-twice-same-address", "torch_snapshot")
+def pickle_free_twice(tmp: Path) -> Expect:
+    path = snapshot_file(tmp)
+    data = pickle.loads(path.read_bytes())
+    trace = data["device_traces"][0]
+    at = next(i for i, e in enumerate(trace) if e["action"] == "free_requested")
+    trace.insert(at + 1, {**trace[at], "time_us": trace[at]["time_us"] + 1})
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    return Expect(path, path, None, f"device_traces[0][{at + 1}]", ("freed twice",))
+
+
 @case("pickle-negative-trace-size", "torch_snapshot")
 def pickle_negative(tmp: Path) -> Expect:
     path = snapshot_file(tmp)
@@ -1164,6 +1187,33 @@ def kineto_ts_ns(tmp: Path) -> Expect:
     end = text.index(",", at)
     path.write_text(text[:at] + '"ts": 1736408883573957000.000' + text[end:], "utf-8")
     return Expect(path, path, None, "traceEvents", ())
+
+
+@case("kineto-alloc-twice-same-address", "kineto")
+def kineto_alloc_twice(tmp: Path) -> Expect:
+    # an alloc of an address still allocated: one free is missing, or the file is corrupt
+    path = kineto_file(tmp)
+    trace = json.loads(path.read_text("utf-8"))
+    events = trace["traceEvents"]
+    at = next(i for i, e in enumerate(events) if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0)
+    again = json.loads(json.dumps(events[at]))
+    again["ts"] = float(Decimal(str(events[at]["ts"])) + Decimal("0.001"))
+    events.insert(at + 1, again)
+    path.write_text(json.dumps(trace), "utf-8")
+    return Expect(path, path, None, f"traceEvents[{at + 1}]", ("allocated twice",))
+
+
+@case("kineto-free-twice-same-address", "kineto")
+def kineto_free_twice(tmp: Path) -> Expect:
+    path = kineto_file(tmp)
+    trace = json.loads(path.read_text("utf-8"))
+    events = trace["traceEvents"]
+    at = next(i for i, e in enumerate(events) if e.get("name") == "[memory]" and e["args"]["Bytes"] < 0)
+    again = json.loads(json.dumps(events[at]))
+    again["ts"] = float(Decimal(str(events[at]["ts"])) + Decimal("0.001"))
+    events.insert(at + 1, again)
+    path.write_text(json.dumps(trace), "utf-8")
+    return Expect(path, path, None, f"traceEvents[{at + 1}]", ("freed twice",))
 
 
 @case("kineto-empty-file", "kineto")

@@ -7,26 +7,75 @@ Its own module so that loading one format does not import the other's loader.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 
-def pair_allocs(addr: np.ndarray, is_alloc: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class Pairing:
+    """Each alloc's free and each free's alloc at the same address (-1: none in the window)."""
+
+    partner: np.ndarray
+    # The first event (in the given order) that repeats its address's previous action: an alloc of an
+    # address allocated and not freed since, or a free of one freed and not allocated since. An
+    # allocator never does either; a record that shows one lost an event or is corrupt. None: none.
+    repeated: int | None
+
+
+def pair_allocs(addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray | None = None) -> Pairing:
     """For events in time order: the index of each alloc's next free at the same address, and of each
     free's alloc; -1 where there is none (a free of memory allocated before the window, a block still
     live at its end). Vectorized: a stable sort by address keeps time order within an address.
+
+    ``t``: the events' times, where the events of one instant may be listed in another order than
+    they happened (µs timestamps, events reported by several threads): an alloc and a free of one
+    address at one instant are then taken in the order the address allows (its free first while it
+    is live). Without ``t`` the given order is the truth (a snapshot's trace is in record order).
     """
     n = len(addr)
     partner = np.full(n, -1, dtype=np.int64)
     if n < 2:
-        return partner
+        return Pairing(partner, None)
     by_addr = np.argsort(addr, kind="stable")  # stable: time order within an address
+    if t is not None:
+        _order_ties(by_addr, addr, is_alloc, t)
     a = addr[by_addr]
     alloc = is_alloc[by_addr]
-    matched = np.flatnonzero((a[1:] == a[:-1]) & alloc[:-1] & ~alloc[1:])
+    same = a[1:] == a[:-1]
+    matched = np.flatnonzero(same & alloc[:-1] & ~alloc[1:])
     partner[by_addr[matched]] = by_addr[matched + 1]
     partner[by_addr[matched + 1]] = by_addr[matched]
-    return partner
+    repeats = by_addr[np.flatnonzero(same & (alloc[1:] == alloc[:-1])) + 1]
+    return Pairing(partner, int(repeats.min()) if len(repeats) else None)
+
+
+def _order_ties(by_addr: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray) -> None:
+    """Reorder, in place, the allocs and frees of one address at one instant: alternating, the free
+    first where the address is live just before (its previous event is an alloc), else the alloc.
+    Such instants are rare (a Python loop over them); an address's first instant keeps its order."""
+    a, tt = addr[by_addr], t[by_addr]
+    tie = (a[1:] == a[:-1]) & (tt[1:] == tt[:-1])
+    mixed = np.flatnonzero(tie & (is_alloc[by_addr[1:]] != is_alloc[by_addr[:-1]]))
+    done = -1
+    for k in mixed.tolist():
+        if k <= done:
+            continue
+        first = k
+        while first > 0 and tie[first - 1]:
+            first -= 1
+        last = k + 1
+        while last < len(tie) and tie[last]:
+            last += 1
+        done = last
+        if first == 0 or a[first - 1] != a[first]:
+            continue  # the address's first instant: nothing says which came first
+        group = by_addr[first:last + 1]
+        kinds = is_alloc[group]
+        allocs, frees = group[kinds].tolist(), group[~kinds].tolist()
+        lead, follow = (frees, allocs) if is_alloc[by_addr[first - 1]] else (allocs, frees)
+        merged = [x for pair in zip(lead, follow) for x in pair] + lead[len(follow):] + follow[len(lead):]
+        by_addr[first:last + 1] = merged
 
 
 _TORCH_DIR = re.compile(r"(^|/)(torch|torch_npu)/")

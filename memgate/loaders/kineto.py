@@ -817,7 +817,7 @@ class _Collected:
         self.mem.append(t=t, nbytes=_ints(cols["args.Bytes"], n), addr=addr,
                         dtype=_ints(cols["args.Device Type"], n), did=_ints(cols["args.Device Id"], n),
                         total_alloc=total_alloc, no_alloc=no_alloc, total_res=total_res, no_res=no_res,
-                        thread=self._threads(pids, tids, cols))
+                        thread=self._threads(pids, tids, cols), event=np.asarray(index, dtype=np.int64))
 
     def _add_ops(self, columns: dict[str, list[Any]], index: list[int], kept: _Kept | None = None,
                  names: _Codes | None = None) -> None:
@@ -1104,7 +1104,8 @@ def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
         rows = order[label_of[order] == k]
         cpu = bool(dtype[rows[0]] == CPU)
         model = (_unpaired_device(path, label, rows, t, nbytes, total_alloc, total_res, op, cpu=cpu) if unpaired
-                 else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu))
+                 else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu,
+                              event=mem.column("event")))
         models.append(_with_owners(model, rows, nbytes, owner))
     return models
 
@@ -1137,12 +1138,21 @@ def _nullable(arr: pa.Array | None, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.ndarray, addr: np.ndarray,
             total_alloc: tuple[np.ndarray, np.ndarray], total_res: tuple[np.ndarray, np.ndarray], op: np.ndarray, *,
-            cpu: bool) -> DeviceModel:
-    """Blocks and the allocator series of one device; ``rows`` are its events in time order."""
+            cpu: bool, event: np.ndarray) -> DeviceModel:
+    """Blocks and the allocator series of one device; ``rows`` are its events in time order, ``event``
+    each row's index in traceEvents."""
     b = nbytes[rows]
     moving = rows[b != 0]
     is_alloc = nbytes[moving] > 0
-    partner = pair_allocs(addr[moving], is_alloc)
+    pairing = pair_allocs(addr[moving], is_alloc, t[moving])
+    if pairing.repeated is not None:
+        k = int(moving[pairing.repeated])
+        twice = "allocated" if nbytes[k] > 0 else "freed"
+        raise InputError(f"an address {twice} twice with no {'free' if twice == 'allocated' else 'alloc'} between "
+                         f"(on {label})", file=path, column=f"traceEvents[{int(event[k])}]",
+                         expected="allocs and frees of one address in turn", found=f"Addr {int(addr[k])}, "
+                         f"Bytes {int(nbytes[k])}")
+    partner = pairing.partner
     allocs = np.flatnonzero(is_alloc)
     early = np.flatnonzero(~is_alloc & (partner < 0))  # frees of memory allocated before profiling
     freed_at = partner[allocs]

@@ -410,7 +410,10 @@ def _device_model(
     is_free = (code == _A["free_requested"]) | (code == _A["free"])
     is_done = (code == _A["free_completed"]) | (code == _A["free"])
     sel = np.flatnonzero(is_alloc | is_free)
-    partner_sel = pair_allocs(trace.addr[sel], is_alloc[sel])
+    pairing = pair_allocs(trace.addr[sel], is_alloc[sel])
+    if pairing.repeated is not None:
+        raise _repeated(path, trace, int(sel[pairing.repeated]))
+    partner_sel = pairing.partner
     partner = np.full(trace.n, -1, dtype=np.int64)
     partner[sel] = np.where(partner_sel >= 0, sel[np.maximum(partner_sel, 0)], -1)
 
@@ -499,6 +502,16 @@ def _device_model(
         dump_state=_pool_state(segs, mine, segs.seg_device == dev, path),
     )
     return model, facts
+
+
+def _repeated(path: Path, trace: _Trace, k: int) -> InputError:
+    """The error for the entry at sorted position ``k`` that repeats its address's last action."""
+    action = ACTIONS[int(trace.code[k])]
+    twice = "allocated" if action == "alloc" else "freed"
+    return InputError(f"an address {twice} twice with no {'free' if twice == 'allocated' else 'alloc'} between",
+                      file=path, column=f"device_traces[{trace.device}][{int(trace.order[k])}]",
+                      expected="allocs and frees of one address in turn (torch's caching allocator)",
+                      found=f"{action} of {hex(int(trace.addr[k]))} ({int(trace.size[k])} bytes)")
 
 
 def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, path: Path) -> PoolState:
