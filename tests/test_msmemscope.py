@@ -90,6 +90,36 @@ def test_new_format_blocks_match_allocation_id_pairing(path: Path) -> None:
     assert blocks_as_tuples(profile.devices[0].blocks) == expected
 
 
+def _with_a_row_repeated(path: Path, tmp_path: Path, event: str) -> tuple[Path, dict[str, str]]:
+    """A copy of the dump with its first PTA ``event`` row written again 1 ns later (a new ID)."""
+    lines = read_lines(path)
+    rows = raw_rows(path)
+    at = next(i for i, r in enumerate(rows) if r["Event"] == event and r["Event Type"] == "PTA")
+    cells = lines[at + 1].split(b",", 5)
+    again = [str(max(int(r["ID"]) for r in rows) + 1).encode(), *cells[1:4],
+             str(int(rows[at]["Timestamp(ns)"]) + 1).encode(), cells[5]]
+    out = tmp_path / path.name
+    write_lines(out, [*lines, b",".join(again)])
+    return out, rows[at]
+
+
+def test_a_free_repeated_is_dropped_not_taken_for_memory_from_before_the_window(tmp_path: Path) -> None:
+    copy, _ = _with_a_row_repeated(BASELINE, tmp_path, "FREE")
+    original, repeated = msmemscope.load(BASELINE), msmemscope.load(copy)
+    assert blocks_as_tuples(repeated.devices[0].blocks) == blocks_as_tuples(original.devices[0].blocks)
+    assert repeated.metadata["unmatched_frees"] == 0
+    assert any("FREE(s) of an address already freed" in note for note in repeated.metadata["notes"])
+
+
+def test_a_malloc_of_a_live_address_ends_the_block_there(tmp_path: Path) -> None:
+    copy, row = _with_a_row_repeated(BASELINE, tmp_path, "MALLOC")
+    blocks = msmemscope.load(copy).devices[0].blocks.to_pandas()
+    again = int(row["Timestamp(ns)"]) + 1
+    first = blocks[blocks["t_alloc"] == int(row["Timestamp(ns)"])]
+    assert first["t_free"].tolist() == [again]  # not live on beside the block that took its address
+    assert len(blocks[blocks["t_alloc"] == again]) == 1
+
+
 def test_leak_example_open_blocks() -> None:
     def open_pta(path: Path) -> list[int]:
         rows = memory_rows(path)
@@ -242,8 +272,14 @@ def test_pair_events_in_time_order_with_reuse_and_window_edges() -> None:
     got = sorted(zip(pairs.alloc_rows.tolist(), pairs.free_rows.tolist()))
     assert got == [(-1, 5), (0, -1), (1, 4), (3, 2), (6, -1)]
     assert pairs.reused == 0
+    # an alloc of a live address: the earlier block ends where the next begins (never two live at once)
     twice = msmemscope.pair_events([np.array([0, 0])], np.array([1, 2]), np.array([0, 1]), np.array([True, True]))
-    assert twice.reused == 1 and sorted(twice.free_rows.tolist()) == [-1, -1]
+    assert twice.reused == 1 and sorted(zip(twice.alloc_rows.tolist(), twice.free_rows.tolist())) == [(0, 1), (1, -1)]
+    # a free of a freed address is dropped, not taken for a block from before the window
+    freed = msmemscope.pair_events([np.zeros(4, dtype=np.int64)], np.array([1, 2, 3, 4]), np.arange(4),
+                                   np.array([False, False, True, False]))
+    assert freed.repeated_frees == 1 and sorted(zip(freed.alloc_rows.tolist(), freed.free_rows.tolist())) == [
+        (-1, 0), (2, 3)]
 
 
 def test_enclosing_ops_nested_and_unbalanced() -> None:

@@ -100,22 +100,26 @@ class Pairs:
     """Blocks made of alloc/free events: row indices into the event arrays, -1 where absent."""
 
     alloc_rows: np.ndarray  # -1 = allocated before the window (a free without an alloc)
-    free_rows: np.ndarray  # -1 = still live at the window's end
+    free_rows: np.ndarray  # -1 = still live at the window's end; a reused block: the next alloc's row
     reused: int  # allocs followed by another alloc of the same key (a free the file does not show)
+    repeated_frees: int  # frees right after a free of the same key (no alloc between): dropped
 
 
 def pair_events(keys: Sequence[np.ndarray], t: np.ndarray, seq: np.ndarray, is_alloc: np.ndarray) -> Pairs:
     """Match every free to the latest earlier alloc with the same ``keys`` in (t, seq) order, vectorized.
 
     ``keys`` are parallel arrays (e.g. process, pool, address). Events of one key alternate alloc,
-    free, alloc, … in a complete record; a free right after an alloc closes it, a free after a free
-    (or first of its key) is a block from before the window, an alloc not followed by a free is
-    still live (or, followed by another alloc, lost its free).
+    free, alloc, … in a complete record; a free right after an alloc closes it, the first event of
+    its key being a free is a block from before the window, an alloc not followed by anything is
+    still live. A record that breaks the turn lost an event: an alloc followed by another alloc
+    ends where the next one begins (one address holds one live block: counting it live on would
+    put memory in the curve that was not there), and a free after a free is dropped (the memory was
+    counted free already; taken as a block from before the window, it would raise every level).
     """
     n = len(t)
     if n == 0:
         empty = np.array([], dtype=np.int64)
-        return Pairs(empty, empty, 0)
+        return Pairs(empty, empty, 0, 0)
     order = np.lexsort((seq, t, *reversed([np.asarray(k) for k in keys])))
     al = np.asarray(is_alloc, dtype=bool)[order]
     same_next = np.zeros(n, dtype=bool)
@@ -125,19 +129,19 @@ def pair_events(keys: Sequence[np.ndarray], t: np.ndarray, seq: np.ndarray, is_a
         same_next[:-1] &= k[1:] == k[:-1]
     next_is_free = np.zeros(n, dtype=bool)
     next_is_free[:-1] = ~al[1:]
-    closed = al & same_next & next_is_free
+    ends = al & same_next  # closed by the next event of its key: its free, or (reused) the next alloc
     same_prev = np.zeros(n, dtype=bool)
     same_prev[1:] = same_next[:-1]
     prev_is_alloc = np.zeros(n, dtype=bool)
     prev_is_alloc[1:] = al[:-1]
-    matched_free = ~al & same_prev & prev_is_alloc
+    repeated_free = ~al & same_prev & ~prev_is_alloc
     alloc_pos = np.flatnonzero(al)
-    lone_free_pos = np.flatnonzero(~al & ~matched_free)
-    free_pos = np.where(closed[alloc_pos], alloc_pos + 1, 0)
+    lone_free_pos = np.flatnonzero(~al & ~same_prev)
+    end_pos = np.where(ends[alloc_pos], alloc_pos + 1, 0)
     alloc_rows = np.concatenate([order[alloc_pos], np.full(len(lone_free_pos), -1)]).astype(np.int64)
-    free_rows = np.concatenate([np.where(closed[alloc_pos], order[free_pos], -1), order[lone_free_pos]]).astype(np.int64)
+    free_rows = np.concatenate([np.where(ends[alloc_pos], order[end_pos], -1), order[lone_free_pos]]).astype(np.int64)
     reused = int((al & same_next & ~next_is_free).sum())
-    return Pairs(alloc_rows, free_rows, reused)
+    return Pairs(alloc_rows, free_rows, reused, int(repeated_free.sum()))
 
 
 def take(values: pd.Series, rows: np.ndarray) -> pd.Series:
@@ -508,13 +512,17 @@ def build_profile(rows: Rows) -> Profile:
     comp_code = pd.factorize(m_comp)[0]
     pairs = pair_events((m_pid, comp_code, ptr), m_t_raw, m_seq, m_alloc)
     if pairs.reused:
-        notes.append(f"{pairs.reused} MALLOC(s) reuse a live address without a FREE in between: counted as "
-                     "never freed")
+        notes.append(f"{pairs.reused} MALLOC(s) reuse a live address without a FREE in between: the earlier "
+                     "block is counted as freed when the address is allocated again")
+    if pairs.repeated_frees:
+        notes.append(f"{pairs.repeated_frees} FREE(s) of an address already freed, with no MALLOC in between: "
+                     "dropped")
 
     # Device of each memory row: its own, else (FREE rows with N/A) its MALLOC's, else the process's only one.
     m_dev = _strings(convert.na_to_null(rows.col("Device Id")).take(take_mem))
     a, f = pairs.alloc_rows, pairs.free_rows
     both = (a >= 0) & (f >= 0)
+    both[both] = ~m_alloc[f[both]]  # a FREE row; a reused block ends at the next MALLOC, which has its own
     from_malloc = pd.Series(pd.NA, index=range(len(m_dev)), dtype="string")
     from_malloc.iloc[f[both]] = m_dev.iloc[a[both]].to_numpy()
     m_dev = m_dev.fillna(from_malloc)
