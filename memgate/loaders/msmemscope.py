@@ -14,6 +14,8 @@ How the events become the model:
   ``Device Id`` N/A on HAL FREE rows; the block takes the MALLOC's device. A FREE without a MALLOC
   is a block allocated before the window (its size from its own ``size``; dropped and counted when
   it has none, as HAL frees of some versions); a MALLOC without a FREE is still live at the end.
+  A record that lost an event is noted and kept physical: a MALLOC of a live ptr ends the earlier
+  block there, a FREE of a freed ptr is dropped.
   The op of a pool block (not HAL / host: those are the segments under the pools) is the innermost
   ``OP_LAUNCH`` span (ATEN_START/END, ATB_START/END) open on the same thread at the MALLOC, by its
   raw name (``torch._ops.aten.mm.default``); its owner is Attr's ``owner`` (``PTA@…@…``).
