@@ -296,6 +296,11 @@ BAD = {
     "invalid device marker": (("UPDATE MEMORY_RECORD SET deviceId = 4294967295 WHERE rowid = 2",),
                               "table MEMORY_RECORD rowid 2: memory row without a device", "MEMORY_RECORD.deviceId",
                               "4294967295"),
+    # the writer's table has id as its key; a table without one can list an id twice
+    "string id listed twice": (("CREATE TABLE S2 AS SELECT * FROM STRING_IDS", "DROP TABLE STRING_IDS",
+                                "ALTER TABLE S2 RENAME TO STRING_IDS",
+                                "INSERT INTO STRING_IDS (id, value) SELECT id, 'PTA' FROM STRING_IDS WHERE value = 'GE'"),
+                               "table STRING_IDS lists id", "STRING_IDS.id", "2 rows with id"),
     "step ends before it starts": (("UPDATE STEP_TIME SET endNs = startNs - 1",),
                                    "table STEP_TIME rowid 1: step ends before it starts", "STEP_TIME.endNs", None),
 }

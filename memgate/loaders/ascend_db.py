@@ -133,6 +133,7 @@ def _load(db: Database, profile_path: Path) -> Profile:
                       "memory data: record with profile_memory=True" if torch_kind else "CANN memory data")
     if any(db.has(t) for t in ("MEMORY_RECORD", "OP_MEMORY", "NPU_MEM", "NPU_OP_MEM")):
         validate_table(db, _schema("STRING_IDS"))
+        _check_string_ids(db)
     devices: dict[str, dict[str, Any]] = {}
 
     def slot(device: str) -> dict[str, Any]:
@@ -215,6 +216,17 @@ def _check_devices(db: Database, table: str) -> None:
     if bad:
         raise InputError(f"table {table} rowid {bad[0][0]}: memory row without a device (invalid-id marker)",
                          file=db.path, column=f"{table}.deviceId", expected="a device id", found=str(INVALID_ID))
+
+
+def _check_string_ids(db: Database) -> None:
+    """Each id listed once: a table joined with STRING_IDS would repeat its row for every listing (an
+    event counted twice), and which value an id names would depend on the order rows were read."""
+    repeated = db.query("SELECT id, COUNT(*), COUNT(DISTINCT value) FROM STRING_IDS GROUP BY id HAVING COUNT(*) > 1 "
+                        "ORDER BY id LIMIT 1", table="STRING_IDS")
+    if repeated:
+        ident, count, values = repeated[0]
+        raise InputError(f"table STRING_IDS lists id {ident} {count} times", file=db.path, column="STRING_IDS.id",
+                         expected="each id once", found=f"{count} rows with id {ident}, {values} distinct value(s)")
 
 
 def _names(db: Database, ids: pd.Series) -> pd.Series:
