@@ -291,6 +291,8 @@ BAD = {
     "positive size without allocationTime": (("UPDATE OP_MEMORY SET allocationTime = NULL WHERE rowid = 1",),
                                              "table OP_MEMORY rowid 1: a block needs an allocationTime",
                                              "OP_MEMORY.allocationTime", "size 19268096, allocationTime <NA>"),
+    "unknown component": (("UPDATE STRING_IDS SET value = 'PTA2' WHERE value = 'GE'",),
+                          "table MEMORY_RECORD rowid", "MEMORY_RECORD.component", "'PTA2'"),
     "unknown NPU_MEM type": (("UPDATE STRING_IDS SET value = 'sys' WHERE value = 'app'",),
                              "table NPU_MEM rowid 1: unknown memory type", "NPU_MEM.type", "'sys'"),
     "invalid device marker": (("UPDATE MEMORY_RECORD SET deviceId = 4294967295 WHERE rowid = 2",),

@@ -256,6 +256,14 @@ def read_memory_record(db: Database) -> list[tuple[str, str, Table]]:
         ("int", "int", "int", "int", "int", "int", "int"), table="MEMORY_RECORD")
     frame["component"] = _names(db, frame["component"])
     _string_ref_missing(db, "MEMORY_RECORD", "component", frame, "component", "component id is the invalid-id marker")
+    # the components torch_npu writes (its memory_record.csv schema's list): another name is no series of ours
+    known = load_schema("torch_npu.memory_record")["properties"]["Component"]["enum"]
+    bad = ~frame["component"].isin(known).fillna(True)
+    if bad.any():
+        row = frame.loc[bad.idxmax()]
+        raise InputError(f"table MEMORY_RECORD rowid {int(row['rowid'])}: unknown component", file=db.path,
+                         column="MEMORY_RECORD.component", expected="one of " + ", ".join(known),
+                         found=repr(row["component"]))
     frame["device"] = _device_labels(frame["device_id"])
     return split_series(frame)
 
