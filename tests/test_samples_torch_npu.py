@@ -474,6 +474,24 @@ def test_a_rank_id_that_is_not_ascii_digits_is_an_error(tmp_path: Path, rank_id:
     assert discover(root)[0].path == root  # discovery itself does not fail: the load says what is wrong
 
 
+@pytest.mark.parametrize("rank_id", [2**31, "9" * 40, str(2**63)])
+def test_a_rank_id_past_a_c_int_is_an_error(tmp_path: Path, rank_id: object) -> None:
+    root = as_ascend_pt(PTA21_L1, tmp_path / "node0_77_20250109_ascend_pt", rank_id=rank_id)
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    assert (info.value.column, info.value.message) == ("rank_id", "rank_id out of range")
+
+
+def test_a_rank_in_a_name_past_a_c_int_is_no_rank(tmp_path: Path) -> None:
+    root = as_ascend_pt(PTA21_L1, tmp_path / f"rank_{'9' * 40}" / "node0_77_20250109_ascend_pt",
+                        info_name="profiler_info.json", rank_id="")
+    assert load_one(root).rank == "0"
+    named = as_ascend_pt(PTA21_L1, tmp_path / "b" / "node0_77_20250109_ascend_pt",
+                         info_name=f"profiler_info_{2**31}.json", rank_id="")
+    with pytest.raises(InputError, match="the rank in the file name is out of range"):
+        load_one(named)
+
+
 @pytest.mark.parametrize(("rank_id", "rank"), [("7", "7"), (" 7 ", "7"), (7, "7"), (-1, "0"), ("-1", "0"), ("", "0")])
 def test_rank_id_forms_that_are_whole_numbers(tmp_path: Path, rank_id: object, rank: str) -> None:
     root = as_ascend_pt(PTA21_L1, tmp_path / "node0_77_20250109_ascend_pt", info_name="profiler_info.json",

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate import discover
-from memgate.errors import InputError, cannot_read
+from memgate.errors import InputError, cannot_read, show
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
@@ -510,6 +510,7 @@ def _read_small_json(path: Path) -> dict[str, Any]:
 
 
 _DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
+MAX_RANK = 2**31 - 1  # torch.distributed ranks are C ints
 
 
 def info_rank(profile_dir: Path, info: dict[str, Any]) -> int | None:
@@ -533,8 +534,14 @@ def info_rank(profile_dir: Path, info: dict[str, Any]) -> int | None:
     elif not (raw is None or (isinstance(raw, str) and not raw.strip())):
         raise InputError("rank_id is not a whole number", file=info_file, column="rank_id",
                          expected="an integer in ASCII digits (-1 when not distributed)", found=repr(raw)[:60])
+    if rank is not None and rank > MAX_RANK:
+        raise InputError("rank_id out of range", file=info_file, column="rank_id",
+                         expected=f"a rank from 0 to {MAX_RANK} (-1 when not distributed)", found=show(raw, 60))
     if rank is not None and rank < 0:
         rank = None  # -1: not distributed
+    if rank is None and from_name is not None and from_name > MAX_RANK:
+        raise InputError("the rank in the file name is out of range", file=info_file,
+                         expected=f"profiler_info_{{rank}}.json with a rank from 0 to {MAX_RANK}", found=name[:80])
     return rank if rank is not None else from_name
 
 
@@ -556,7 +563,7 @@ def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
     if rank is not None:
         return str(rank)
     for part in (profile_dir.name, profile_dir.parent.name):
-        if m := _DIR_RANK.search(part):
+        if (m := _DIR_RANK.search(part)) and int(m.group(1)) <= MAX_RANK:  # a longer number is no rank
             return str(int(m.group(1)))
     return "0"
 
