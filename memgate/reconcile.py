@@ -145,7 +145,9 @@ def reconcile(device: DeviceModel) -> DeviceFacts:
     for name, member in groups:
         arrays = columns._replace(member=None if member.all() else member)
         series = device.series.get(name)
-        if series is not None:
+        # Only across files: a series read from the blocks' own events (a Kineto trace's totals, a
+        # snapshot's trace, msMemScope's Attr) agrees with them by construction, and would say so.
+        if series is not None and series.source != device.blocks_source:
             facts.consistency[name] = series_consistency(series, arrays, device.blocks_source)
         component_facts, curve = _reconcile_blocks(name, arrays)
         facts.components[name] = component_facts
