@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pandas as pd
 import pytest
 from groundtruth import Trace, expected_metrics
 from hypothesis import given
@@ -892,3 +893,23 @@ def test_a_number_nested_a_million_lists_deep_is_an_input_error(tmp_path: Path, 
     with pytest.raises(InputError, match="wrong type") as info:
         snapshot.load(path)
     assert info.value.column == where
+
+
+def test_an_address_reused_within_one_instant_of_a_resorted_trace(tmp_path: Path) -> None:
+    """torch_npu inserts entries at the front of its trace; put in time order here, the entries of one
+    µs are in file order, which may list an address's next alloc before the free that made room."""
+    x = 1 << 20
+
+    def entry(action: str, t: int) -> dict[str, Any]:
+        return {"action": action, "addr": x, "size": 100, "stream": 0, "time_us": t, "frames": []}
+
+    trace = [entry("alloc", 5), entry("alloc", 1), entry("free_requested", 5), entry("free_completed", 5)]
+    data = {"segments": [_segment(0, x, [_block(512, "active_allocated", 100)])], "device_traces": [trace]}
+    blocks = snapshot.load(_write(tmp_path, data)).devices[0].blocks.to_pandas()
+    lifetimes = [(int(a), None if f is pd.NA else int(f)) for a, f in zip(blocks["t_alloc"], blocks["t_free"])]
+    assert sorted(lifetimes, key=str) == [(1000, 5000), (5000, None)]
+    # in record order the same entries are a broken record: no free between the two allocs
+    in_order = [entry("alloc", 1), entry("alloc", 5), entry("free_requested", 5), entry("free_completed", 5)]
+    data["device_traces"] = [in_order]
+    with pytest.raises(InputError, match="allocated twice"):
+        snapshot.load(_write(tmp_path, data))

@@ -410,7 +410,10 @@ def _device_model(
     is_free = (code == _A["free_requested"]) | (code == _A["free"])
     is_done = (code == _A["free_completed"]) | (code == _A["free"])
     sel = np.flatnonzero(is_alloc | is_free)
-    pairing = pair_allocs(trace.addr[sel], is_alloc[sel])
+    # A trace in record order is the truth; one put in time order here (torch_npu inserts entries at
+    # the front) lost the order of one instant's entries: those are paired as the address allows.
+    resorted = bool((trace.order != np.arange(trace.n)).any())
+    pairing = pair_allocs(trace.addr[sel], is_alloc[sel], trace.t_ns[sel] if resorted else None)
     if pairing.repeated is not None:
         raise _repeated(path, trace, int(sel[pairing.repeated]))
     partner_sel = pairing.partner
