@@ -38,44 +38,55 @@ def pair_allocs(addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray | None = N
     if n < 2:
         return Pairing(partner, None)
     by_addr = np.argsort(addr, kind="stable")  # stable: time order within an address
-    if t is not None:
-        _order_ties(by_addr, addr, is_alloc, t)
+    repeats = _repeats(addr, is_alloc, by_addr)
+    if len(repeats) and t is not None:
+        _order_ties(by_addr, addr, is_alloc, t, repeats)
+        repeats = _repeats(addr, is_alloc, by_addr)
     a = addr[by_addr]
     alloc = is_alloc[by_addr]
-    same = a[1:] == a[:-1]
-    matched = np.flatnonzero(same & alloc[:-1] & ~alloc[1:])
+    matched = np.flatnonzero((a[1:] == a[:-1]) & alloc[:-1] & ~alloc[1:])
     partner[by_addr[matched]] = by_addr[matched + 1]
     partner[by_addr[matched + 1]] = by_addr[matched]
-    repeats = by_addr[np.flatnonzero(same & (alloc[1:] == alloc[:-1])) + 1]
-    return Pairing(partner, int(repeats.min()) if len(repeats) else None)
+    return Pairing(partner, int(by_addr[repeats].min()) if len(repeats) else None)
 
 
-def _order_ties(by_addr: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray) -> None:
+def _repeats(addr: np.ndarray, is_alloc: np.ndarray, by_addr: np.ndarray) -> np.ndarray:
+    """Positions (in ``by_addr`` order) of the events that repeat the previous action at their address."""
+    a, alloc = addr[by_addr], is_alloc[by_addr]
+    return np.flatnonzero((a[1:] == a[:-1]) & (alloc[1:] == alloc[:-1])) + 1
+
+
+def _order_ties(by_addr: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray,
+                repeats: np.ndarray) -> None:
     """Reorder, in place, the allocs and frees of one address at one instant: alternating, the free
-    first where the address is live just before (its previous event is an alloc), else the alloc.
-    Such instants are rare (a Python loop over them); an address's first instant keeps its order."""
+    first where the address is live just before (its previous event, as reordered, is an alloc),
+    else the alloc. Only the addresses with a repeat are visited, each instant in turn (a Python
+    loop: they are rare); an address's first instant keeps its order (nothing says which came first)."""
     a, tt = addr[by_addr], t[by_addr]
-    tie = (a[1:] == a[:-1]) & (tt[1:] == tt[:-1])
-    mixed = np.flatnonzero(tie & (is_alloc[by_addr[1:]] != is_alloc[by_addr[:-1]]))
-    done = -1
-    for k in mixed.tolist():
-        if k <= done:
-            continue
-        first = k
-        while first > 0 and tie[first - 1]:
-            first -= 1
-        last = k + 1
-        while last < len(tie) and tie[last]:
-            last += 1
-        done = last
-        if first == 0 or a[first - 1] != a[first]:
-            continue  # the address's first instant: nothing says which came first
-        group = by_addr[first:last + 1]
-        kinds = is_alloc[group]
-        allocs, frees = group[kinds].tolist(), group[~kinds].tolist()
-        lead, follow = (frees, allocs) if is_alloc[by_addr[first - 1]] else (allocs, frees)
-        merged = [x for pair in zip(lead, follow) for x in pair] + lead[len(follow):] + follow[len(lead):]
-        by_addr[first:last + 1] = merged
+    tie = (a[1:] == a[:-1]) & (tt[1:] == tt[:-1])  # tie[k]: positions k and k + 1 are one instant of one address
+    mixed = tie & (is_alloc[by_addr[1:]] != is_alloc[by_addr[:-1]])
+    starts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])  # where each address's events begin
+    for begin in np.unique(starts[np.searchsorted(starts, repeats, side="right") - 1]).tolist():
+        end = int(starts[np.searchsorted(starts, begin, side="right")]) if begin < starts[-1] else len(a)
+        k = begin
+        while k < end - 1:
+            if not mixed[k]:
+                k += 1
+                continue
+            first, last = k, k + 1
+            while first > begin and tie[first - 1]:
+                first -= 1
+            while last < end - 1 and tie[last]:
+                last += 1
+            k = last + 1
+            if first == begin:
+                continue
+            group = by_addr[first:last + 1]
+            kinds = is_alloc[group]
+            allocs, frees = group[kinds].tolist(), group[~kinds].tolist()
+            lead, follow = (frees, allocs) if is_alloc[by_addr[first - 1]] else (allocs, frees)
+            merged = [x for pair in zip(lead, follow) for x in pair] + lead[len(follow):] + follow[len(lead):]
+            by_addr[first:last + 1] = merged
 
 
 _TORCH_DIR = re.compile(r"(^|/)(torch|torch_npu)/")
