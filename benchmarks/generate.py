@@ -58,7 +58,7 @@ DEFAULT_OUT = Path("/tmp/memgate-bench")
 GENERATOR_VERSION = 1
 # snapshot 2: one frames list per trace entry, like torch's own pickles; csv and ranks64 2: operator_memory's
 # allocation and release totals are the allocator's (blocks and totals agree, as in real profiles)
-ITEM_VERSIONS = {"snapshot": 2, "csv": 2, "ranks64": 2}
+ITEM_VERSIONS = {"snapshot": 2, "csv": 2, "ranks64": 2, "kineto": 2}
 ITEMS = ("csv", "trace_view", "kineto", "snapshot", "ranks64")
 
 # Full-scale sizes (× --scale).
@@ -395,9 +395,29 @@ def make_trace_view(target: Path, scale: float) -> dict[str, Any]:
     return {"path": str(profile), "file": str(path), **stats, "size": path.stat().st_size}
 
 
+def _self_contained(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events without the [memory] events the window cuts: allocs never freed in it and frees of
+    memory allocated before it. Replicas of what is left reuse their addresses as a real trace does
+    (every block is freed before the next replica allocates at its address); replicas of the whole
+    sample would allocate an address the previous replica never freed."""
+    from memgate.loaders.events import pair_allocs
+
+    memory = [i for i, e in enumerate(events) if e.get("name") == "[memory]" and e["args"].get("Bytes")]
+    memory.sort(key=lambda i: _ns(events[i]["ts"]))  # stable: ties in file order
+    keys: dict[tuple[Any, ...], int] = {}
+    where = np.array([keys.setdefault((events[i]["args"].get("Device Type"), events[i]["args"].get("Device Id"),
+                                       events[i]["args"]["Addr"]), len(keys)) for i in memory], dtype=np.int64)
+    is_alloc = np.array([events[i]["args"]["Bytes"] > 0 for i in memory])
+    t = np.array([_ns(events[i]["ts"]) for i in memory], dtype=np.int64)
+    pairing = pair_allocs(where, is_alloc, t)
+    assert pairing.repeated is None, "the Kineto sample repeats an address's action"
+    cut = {memory[k] for k in np.flatnonzero(pairing.partner < 0).tolist()}
+    return [e for i, e in enumerate(events) if i not in cut]
+
+
 def make_kineto(target: Path, scale: float) -> dict[str, Any]:
     doc = json.loads(KINETO_SAMPLE.read_bytes())
-    events = doc["traceEvents"]
+    events = _self_contained(doc["traceEvents"])
 
     def dump(e: dict[str, Any]) -> str:  # Kineto's layout: one key per line, events indented by 2
         return "  " + json.dumps(e, indent=2).replace("\n", "\n  ")

@@ -33,3 +33,18 @@ def test_generated_blocks_agree_with_their_allocator_totals(tmp_path: Path) -> N
     for component in facts.values():
         assert component.consistency == 1.0, component
         assert component.baseline_bytes == generate.BASE_ALLOCATED
+
+
+def test_generated_kineto_trace_is_a_valid_record_with_one_baseline(tmp_path: Path) -> None:
+    """Replicas of the sample trace reuse its addresses: each replica frees every block it allocates
+    (what the window cut is left out), so no address is allocated twice, and the blocks of every
+    replica agree with their recorded totals as the sample's do."""
+    generate = _generator()
+    info = generate.make_kineto(tmp_path / "kineto", 0.002)
+    assert info["replicas"] > 1
+    (found,) = discover.discover(Path(info["path"]))
+    profile = discover.load(found)  # an address allocated twice would be an InputError
+    for device in profile.devices:
+        for component in reconcile(device).components.values():
+            assert component.pre_window_blocks == 0 and component.open_blocks == 0
+            assert component.consistency is not None and component.consistency > 0.5, component
