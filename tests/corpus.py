@@ -1071,26 +1071,25 @@ def pickle_values(tmp: Path) -> Expect:
     return Expect(path, path, None, "segments[0]", ())
 
 
-@case("pickle-alloc-twice-same-address", "torch_snapshot")
-def pickle_alloc_twice(tmp: Path) -> Expect:
+def _snapshot_entry_twice(tmp: Path, action: str, says: str) -> Expect:
+    # an address's action written again 1 µs later: an alloc of a live address, a free of a freed one
     path = snapshot_file(tmp)
     data = pickle.loads(path.read_bytes())
     trace = data["device_traces"][0]
-    at = next(i for i, e in enumerate(trace) if e["action"] == "alloc")
+    at = next(i for i, e in enumerate(trace) if e["action"] == action)
     trace.insert(at + 1, {**trace[at], "time_us": trace[at]["time_us"] + 1})
     path.write_bytes(pickle.dumps(data, protocol=4))
-    return Expect(path, path, None, f"device_traces[0][{at + 1}]", ("allocated twice",))
+    return Expect(path, path, None, f"device_traces[0][{at + 1}]", (says,))
+
+
+@case("pickle-alloc-twice-same-address", "torch_snapshot")
+def pickle_alloc_twice(tmp: Path) -> Expect:
+    return _snapshot_entry_twice(tmp, "alloc", "allocated twice")
 
 
 @case("pickle-free-twice-same-address", "torch_snapshot")
 def pickle_free_twice(tmp: Path) -> Expect:
-    path = snapshot_file(tmp)
-    data = pickle.loads(path.read_bytes())
-    trace = data["device_traces"][0]
-    at = next(i for i, e in enumerate(trace) if e["action"] == "free_requested")
-    trace.insert(at + 1, {**trace[at], "time_us": trace[at]["time_us"] + 1})
-    path.write_bytes(pickle.dumps(data, protocol=4))
-    return Expect(path, path, None, f"device_traces[0][{at + 1}]", ("freed twice",))
+    return _snapshot_entry_twice(tmp, "free_requested", "freed twice")
 
 
 @case("pickle-negative-trace-size", "torch_snapshot")
@@ -1189,31 +1188,27 @@ def kineto_ts_ns(tmp: Path) -> Expect:
     return Expect(path, path, None, "traceEvents", ())
 
 
-@case("kineto-alloc-twice-same-address", "kineto")
-def kineto_alloc_twice(tmp: Path) -> Expect:
-    # an alloc of an address still allocated: one free is missing, or the file is corrupt
+def _kineto_event_twice(tmp: Path, alloc: bool, says: str) -> Expect:
+    # a [memory] event written again 1 ns later: an alloc of a live address, a free of a freed one
     path = kineto_file(tmp)
     trace = json.loads(path.read_text("utf-8"))
     events = trace["traceEvents"]
-    at = next(i for i, e in enumerate(events) if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0)
+    at = next(i for i, e in enumerate(events) if e.get("name") == "[memory]" and (e["args"]["Bytes"] > 0) == alloc)
     again = json.loads(json.dumps(events[at]))
     again["ts"] = float(Decimal(str(events[at]["ts"])) + Decimal("0.001"))
     events.insert(at + 1, again)
     path.write_text(json.dumps(trace), "utf-8")
-    return Expect(path, path, None, f"traceEvents[{at + 1}]", ("allocated twice",))
+    return Expect(path, path, None, f"traceEvents[{at + 1}]", (says,))
+
+
+@case("kineto-alloc-twice-same-address", "kineto")
+def kineto_alloc_twice(tmp: Path) -> Expect:
+    return _kineto_event_twice(tmp, True, "allocated twice")
 
 
 @case("kineto-free-twice-same-address", "kineto")
 def kineto_free_twice(tmp: Path) -> Expect:
-    path = kineto_file(tmp)
-    trace = json.loads(path.read_text("utf-8"))
-    events = trace["traceEvents"]
-    at = next(i for i, e in enumerate(events) if e.get("name") == "[memory]" and e["args"]["Bytes"] < 0)
-    again = json.loads(json.dumps(events[at]))
-    again["ts"] = float(Decimal(str(events[at]["ts"])) + Decimal("0.001"))
-    events.insert(at + 1, again)
-    path.write_text(json.dumps(trace), "utf-8")
-    return Expect(path, path, None, f"traceEvents[{at + 1}]", ("freed twice",))
+    return _kineto_event_twice(tmp, False, "freed twice")
 
 
 @case("kineto-empty-file", "kineto")
