@@ -1092,6 +1092,17 @@ def pickle_free_twice(tmp: Path) -> Expect:
     return _snapshot_entry_twice(tmp, "free_requested", "freed twice")
 
 
+@case("pickle-free-of-a-petabyte-at-an-unknown-address", "torch_snapshot")
+def pickle_huge_free(tmp: Path) -> Expect:
+    # a free of memory from before the window, of 10^15 bytes: more than the segments ever reserve
+    path = snapshot_file(tmp)
+    data = pickle.loads(path.read_bytes())
+    trace = data["device_traces"][0]
+    trace.insert(1, {**trace[0], "action": "free_requested", "addr": 1 << 44, "size": 10**15})
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    return Expect(path, path, None, "device_traces[0]", ("more memory allocated than the segments reserve",))
+
+
 @case("pickle-negative-trace-size", "torch_snapshot")
 def pickle_negative(tmp: Path) -> Expect:
     path = snapshot_file(tmp)

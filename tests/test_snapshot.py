@@ -865,7 +865,8 @@ def test_npu_frames_deep_in_a_shared_stack(tmp_path: Path) -> None:
     entries: list[dict[str, Any]] = [{"action": "alloc", "addr": (1 << 20) + 1024 * i, "size": 1000, "stream": 0,
                                       "frames": list(shared)} for i in range(50)]
     entries[-1]["frames"].append(npu)
-    data = {"segments": [_segment(0, 1 << 20, [_block(1024, "active_allocated", 1000)])], "device_traces": [entries]}
+    blocks = [_block(1024, "active_allocated", 1000) for _ in range(50)]
+    data = {"segments": [_segment(0, 1 << 20, blocks)], "device_traces": [entries]}
     assert [m.device for m in snapshot.load(_write(tmp_path, data)).devices] == ["npu:0"]
     entries[-1]["frames"].pop()
     assert [m.device for m in snapshot.load(_write(tmp_path, data)).devices] == ["cuda:0"]

@@ -485,6 +485,8 @@ def _device_model(
         "reserved": level(start_reserved, d_reserved),
         "active": level(start_active, d_active),
     }
+    if start_reserved >= 0:
+        _check_within_reserved(path, trace, series, changed, every, start_alloc)
     facts: dict[str, Any] = {
         "trace_entries": trace.n,
         "pre_window_frees": n_early,
@@ -505,6 +507,29 @@ def _device_model(
         dump_state=_pool_state(segs, mine, segs.seg_device == dev, path),
     )
     return model, facts
+
+
+def _check_within_reserved(path: Path, trace: _Trace, series: dict[str, Ints], changed: np.ndarray, every: bool,
+                           start_alloc: int) -> None:
+    """Blocks are carved from segments: at the end of every instant, allocated <= reserved. A trace
+    that allocates more than its segments hold has a bogus size (a free of 10^15 bytes at an unknown
+    address would otherwise be a peak of 909 TiB) or lost its segment events."""
+    t, allocated, reserved = series["t_ns"].values, series["allocated"].values, series["reserved"].values
+    # An alloc may be listed just before the segment it needs (in its instant, or the next entry
+    # without times): judged at the end of each instant, against the reserve one entry later too.
+    ends = np.r_[t[1:] != t[:-1], True]
+    ends[0] = True  # the window's start: what pre-window frees say was allocated, before any entry
+    cover = np.maximum(reserved, np.r_[reserved[1:], reserved[-1:]])
+    over = np.flatnonzero(ends & (allocated > cover))
+    if not len(over):
+        return
+    point = int(over[0])  # 0: the window's start; j: after the j-th entry that moved a counter
+    k = None if point == 0 else (point - 1 if every else int(changed[point - 1]))
+    where = f"device_traces[{trace.device}]" + ("" if k is None else f"[{int(trace.order[k])}]")
+    start = f" at the window's start (frees of memory from before it: {start_alloc} bytes)" if k is None else ""
+    raise InputError(f"more memory allocated than the segments reserve{start}", file=path, column=where,
+                     expected="allocated <= reserved at the end of every instant (blocks are carved from segments)",
+                     found=f"{int(allocated[point])} bytes allocated, {int(reserved[point])} reserved")
 
 
 def _repeated(path: Path, trace: _Trace, k: int) -> InputError:
