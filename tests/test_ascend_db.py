@@ -579,3 +579,21 @@ def test_the_cache_key_of_a_db_covers_its_pending_wal(tmp_path: Path) -> None:
     assert cache.key(found) != with_wal
     wal.write_bytes(data)
     assert cache.key(found) == with_wal
+
+
+def test_npu_op_mem_repeated_release_is_dropped_and_noted(tmp_path: Path) -> None:
+    """CANN's NPU_OP_MEM pairs leniently like msMemScope: a release of a released address is dropped
+    (not a block from before the window, which would raise every level) and the profile says so."""
+    from corpus import small_trace
+
+    path = write_msprof_db(small_trace(ge=False), tmp_path)
+    before = ascend_db.load(path)
+    with sqlite3.connect(path) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(NPU_OP_MEM)")]
+        release = conn.execute("SELECT id FROM STRING_IDS WHERE value = 'release'").fetchone()[0]
+        rowid = conn.execute("SELECT max(rowid) FROM NPU_OP_MEM WHERE type = ?", (release,)).fetchone()[0]
+        kept = ", ".join(f'"{c}"' for c in columns)
+        conn.execute(f"INSERT INTO NPU_OP_MEM ({kept}) SELECT {kept} FROM NPU_OP_MEM WHERE rowid = ?", (rowid,))
+    after = ascend_db.load(path)
+    assert after.devices[0].blocks.to_pandas().equals(before.devices[0].blocks.to_pandas())
+    assert any("release(s) of an address already freed" in note for note in after.metadata["notes"])

@@ -37,7 +37,7 @@ import pandas as pd
 from memgate import discover
 from memgate.errors import InputError
 from memgate.loaders.crossfile import cross_file_facts
-from memgate.loaders.msmemscope import pair_events, take
+from memgate.loaders.msmemscope import pair_events, repair_notes, take
 from memgate.model import (
     STEP_COLUMNS,
     DeviceModel,
@@ -140,6 +140,8 @@ def _load(db: Database, profile_path: Path) -> Profile:
         return devices.setdefault(device, {"series": {}, "blocks": empty_blocks(), "blocks_source": None})
 
     source = str(db.path)
+    notes: list[str] = [f"the db's pending {db.read_log} log was applied (read from a private copy)"] \
+        if db.read_log is not None else []
     if torch_kind and db.has("MEMORY_RECORD"):
         for device, component, frame in read_memory_record(db):
             slot(device)["series"][component] = Series(component, frame, f"{source}:MEMORY_RECORD")
@@ -148,7 +150,8 @@ def _load(db: Database, profile_path: Path) -> Profile:
             slot(device)["blocks"] = blocks
             slot(device)["blocks_source"] = f"{source}:OP_MEMORY"
     if not torch_kind and db.has("NPU_OP_MEM"):
-        blocks_by_device, series = read_npu_op_mem(db)
+        blocks_by_device, series, pairing_notes = read_npu_op_mem(db)
+        notes += pairing_notes
         for device, blocks in blocks_by_device:  # each device once
             slot(device)["blocks"] = blocks
             slot(device)["blocks_source"] = f"{source}:NPU_OP_MEM"
@@ -184,8 +187,8 @@ def _load(db: Database, profile_path: Path) -> Profile:
         ))
     metadata: dict[str, Any] = {"export": "db" if torch_kind else "msprof db", "db_file": db.path.name,
                                 "cross_file": cross_file_facts(models, db.path, steps, steps_source)}
-    if db.read_log is not None:
-        metadata["notes"] = [f"the db's pending {db.read_log} log was applied (read from a private copy)"]
+    if notes:
+        metadata["notes"] = notes
     for key in ("SCHEMA_VERSION", "torch_npu_version", "cann_version"):
         if key in meta:
             metadata[key.lower()] = meta[key]
@@ -309,7 +312,7 @@ def read_op_memory(db: Database) -> list[tuple[str, Table]]:
     return by_device(typed_blocks(blocks), key_texts(_device_labels(frame["device_id"])))
 
 
-def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[str, str, Table]]]:
+def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[str, str, Table]], list[str]]:
     """CANN GE allocate/release events → blocks and the GE totals series (msprof db)."""
     validate_table(db, _schema("NPU_OP_MEM"))
     _check_devices(db, "NPU_OP_MEM")
@@ -356,7 +359,7 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[s
         "allocated": frame["allocated"], "reserved": frame["reserved"],
         "active": pd.Series(pd.NA, index=frame.index, dtype="Int64"),
     })
-    return blocks_of, split_series(series_frame)
+    return blocks_of, split_series(series_frame), repair_notes(pairs, "allocate", "release")
 
 
 def read_npu_mem(db: Database) -> list[tuple[str, str, Table]]:

@@ -146,6 +146,19 @@ def pair_events(keys: Sequence[np.ndarray], t: np.ndarray, seq: np.ndarray, is_a
     return Pairs(alloc_rows, free_rows, reused, int(repeated_free.sum()))
 
 
+def repair_notes(pairs: Pairs, alloc: str, free: str) -> list[str]:
+    """What :func:`pair_events` did with a record that lost events, for ``metadata.notes``
+    (``alloc`` / ``free``: the record's names of the two events)."""
+    notes = []
+    if pairs.reused:
+        notes.append(f"{pairs.reused} {alloc}(s) reuse a live address without a {free} in between: the earlier "
+                     "block is counted as freed when the address is allocated again")
+    if pairs.repeated_frees:
+        notes.append(f"{pairs.repeated_frees} {free}(s) of an address already freed, with no {alloc} in between: "
+                     "dropped")
+    return notes
+
+
 def take(values: pd.Series, rows: np.ndarray) -> pd.Series:
     """``values`` at ``rows`` (positional), NA where a row is -1; keeps the dtype."""
     picked = values.iloc[np.maximum(rows, 0)].reset_index(drop=True)
@@ -513,12 +526,7 @@ def build_profile(rows: Rows) -> Profile:
     processes = sorted(int(p) for p in np.unique(m_pid))
     comp_code = pd.factorize(m_comp)[0]
     pairs = pair_events((m_pid, comp_code, ptr), m_t_raw, m_seq, m_alloc)
-    if pairs.reused:
-        notes.append(f"{pairs.reused} MALLOC(s) reuse a live address without a FREE in between: the earlier "
-                     "block is counted as freed when the address is allocated again")
-    if pairs.repeated_frees:
-        notes.append(f"{pairs.repeated_frees} FREE(s) of an address already freed, with no MALLOC in between: "
-                     "dropped")
+    notes += repair_notes(pairs, "MALLOC", "FREE")
 
     # Device of each memory row: its own, else (FREE rows with N/A) its MALLOC's, else the process's only one.
     m_dev = _strings(convert.na_to_null(rows.col("Device Id")).take(take_mem))
