@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from memgate.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -38,36 +41,33 @@ def pair_allocs(addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray | None = N
     if n < 2:
         return Pairing(partner, None)
     by_addr = np.argsort(addr, kind="stable")  # stable: time order within an address
-    repeats = _repeats(addr, is_alloc, by_addr)
-    if len(repeats) and t is not None:
-        _order_ties(by_addr, addr, is_alloc, t, repeats)
-        repeats = _repeats(addr, is_alloc, by_addr)
-    a = addr[by_addr]
+    a = addr[by_addr]  # as _order_ties leaves it: it reorders events of one address only
+    same = a[1:] == a[:-1]
     alloc = is_alloc[by_addr]
-    matched = np.flatnonzero((a[1:] == a[:-1]) & alloc[:-1] & ~alloc[1:])
+    repeats = np.flatnonzero(same & (alloc[1:] == alloc[:-1])) + 1  # positions repeating the action before
+    if len(repeats) and t is not None:
+        _order_ties(by_addr, a, is_alloc, t[by_addr], repeats)
+        alloc = is_alloc[by_addr]
+        repeats = np.flatnonzero(same & (alloc[1:] == alloc[:-1])) + 1
+    matched = np.flatnonzero(same & alloc[:-1] & ~alloc[1:])
     partner[by_addr[matched]] = by_addr[matched + 1]
     partner[by_addr[matched + 1]] = by_addr[matched]
     return Pairing(partner, int(by_addr[repeats].min()) if len(repeats) else None)
 
 
-def _repeats(addr: np.ndarray, is_alloc: np.ndarray, by_addr: np.ndarray) -> np.ndarray:
-    """Positions (in ``by_addr`` order) of the events that repeat the previous action at their address."""
-    a, alloc = addr[by_addr], is_alloc[by_addr]
-    return np.flatnonzero((a[1:] == a[:-1]) & (alloc[1:] == alloc[:-1])) + 1
-
-
-def _order_ties(by_addr: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: np.ndarray,
+def _order_ties(by_addr: np.ndarray, a: np.ndarray, is_alloc: np.ndarray, tt: np.ndarray,
                 repeats: np.ndarray) -> None:
     """Reorder, in place, the allocs and frees of one address at one instant: alternating, the free
     first where the address is live just before (its previous event, as reordered, is an alloc),
     else the alloc. Only the addresses with a repeat are visited, each instant in turn (a Python
-    loop: they are rare); an address's first instant keeps its order (nothing says which came first)."""
-    a, tt = addr[by_addr], t[by_addr]
+    loop: they are rare); an address's first instant keeps its order (nothing says which came first).
+    ``a`` and ``tt``: the addresses and times in ``by_addr`` order."""
     tie = (a[1:] == a[:-1]) & (tt[1:] == tt[:-1])  # tie[k]: positions k and k + 1 are one instant of one address
     mixed = tie & (is_alloc[by_addr[1:]] != is_alloc[by_addr[:-1]])
     starts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])  # where each address's events begin
-    for begin in np.unique(starts[np.searchsorted(starts, repeats, side="right") - 1]).tolist():
-        end = int(starts[np.searchsorted(starts, begin, side="right")]) if begin < starts[-1] else len(a)
+    stops = np.r_[starts[1:], len(a)]
+    for j in np.unique(np.searchsorted(starts, repeats, side="right") - 1).tolist():
+        begin, end = int(starts[j]), int(stops[j])
         k = begin
         while k < end - 1:
             if not mixed[k]:
@@ -87,6 +87,15 @@ def _order_ties(by_addr: np.ndarray, addr: np.ndarray, is_alloc: np.ndarray, t: 
             lead, follow = (frees, allocs) if is_alloc[by_addr[first - 1]] else (allocs, frees)
             merged = [x for pair in zip(lead, follow) for x in pair] + lead[len(follow):] + follow[len(lead):]
             by_addr[first:last + 1] = merged
+
+
+def repeated_action(path: Path, column: str, allocated: bool, found: str, expected: str,
+                    context: str = "") -> InputError:
+    """The error for an event that repeats its address's last action (:attr:`Pairing.repeated`);
+    ``context`` follows the message (the device of a trace that holds several)."""
+    twice, between = ("allocated", "free") if allocated else ("freed", "alloc")
+    return InputError(f"an address {twice} twice with no {between} between{context}", file=path, column=column,
+                      expected=expected, found=found)
 
 
 _TORCH_DIR = re.compile(r"(^|/)(torch|torch_npu)/")

@@ -66,7 +66,7 @@ import pyarrow.compute as pc
 
 from memgate import discover, hints
 from memgate.errors import InputError, show
-from memgate.loaders.events import is_torch_file, pair_allocs
+from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
 from memgate.model import DeviceModel, Profile, Series, check_steps, empty_steps, step_number
 from memgate.readers import convert, limits
 from memgate.readers.jsonstream import (
@@ -1089,7 +1089,7 @@ def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
     t = _add_base(mem, base, path)
     op = _attribute(path, got, t, mem.column("thread"), base)
     owner = _owners(path, got, t, mem.column("thread"), base)
-    nbytes, addr, dtype = mem.column("nbytes"), mem.column("addr"), mem.column("dtype")
+    nbytes, addr, dtype, event = mem.column("nbytes"), mem.column("addr"), mem.column("dtype"), mem.column("event")
     total_alloc = (mem.column("total_alloc"), mem.column("no_alloc"))
     total_res = (mem.column("total_res"), mem.column("no_res"))
 
@@ -1104,8 +1104,7 @@ def _devices(path: Path, got: _Collected, base: int) -> list[DeviceModel]:
         rows = order[label_of[order] == k]
         cpu = bool(dtype[rows[0]] == CPU)
         model = (_unpaired_device(path, label, rows, t, nbytes, total_alloc, total_res, op, cpu=cpu) if unpaired
-                 else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu,
-                              event=mem.column("event")))
+                 else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu, event=event))
         models.append(_with_owners(model, rows, nbytes, owner))
     return models
 
@@ -1147,11 +1146,9 @@ def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.
     pairing = pair_allocs(addr[moving], is_alloc, t[moving])
     if pairing.repeated is not None:
         k = int(moving[pairing.repeated])
-        twice = "allocated" if nbytes[k] > 0 else "freed"
-        raise InputError(f"an address {twice} twice with no {'free' if twice == 'allocated' else 'alloc'} between "
-                         f"(on {label})", file=path, column=f"traceEvents[{int(event[k])}]",
-                         expected="allocs and frees of one address in turn", found=f"Addr {int(addr[k])}, "
-                         f"Bytes {int(nbytes[k])}")
+        raise repeated_action(path, f"traceEvents[{int(event[k])}]", nbytes[k] > 0,
+                              found=f"Addr {int(addr[k])}, Bytes {int(nbytes[k])}",
+                              expected="allocs and frees of one address in turn", context=f" (on {label})")
     partner = pairing.partner
     allocs = np.flatnonzero(is_alloc)
     early = np.flatnonzero(~is_alloc & (partner < 0))  # frees of memory allocated before profiling

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 from memgate import discover, fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
-from memgate.loaders.events import is_torch_file, pair_allocs
+from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
 from memgate.model import DeviceModel, PoolState, Profile, Series, check_bytes, empty_steps, step_number
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
@@ -535,11 +535,9 @@ def _check_within_reserved(path: Path, trace: _Trace, series: dict[str, Ints], c
 def _repeated(path: Path, trace: _Trace, k: int) -> InputError:
     """The error for the entry at sorted position ``k`` that repeats its address's last action."""
     action = ACTIONS[int(trace.code[k])]
-    twice = "allocated" if action == "alloc" else "freed"
-    return InputError(f"an address {twice} twice with no {'free' if twice == 'allocated' else 'alloc'} between",
-                      file=path, column=f"device_traces[{trace.device}][{int(trace.order[k])}]",
-                      expected="allocs and frees of one address in turn (torch's caching allocator)",
-                      found=f"{action} of {hex(int(trace.addr[k]))} ({int(trace.size[k])} bytes)")
+    return repeated_action(path, f"device_traces[{trace.device}][{int(trace.order[k])}]", action == "alloc",
+                           found=f"{action} of {hex(int(trace.addr[k]))} ({int(trace.size[k])} bytes)",
+                           expected="allocs and frees of one address in turn (torch's caching allocator)")
 
 
 def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, path: Path) -> PoolState:
