@@ -1172,6 +1172,23 @@ def kineto_bigint(tmp: Path) -> Expect:
     return Expect(path, path, None, "traceEvents", ())
 
 
+@case("kineto-number-across-reads", "kineto", isolate=True)
+def kineto_number_across_reads(tmp: Path) -> Expect:
+    """7000 digits across the 64 KiB reads ijson makes, under 4000 in each: too long as a whole
+    (ijson's C backend crashes on an integer of 4300 digits)."""
+    path = kineto_file(tmp)
+    text = path.read_bytes()
+    at = text.index(b'"Bytes": ') + len(b'"Bytes": ')
+    head, sep, tail = text.partition(b'"traceEvents": [')
+    pad = (64 << 10) - 3500 - at  # blanks before the events: the number starts 3500 bytes before a read's end
+    assert pad >= 0
+    text = head + sep + b" " * pad + tail
+    at += pad
+    text = text[:at] + b"7" * 7000 + text[at:]
+    path.write_bytes(text)
+    return Expect(path, path, 1 + text[:at].count(b"\n"), f"(byte {at})", ("number over 4000 bytes",))
+
+
 @case("kineto-bytes-nan", "kineto")
 def kineto_nan(tmp: Path) -> Expect:
     path = kineto_file(tmp)

@@ -294,8 +294,51 @@ def test_depth_guard_matches_the_true_depth(value: Any, chunks: list[int], inden
     true_depth = depth([value])
     guard = drain(text, chunks, true_depth)  # exactly at the cap: fine
     assert guard.depth == 0
-    with pytest.raises(JsonLimitError):
+    with pytest.raises(JsonLimitError) as info:
         drain(text, chunks, true_depth - 1)
+    # located at the bracket that opens the level past the cap, whatever the chunks
+    at = first_bracket_at_level(text, true_depth)
+    assert_located(info.value, text, at)
+
+
+def first_bracket_at_level(text: bytes, level: int) -> int:
+    """Offset of the first [ or { that opens ``level``, from the decoded text (strings skipped by
+    json's own tokenizer, not by the guard's byte scan)."""
+    depth, i, s = 0, 0, text.decode("utf-8")
+    while i < len(s):
+        c = s[i]
+        if c == '"':
+            _, i = json.decoder.scanstring(s, i + 1)  # type: ignore[attr-defined]
+            continue
+        if c in "[{":
+            depth += 1
+            if depth == level:
+                return len(s[:i].encode("utf-8"))
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    raise AssertionError("no such level")
+
+
+def assert_located(err: JsonLimitError, text: bytes, at: int) -> None:
+    assert err.offset == at, (err.offset, at)
+    assert err.line == text[:at].count(b"\n") + 1
+    if err.char is not None:  # the line's bytes were at hand
+        line_start = text.rfind(b"\n", 0, at) + 1
+        assert err.char == len(text[line_start:at].removeprefix(b"\xef\xbb\xbf").decode("utf-8")) + 1  # a BOM is no character
+
+
+@fuzz_settings(ci=60, dev=20)
+@given(before=st.lists(st.integers(0, 10**6), max_size=30), digits=st.integers(4001, 8200),
+       chunk=st.sampled_from([1, 7, 333, 4096, 65536]), indent=st.sampled_from((None, 1)), bom=st.booleans())
+def test_a_too_long_number_is_located_at_its_first_digit(before: list[int], digits: int, chunk: int,
+                                                        indent: int | None, bom: bool) -> None:
+    """Inside one read or across many: the error names the number's own line, character and byte."""
+    head = json.dumps({"ts": before, "é": "[{"}, indent=indent, ensure_ascii=False)[:-1].encode("utf-8")
+    text = (b"\xef\xbb\xbf" if bom else b"") + head + b', "x": ' + b"7" * digits + b"}"
+    with pytest.raises(JsonLimitError) as info:
+        drain(text, [chunk], 512)
+    assert_located(info.value, text, text.index(b"7" * 4000))
 
 
 # ==== issue 11: the new reader paths (CSV headers and long lines, a db's pending -wal, files across one profile) ====

@@ -431,8 +431,7 @@ def _ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str, e
     try:
         yield
     except JsonLimitError as exc:
-        raise InputError(exc.message, file=path, column=f"{where()} ({exc.column})", expected=exc.expected,
-                         found=exc.found) from None
+        raise exc.located(path, where()) from None
     except ijson.JSONError as exc:
         if gz:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -1388,8 +1387,7 @@ def load_timeline(path: Path) -> Profile:
                                      expected="[times_us, sizes]", found="a third element")
                 items.append(item)
     except JsonLimitError as exc:
-        raise InputError(exc.message, file=path, column=f"[{len(items)}] ({exc.column})", expected=exc.expected,
-                         found=exc.found) from None
+        raise exc.located(path, f"[{len(items)}]") from None
     except ijson.JSONError as exc:
         raise syntax_error(path, exc, len(items)) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:

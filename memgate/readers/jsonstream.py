@@ -67,7 +67,25 @@ class Readable(Protocol):
 
 
 class JsonLimitError(InputError):
-    """The JSON nests too deeply or holds a too-long token (raised by :class:`GuardedReader`)."""
+    """The JSON nests too deeply or holds a too-long token (raised by :class:`GuardedReader`).
+
+    ``line`` is the file's line of the byte that breaks the limit, ``offset`` the byte itself (from
+    the file's start) and ``char`` its character in that line (None where the line began more than a
+    read earlier: a minified trace is one line, and the offset then says where).
+    """
+
+    def __init__(self, message: str, *, file: Path | None, line: int, offset: int, char: int | None,
+                 expected: str, found: str) -> None:
+        super().__init__(message, file=file, line=line, column=f"byte {offset}", expected=expected, found=found)
+        self.offset = offset
+        self.char = char
+
+    def located(self, path: Path, where: str) -> InputError:
+        """The error for ``path`` with the JSON path of the element the parser was reading (the byte
+        is in it or in one after it: the parser reads ahead)."""
+        at = f" at char {self.char}" if self.char is not None else ""
+        return InputError(f"{self.message}{at}", file=path, line=self.line,
+                          column=f"{where} or later (byte {self.offset})", expected=self.expected, found=self.found)
 
 
 class GuardedReader:
@@ -91,21 +109,34 @@ class GuardedReader:
         self._escaped = False  # the previous chunk ended on an unpaired backslash
         self._run = 0  # bytes of the token still open at the end of the last chunk
         self._started = False
+        self._skipped = 0  # a byte order mark's bytes, before offset 0
+        # Where the bytes read so far end, in lines: the line count and the offset its last line
+        # starts at. Two C passes per chunk, so a limit error can name a line without a second read.
+        self._newlines = 0
+        self._line_start = 0
 
     def read(self, size: int = -1) -> bytes:
         chunk = self._raw.read(size)
         if not self._started and chunk:
             self._started = True
-            chunk = chunk.removeprefix(BOM)
+            if chunk.startswith(BOM):
+                chunk, self._skipped = chunk[len(BOM):], len(BOM)
         if chunk:
             self._scan(chunk)
+            newlines = chunk.count(b"\n")
+            if newlines:
+                self._newlines += newlines
+                self._line_start = self.offset + chunk.rfind(b"\n") + 1
             self.offset += len(chunk)
         return chunk
 
     def _scan(self, chunk: bytes) -> None:
         if _has_digit_run(chunk):  # a run inside one chunk; across chunks: self._run
-            raise self._error(f"a JSON token is too long (a run of {MAX_NUMBER} digits)", self.offset,
-                              f"numbers under {MAX_NUMBER} digits")
+            at = chunk.translate(_DIGIT_MAP).find(_DIGIT_RUN)
+            start = at if at > 0 or self._in_string else -self._run  # the number may have begun a chunk earlier
+            raise self._error(f"a JSON token is too long (a run of {MAX_NUMBER} digits)", chunk, start,
+                              f"numbers under {MAX_NUMBER} digits", f"a number of {MAX_NUMBER} digits or more")
+        escaped_at_start = self._escaped
         data = chunk
         if self._escaped:
             data, self._escaped = data[1:], False
@@ -114,9 +145,11 @@ class GuardedReader:
             if data.endswith(b"\\"):
                 data, self._escaped = data[:-1], True
             data = data.replace(b'\\"', b"")
+        start_in_string = self._in_string
+        if self._run:
+            self._check_continued(chunk, data, start_in_string)
         kept = data.translate(None, _DELETE).replace(b'""', b"")
         quotes = kept.count(b'"')
-        start_in_string = self._in_string
         if quotes:
             outside = b"".join(kept.split(b'"')[1 if start_in_string else 0::2])
             self._in_string = start_in_string != bool(quotes & 1)
@@ -124,7 +157,7 @@ class GuardedReader:
             outside = b"" if start_in_string else kept
         opens = outside.count(b"[") + outside.count(b"{")
         if self.depth + opens > self.max_depth:
-            self._exact_depth(outside)
+            self._exact_depth(outside, chunk, start_in_string, escaped_at_start)
         self.depth += opens - outside.count(b"]") - outside.count(b"}")
         # The token open at the chunk's end: a string since its quote, else a number since a separator.
         if self._in_string:
@@ -133,21 +166,75 @@ class GuardedReader:
             last, cap, what = max(data.rfind(s) for s in _SEPARATORS), MAX_NUMBER, f"a number over {MAX_NUMBER} bytes"
         self._run = self._run + len(chunk) if last < 0 else len(data) - last - 1
         if self._run > cap:
-            raise self._error(f"a JSON token is too long ({what})", self.offset + len(chunk),
-                              f"strings under {self.max_string >> 20} MiB and numbers under {MAX_NUMBER} bytes")
+            # A number's bytes are the data's last ones (escapes are only in strings): its start is
+            # exact; a string's is where it passed the cap (escapes were dropped from its count).
+            start = len(chunk) - self._run if not self._in_string else len(chunk) - 1
+            raise self._error(f"a JSON token is too long ({what})", chunk, start,
+                              f"strings under {self.max_string >> 20} MiB and numbers under {MAX_NUMBER} bytes", what)
 
-    def _exact_depth(self, outside: bytes) -> None:
+    def _check_continued(self, chunk: bytes, data: bytes, in_string: bool) -> None:
+        """The token left open at the last read's end goes on in this chunk up to its first quote (a
+        string) or separator (a number): checked whole, not only at the ends of reads, which would let
+        a number of twice the cap through (ijson's C backend crashes on one of 4300 digits)."""
+        cap = self.max_string if in_string else MAX_NUMBER
+        window = data[:cap - self._run + 1]  # the cap is passed if no end is in here
+        ends = (window.find(b'"'),) if in_string else (window.find(s) for s in _SEPARATORS)
+        rest = min((i for i in ends if i >= 0), default=len(window))
+        if self._run + rest <= cap:
+            return
+        if in_string:  # where it passed the cap (escapes were dropped from the count)
+            what, at = f"a string over {self.max_string >> 20} MiB", min(cap - self._run, len(chunk) - 1)
+        else:  # a number's first byte, a read or more back
+            what, at = f"a number over {MAX_NUMBER} bytes", -self._run
+        raise self._error(f"a JSON token is too long ({what})", chunk, at,
+                          f"strings under {self.max_string >> 20} MiB and numbers under {MAX_NUMBER} bytes", what)
+
+    def _exact_depth(self, outside: bytes, chunk: bytes, in_string: bool, escaped: bool) -> None:
         codes = np.frombuffer(outside, dtype=np.uint8)
         step = np.zeros(len(codes), dtype=np.int64)
         step[(codes == ord("[")) | (codes == ord("{"))] = 1
         step[(codes == ord("]")) | (codes == ord("}"))] = -1
         if self.depth + int(np.cumsum(step).max(initial=0)) > self.max_depth:
-            raise self._error(f"JSON nested deeper than {self.max_depth} levels", self.offset,
-                              f"at most {self.max_depth} nested arrays/objects (a profiler trace nests a few)")
+            at = _deepening(chunk, self.depth, self.max_depth, in_string, escaped)
+            raise self._error(f"JSON nested deeper than {self.max_depth} levels", chunk, at,
+                              f"at most {self.max_depth} nested arrays/objects (a profiler trace nests a few)",
+                              f"an array or object opened at level {self.max_depth + 1}")
 
-    def _error(self, message: str, offset: int, expected: str) -> JsonLimitError:
-        return JsonLimitError(message, file=self.path, column=f"byte {offset}", expected=expected,
-                              found=f"more in the chunk ending at byte {offset}")
+    def _error(self, message: str, chunk: bytes, at: int, expected: str, found: str) -> JsonLimitError:
+        """The error for the byte at ``at`` in ``chunk`` (negative: that far back in earlier chunks)."""
+        offset = self.offset + at
+        if at >= 0:
+            line = self._newlines + chunk.count(b"\n", 0, at) + 1
+            newline = chunk.rfind(b"\n", 0, at)
+            begins = self.offset + newline + 1 if newline >= 0 else self._line_start
+        else:  # before this chunk: counted up to its start (a number holds no newline)
+            line, begins = self._newlines + 1, self._line_start
+        # The character in its line, where the line's bytes are at hand (in this chunk).
+        char = len(chunk[begins - self.offset:at].decode("utf-8", "replace")) + 1 if begins >= self.offset else None
+        return JsonLimitError(message, file=self.path, line=line, offset=offset + self._skipped, char=char,
+                              expected=expected, found=found)
+
+
+def _deepening(chunk: bytes, depth: int, max_depth: int, in_string: bool, escaped: bool) -> int:
+    """The index in ``chunk`` of the bracket that opens level ``max_depth + 1``, reading from
+    ``depth`` levels and the string state at the chunk's start (only on the error path: a loop)."""
+    for i, byte in enumerate(chunk):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > max_depth:
+                return i
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return len(chunk) - 1  # not reached: the fast count said the level is passed in this chunk
 
 
 def _has_digit_run(chunk: bytes) -> bool:
@@ -182,8 +269,7 @@ def iter_array(path: Path, prefix: str = "item", fh: IO[bytes] | None = None) ->
                     raise conflict
             yield element
     except JsonLimitError as exc:
-        raise InputError(exc.message, file=path, column=_json_path(prefix, index + 1), expected=exc.expected,
-                         found=exc.found) from None
+        raise exc.located(path, _json_path(prefix, index + 1)) from None
     except ijson.JSONError as exc:  # IncompleteJSONError is a subclass
         raise syntax_error(path, exc, index + 1, prefix=prefix) from None
     except UnicodeDecodeError:
