@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from memgate.errors import ConfigError, NotMeasurable, NotSelected
+from memgate.errors import ConfigError, NotMeasurable, NotSelected, printable
 from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile, ProfileInfo
 from memgate.schemas import load_schema
@@ -376,8 +376,7 @@ class Outcome:
                 lines.append(f"  {format_size(block['size']):>12}  {what}{stream}")
                 if block.get("stack"):  # the Python functions running at the allocation, innermost first
                     lines.append(f"  {'':>12}  in {' <- '.join(str(f) for f in block['stack'])}")
-        lines.append(self.where)
-        return "\n".join(lines)
+        return "\n".join([*map(printable, lines), self.where])  # one line each, whatever a name holds
 
 
 class MetricStore(Protocol):
@@ -616,4 +615,4 @@ def source_lines(metrics: DeviceMetrics, profile: ProfileInfo) -> str:
     if metrics.component:
         lines.append(f"series: {metrics.component} from {metrics.source}")
     lines.append(f"profile: {profile.path} ({profile.format}, rank {profile.rank})")
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))

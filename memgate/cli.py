@@ -9,15 +9,15 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from memgate import __version__
-from memgate.errors import ConfigError, MemgateError
+from memgate.errors import ConfigError, MemgateError, printable
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time; mypy reads it the same)
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import Any, NoReturn, TextIO
 
     from memgate.compare import Regression
     from memgate.metrics import MetricOptions
@@ -35,6 +35,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"memgate: error: {message} (see 'memgate --help')", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
+
+
+
+def _say(lines: Iterable[str], file: TextIO | None = None) -> None:
+    """Print text lines of a command's output, each kept to one line of printable text (names
+    and paths in them come from profile files: :func:`memgate.errors.printable`)."""
+    for line in lines:
+        print(printable(line), file=file)
 
 
 def _loading_options(p: argparse.ArgumentParser) -> None:
@@ -189,7 +197,7 @@ def _inspect(args: argparse.Namespace) -> int:
         print(json.dumps(build_report(entries, [], _report_errors(results)), indent=2))
     else:
         for entry in entries:
-            print("\n".join(inspect_text(entry)))
+            _say(inspect_text(entry))
     return _exit_status(results)
 
 
@@ -215,15 +223,13 @@ def _check(args: argparse.Namespace) -> int:
     errors = _report_errors(results)
     # With the JSON report on stdout, what people read goes to stderr.
     out = sys.stderr if args.json_out == "-" else sys.stdout
-    for line in summary_table(outcomes):
-        print(line, file=out)
+    _say(summary_table(outcomes), out)
     labels = outcome_labels(outcomes)
     for o in outcomes:  # every verdict that is not a pass, explained, in the table's order
         word = "FAILED" if o["passed"] is False else "ERROR" if o.get("error") else "SKIPPED" if o.get("skipped") else None
         if word is not None:
-            print(f"{word} {profile_label(o, labels)}::{o['budget']}::{o['metric']}: {o['message']}", file=out)
-    for e in errors:
-        print(f"ERROR {e['profile']}: {e['error']}", file=out)
+            _say([f"{word} {profile_label(o, labels)}::{o['budget']}::{o['metric']}: {o['message']}"], out)
+    _say([f"ERROR {e['profile']}: {e['error']}" for e in errors], out)
     if args.json_out:
         entries = [r.entry for r in results if r.entry is not None]
         _write_json(args.json_out, build_report(entries, outcomes, errors), "the JSON report")
@@ -255,7 +261,7 @@ def _validate(args: argparse.Namespace) -> int:
     results = _run(args, args.path)
     for r in results:
         status = "ok" if r.error is None else f"INVALID: {r.error.one_line()}"
-        print(f"{r.path} [{r.format}]: {status}")
+        _say([f"{r.path} [{r.format}]: {status}"])
     return _exit_status(results)
 
 
@@ -305,12 +311,11 @@ def _diff(args: argparse.Namespace) -> int:
         diff["errors"] = [{"profile": e["path"], "error": problem.one_line()} for e, problem in errors]
         print(json.dumps(diff, indent=2))
     else:
-        for line in diff_text(diff, top=args.top):
-            print(line)
+        _say(diff_text(diff, top=args.top))
         for entry, r in regressions:
-            print(("FAILED " if not r.passed else "ok     ") + r.message + where(entry))
+            _say([("FAILED " if not r.passed else "ok     ") + r.message + where(entry)])
             if not r.passed and r.detail:  # what grew most at the peak, and the baseline's commit
-                print("\n".join("       " + line for line in r.detail.splitlines()))
+                _say("       " + line for line in r.detail.splitlines())
         for _, problem in errors:
             print(f"ERROR  {problem.one_line()}")
     if errors:

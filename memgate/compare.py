@@ -27,7 +27,7 @@ from typing import Any
 
 from memgate import __version__
 from memgate.budgets import LIMITS
-from memgate.errors import ConfigError, InputError
+from memgate.errors import ConfigError, InputError, printable
 from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
 from memgate.sizes import format_size, parse_size
 
@@ -288,7 +288,7 @@ class Regression:
     @property
     def detail(self) -> str:
         """Lines to print under the failure line: what grew most at the peak, and the baseline's commit."""
-        return "\n".join(attribution_lines(self.attribution or {}, self.baseline_commit))
+        return "\n".join(map(printable, attribution_lines(self.attribution or {}, self.baseline_commit)))
 
 
 ATTRIBUTION_TOP = 5

@@ -62,7 +62,7 @@ class MemgateError(Exception):
             text += f"; expected {self.expected}"
         if self.found is not None:
             text += f", found {_clip(self.found)}"
-        return text.replace("\n", " ")
+        return printable(text.replace("\n", " "))
 
 
 class InputError(MemgateError):
@@ -87,6 +87,25 @@ class AmbiguousProfiles(ConfigError):
 
 def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, Any]) -> MemgateError:
     return cls(message, **fields)
+
+
+# What a terminal acts on rather than shows: C0 controls but tab (ESC starts colour, title and cursor
+# sequences; a newline would start a line of a profile's choosing, e.g. a GitHub `::` workflow
+# command), DEL, C1 controls, and the bidi overrides that reorder what is shown.
+# Lone surrogates too: a file name that is not UTF-8 reaches Python as U+DC80-U+DCFF (one per
+# byte; written back as that byte, \xff) and no UTF-8 stream can write one.
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0))} | {
+    c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+                                *range(0xD800, 0xE000))} | {c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)}
+
+
+def printable(text: str) -> str:
+    """``text`` (one line) for a terminal or log: those characters written as escapes (``\\x1b``).
+
+    Op names, owners, paths and values come from profile files: a name holding an escape sequence
+    must not recolour, retitle or redraw the terminal that shows it, nor start a line of its own,
+    and a path that is not UTF-8 must not stop the output (a UTF-8 terminal's stream is strict)."""
+    return text.translate(_UNPRINTABLE)
 
 
 FOUND_CHARS = 80  # of a found value in the one-line message

@@ -23,6 +23,7 @@ import numpy as np
 
 from memgate import __version__
 from memgate.budgets import CROSS_RANK, LIMITS
+from memgate.errors import printable
 from memgate.lttb import downsample_steps
 from memgate.model import APP_COMPONENT, DeviceModel, Profile
 from memgate.sizes import format_size
@@ -137,8 +138,9 @@ def step_spans(entry: dict[str, Any]) -> list[StepSpan]:
 
 
 def _e(value: object) -> str:
-    """Escape for text and attribute values; ``://`` as an entity so the file holds no URL."""
-    return html.escape(str(value), quote=True).replace("://", ":&#47;/")
+    """Escape for text and attribute values; ``://`` as an entity so the file holds no URL; what a
+    page cannot show (control characters, a path's bytes that are not UTF-8) as escapes."""
+    return html.escape(printable(str(value)), quote=True).replace("://", ":&#47;/")
 
 
 def _size(value: float | None) -> str:

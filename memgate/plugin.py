@@ -55,7 +55,7 @@ from memgate.compare import (
     ratchet,
 )
 from memgate.discover import Found, discover, load, rank_hint
-from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, printable
 from memgate.hints import RECORDED_BY_FIXTURE
 from memgate.metrics import MetricOptions
 from memgate.model import Profile
@@ -595,7 +595,8 @@ def _short_repr(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException])
         line, detail = f"memgate: error: {exc.one_line()}", ""
     else:
         return item._repr_failure_py(excinfo, style="short")
-    text = "\n".join([line] + ([""] + detail.splitlines() if detail else []))
+    line = printable(line)  # the crash message pytest's summary shows too
+    text = "\n".join(map(printable, [line] + ([""] + detail.splitlines() if detail else [])))
     found = getattr(item, "found", None)
     path = str(found.path) if found is not None else item.nodeid
     entry = ReprEntryNative([text + "\n"])
@@ -910,12 +911,12 @@ class _Reporter:
         if self.outcomes:
             terminalreporter.section("memgate")
             for line in summary_table(self._sorted_outcomes()):
-                terminalreporter.write_line(line)
+                terminalreporter.write_line(printable(line))
         if self.settings.compare_id is not None and self.entries:
             self._write_comparison(terminalreporter)
         if os.environ.get("GITHUB_ACTIONS") == "true":
             for line in github_annotations(self._sorted_outcomes(), self.errors, self._repository_path):
-                terminalreporter.write_line(line)
+                terminalreporter.write_line(printable(line))
         for what, path in (("JSON report", self.settings.json_path), ("baseline", self.settings.save_baseline),
                            ("benchmark JSON", self.settings.benchmark_json), ("HTML report", self.settings.html_path)):
             if path is not None and path.exists():
@@ -949,7 +950,7 @@ class _Reporter:
                 terminalreporter.write_line(f"memgate: error: {exc.one_line()}")
                 continue
             for line in diff_text(diff_entries(base, entries)):
-                terminalreporter.write_line(line)
+                terminalreporter.write_line(printable(line))
 
     @pytest.hookimpl(tryfirst=True)  # before pytest may remove the temporary folders recordings are in
     def pytest_sessionfinish(self) -> None:
@@ -972,7 +973,7 @@ class _Reporter:
             _write_html(s.html_path, self._all_entries(), outcomes, self.errors)
         summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary_file and (outcomes or self.errors):
-            with open(summary_file, "a", encoding="utf-8") as fh:
+            with open(summary_file, "a", encoding="utf-8", errors="backslashreplace") as fh:
                 fh.write(step_summary_markdown(outcomes, self.errors, self.counts))
 
 

@@ -56,7 +56,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide a CI artifact from its readers
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:  # a non-UTF-8 path's byte: \udcff
             fh.write(text)
         os.replace(tmp, target)
     except BaseException:
