@@ -342,7 +342,7 @@ def test_truncated_and_corrupt_files(tmp_path: Path) -> None:
         kineto.load(garbage)
     array = tmp_path / "array.json"
     array.write_bytes(b'[{"ph": "X"}]')
-    with pytest.raises(InputError, match="not a JSON object"):
+    with pytest.raises(InputError, match="JSON array form"):
         kineto.load(array)
     not_array = tmp_path / "obj.json"
     not_array.write_bytes(b'{"schemaVersion": 1, "traceEvents": {"ph": "i"}}')
@@ -938,3 +938,40 @@ def test_a_memory_event_of_another_phase_is_an_error_not_dropped(tmp_path: Path)
     with pytest.raises(InputError) as info:
         load(found)
     assert (info.value.column, info.value.found) == ("traceEvents[1].ph", "'Z'")
+
+
+# ---- the trace-event format's array form -----------------------------------------------------------
+
+
+def _array_form_says_so(path: Path) -> None:
+    with pytest.raises(InputError) as info:
+        load(discover(path)[0])  # named *.pt.trace.json: the Kineto loader says what it is
+    text = info.value.one_line()
+    assert info.value.file == str(path) and info.value.line == 1, text
+    assert "JSON array form" in text and "no [memory] events" in text, text
+
+
+def test_a_trace_in_the_array_form_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """Kineto before torch 1.8 (tb_plugin's 2020 samples) wrote a top-level array of events, gzipped."""
+    events = [{"ph": "X", "cat": "Operator", "name": "aten::empty", "pid": 1, "tid": "2", "ts": 1606910596297023,
+               "dur": 13, "args": {"Device": 0, "External id": 2}}]
+    path = tmp_path / "worker0.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(b"[\n\n" + json.dumps(events, indent=2)[1:].encode()))
+    _array_form_says_so(path)
+    # an array that holds no trace events is not called one
+    other = tmp_path / "other.pt.trace.json"
+    other.write_text("[[1, 2], [3]]")
+    with pytest.raises(InputError, match="not a Chrome trace"):
+        load(discover(other)[0])
+
+
+def test_torchs_event_list_export_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """torch's EventList export (the legacy autograd profiler's) still writes the array form, without
+    memory events even when memory was profiled."""
+    torch = pytest.importorskip("torch")
+    with torch.autograd.profiler.profile(use_kineto=False, profile_memory=True) as prof:
+        torch.ones(1024).sum()
+    path = tmp_path / "legacy.pt.trace.json"
+    prof.function_events.export_chrome_trace(str(path))
+    assert path.read_text().startswith("[{")
+    _array_form_says_so(path)

@@ -118,6 +118,12 @@ def _is_json_name(path: Path) -> bool:
     return name.endswith((".json", ".json.gz"))
 
 
+def _is_trace_name(path: Path) -> bool:
+    """The name torch's ``tensorboard_trace_handler`` gives a trace (a file given directly that is
+    named so goes to this loader, which says what it is instead)."""
+    return path.name.lower().endswith((".pt.trace.json", ".pt.trace.json.gz"))
+
+
 def claims(path: Path) -> bool:
     """A .json/.json.gz file whose first bytes open an object that has ``traceEvents``.
 
@@ -128,7 +134,7 @@ def claims(path: Path) -> bool:
     try:
         head = read_head(path)
     except PermissionError:
-        return path.name.lower().endswith((".pt.trace.json", ".pt.trace.json.gz"))  # load() says why
+        return _is_trace_name(path)  # load() says why
     except (OSError, EOFError, zlib.error):
         return False
     body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
@@ -903,7 +909,13 @@ def load(path: Path) -> Profile:
     schema = load_schema(SCHEMA)
     try:
         head = read_head(path)
-        if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] != b"{":
+        body = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+        if _ARRAY_FORM.match(body):
+            raise InputError("a Chrome trace in the JSON array form (torch's legacy autograd profiler, or Kineto "
+                             "before torch 1.8), which records no [memory] events", file=path, line=1,
+                             expected="a JSON object with traceEvents, as torch.profiler.profile(..., "
+                             "profile_memory=True) exports it since torch 1.8", found="[ {\"ph\": ...}, ...]")
+        if body[:1] != b"{":
             raise InputError("not a Chrome trace: the file is not a JSON object", file=path, line=1,
                              expected="'{' with traceEvents (a Kineto trace)", found=repr(head[:20]))
         fields = _head_fields(head)
@@ -949,6 +961,10 @@ def load(path: Path) -> Profile:
         steps_source=str(path) if len(steps) else None,
         metadata=metadata,
     )
+
+
+# The trace-event format's other top level: an array of events (the first one's keys include "ph").
+_ARRAY_FORM = re.compile(rb'\[\s*\{[^{}\[\]]*"ph"\s*:')
 
 
 def _valid_base(base: Any) -> bool:
@@ -1580,6 +1596,6 @@ def _raw_series(path: Path, t: np.ndarray, action: np.ndarray, nbytes: np.ndarra
     return frame, note
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of))
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of, named=_is_trace_name))
 discover.register(discover.Format(RAW_TIMELINE_FORMAT, claims_raw_timeline, load_raw_timeline))
 discover.register(discover.Format(TIMELINE_FORMAT, claims_timeline, load_timeline))
