@@ -49,7 +49,7 @@ MAX_DEPTH = 512  # profiler traces nest a handful of levels (event > args > list
 MAX_STRING = 4 << 20  # bytes of one string (stacks and names are KBs)
 MAX_NUMBER = 4000  # bytes of one number or literal; also no run of this many digits anywhere
 BOM = b"\xef\xbb\xbf"
-_KEEP = b'"[]{}'
+_KEEP = b'"[]{}\n'  # newlines too: counted from the kept bytes (a tenth of the chunk), for error lines
 _DELETE = bytes(b for b in range(256) if b not in _KEEP)
 _SEPARATORS = (b'"', b",", b":", b"[", b"]", b"{", b"}", b" ", b"\n", b"\r", b"\t")
 _DIGIT_MAP = bytes(ord("0") if ord("0") <= b <= ord("9") else ord(" ") for b in range(256))
@@ -92,9 +92,10 @@ class GuardedReader:
     """A binary file wrapper for ijson that checks nesting depth and token length as bytes pass.
 
     Per chunk, a few C-level bytes operations (about a tenth of ijson's own time): drop escaped
-    quotes, keep only quotes and brackets, drop adjacent quote pairs (an empty string or an empty
-    gap between two strings: neither changes which brackets are inside a string), then count the
-    brackets outside strings. Only a chunk that could pass the depth cap is scanned exactly.
+    quotes, keep only quotes, brackets and newlines (counted for the line an error names), drop
+    adjacent quote pairs (an empty string or an empty gap between two strings: neither changes which
+    brackets are inside a string), then count the brackets outside strings. Only a chunk that could
+    pass the depth cap is scanned exactly.
     """
 
     def __init__(self, raw: Readable, path: Path | None = None, *, max_depth: int = MAX_DEPTH,
@@ -122,15 +123,15 @@ class GuardedReader:
             if chunk.startswith(BOM):
                 chunk, self._skipped = chunk[len(BOM):], len(BOM)
         if chunk:
-            self._scan(chunk)
-            newlines = chunk.count(b"\n")
+            newlines = self._scan(chunk)
             if newlines:
                 self._newlines += newlines
                 self._line_start = self.offset + chunk.rfind(b"\n") + 1
             self.offset += len(chunk)
         return chunk
 
-    def _scan(self, chunk: bytes) -> None:
+    def _scan(self, chunk: bytes) -> int:
+        """Check ``chunk``; return how many newlines it holds."""
         if _has_digit_run(chunk):  # a run inside one chunk; across chunks: self._run
             at = chunk.translate(_DIGIT_MAP).find(_DIGIT_RUN)
             start = at if at > 0 or self._in_string else -self._run  # the number may have begun a chunk earlier
@@ -149,6 +150,7 @@ class GuardedReader:
         if self._run:
             self._check_continued(chunk, data, start_in_string)
         kept = data.translate(None, _DELETE).replace(b'""', b"")
+        newlines = kept.count(b"\n")  # escapes hold none (a string cannot hold a raw newline)
         quotes = kept.count(b'"')
         if quotes:
             outside = b"".join(kept.split(b'"')[1 if start_in_string else 0::2])
@@ -171,6 +173,7 @@ class GuardedReader:
             start = len(chunk) - self._run if not self._in_string else len(chunk) - 1
             raise self._error(f"a JSON token is too long ({what})", chunk, start,
                               f"strings under {self.max_string >> 20} MiB and numbers under {MAX_NUMBER} bytes", what)
+        return newlines
 
     def _check_continued(self, chunk: bytes, data: bytes, in_string: bool) -> None:
         """The token left open at the last read's end goes on in this chunk up to its first quote (a
