@@ -576,13 +576,17 @@ NOT_SUGGESTED = {
 }
 
 
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 def _toml_string(text: str) -> str:
-    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    """A TOML basic string: quotes, backslashes, control characters and bidi overrides escaped (the
+    block is printed: it must not redraw or reorder a terminal, :func:`memgate.errors.printable`)."""
     out = []
     for ch in text:
         if ch in '"\\':
             out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in _BIDI:
             out.append(f"\\u{ord(ch):04X}")
         else:
             out.append(ch)

@@ -114,3 +114,14 @@ def test_a_path_that_is_not_utf8_is_shown_by_its_bytes(tmp_path: Path) -> None:
     assert "run\\xff" in html.read_text("utf-8")  # the page is valid UTF-8 and names the byte
     report = json.loads(strict("inspect", "--json", folder).stdout)
     assert report["profiles"][0]["path"].endswith("run\udcff/t.pt.trace.json")  # JSON: exact, as \udcff
+
+
+def test_suggest_writes_a_hostile_op_name_as_escapes_that_toml_reads_back(hostile_trace: Path) -> None:
+    import fnmatch
+    import tomllib
+
+    done = run_cli("suggest", str(hostile_trace))
+    assert done.returncode == 0, done.stderr
+    assert not RAW.search(done.stdout), done.stdout
+    caps = tomllib.loads(done.stdout)["tool"]["memgate"]["budgets"][0]["op_caps"]
+    assert any(fnmatch.fnmatchcase(HOSTILE, glob) for glob in caps), caps  # the cap names that op exactly
