@@ -37,7 +37,6 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-
 def _say(lines: Iterable[str], file: TextIO | None = None) -> None:
     """Print text lines of a command's output, each kept to one line of printable text (names
     and paths in them come from profile files: :func:`memgate.errors.printable`)."""

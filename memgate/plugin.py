@@ -596,7 +596,7 @@ def _short_repr(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException])
     else:
         return item._repr_failure_py(excinfo, style="short")
     line = printable(line)  # the crash message pytest's summary shows too
-    text = "\n".join(map(printable, [line] + ([""] + detail.splitlines() if detail else [])))
+    text = "\n".join([line, *(["", *map(printable, detail.splitlines())] if detail else [])])
     found = getattr(item, "found", None)
     path = str(found.path) if found is not None else item.nodeid
     entry = ReprEntryNative([text + "\n"])
