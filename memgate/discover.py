@@ -14,6 +14,7 @@ silently.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -142,6 +143,13 @@ def _raise(exc: OSError) -> None:
     raise exc
 
 
+def _file_kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def _discover(root: Path) -> list[Found]:
     if not root.exists():
         raise InputError("no such file or directory", file=root,
@@ -164,6 +172,9 @@ def _discover(root: Path) -> list[Found]:
         named = next((f for f in FORMATS if f.named is not None and f.named(root)), None)
         if named is not None:
             return [Found(root, named)]
+        if not root.is_file():  # a FIFO, a device (/dev/zero), a socket: never read (a read could block or never end)
+            raise InputError("not a regular file", file=root, expected="a profile directory or file",
+                             found=_file_kind(root))
         raise InputError("not a profile file of any known format", file=root,
                          expected="a profile directory or file (see `memgate inspect --help`)")
     found: list[Found] = []

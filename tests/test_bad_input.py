@@ -418,3 +418,34 @@ def test_a_file_named_as_a_format_names_it_says_what_is_wrong(tmp_path: Path, na
     (tmp_path / "other.bin").write_bytes(content)
     with pytest.raises(InputError, match="not a profile file of any known format"):
         discover(tmp_path / "other.bin")
+
+
+# ---- files that are not regular files: never opened (a read could block forever or never end) ----
+
+
+def _inspect_in_time(path: Path) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "memgate", "inspect", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    return done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_a_named_pipe_or_a_device_is_refused_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "snapshot.pickle"
+    os.mkfifo(fifo)
+    assert "not a regular file" in _inspect_in_time(fifo) and "named pipe" in _inspect_in_time(fifo)
+    zero = tmp_path / "rank0.pt.trace.json"
+    zero.symlink_to("/dev/zero")  # endless bytes: a read would fill memory
+    assert "not a regular file" in _inspect_in_time(zero)
+    # inside a profile folder: the file the loader needs
+    root = tmp_path / "npu"
+    shutil.copytree(PTA21_L1, root)
+    record = next(root.rglob("memory_record.csv"))
+    record.unlink()
+    os.mkfifo(record)
+    stderr = _inspect_in_time(root)
+    assert "memory_record.csv" in stderr and "not a regular file" in stderr, stderr

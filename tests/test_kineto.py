@@ -975,3 +975,15 @@ def test_torchs_event_list_export_is_named_for_what_it_is(tmp_path: Path) -> Non
     prof.function_events.export_chrome_trace(str(path))
     assert path.read_text().startswith("[{")
     _array_form_says_so(path)
+
+
+def test_an_escaped_half_surrogate_pair_is_named_as_such(tmp_path: Path) -> None:
+    """``"\\udc00"`` is valid JSON text naming no character; ijson turns it into bytes that are not
+    UTF-8. The error says both what it may be and where."""
+    data = LEAK.read_bytes()
+    at = data.index(b'"name": "') + len(b'"name": "')
+    path = tmp_path / "half.pt.trace.json"
+    path.write_bytes(data[:at] + b"\\udc00" + data[at:])
+    with pytest.raises(InputError) as info:
+        kineto.load(path)
+    assert "surrogate" in info.value.message and info.value.column.startswith("traceEvents["), info.value.one_line()

@@ -80,6 +80,7 @@ from memgate.readers.jsonstream import (
     duplicate_key_error,
     first_conflict,
     guard,
+    not_utf8,
     same_json,
     syntax_error,
     unique_keys,
@@ -448,7 +449,7 @@ def _ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str, e
             raise _BadSyntax(error, syntax.offset) from None
         raise error from None
     except UnicodeDecodeError:
-        raise InputError("file is not UTF-8 text", file=path, column=where()) from None
+        raise not_utf8(path, where()) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"corrupt or truncated gzip stream: {exc}", file=path, column=where(),
                          expected="a complete .json.gz") from None

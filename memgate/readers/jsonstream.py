@@ -276,8 +276,7 @@ def iter_array(path: Path, prefix: str = "item", fh: IO[bytes] | None = None) ->
     except ijson.JSONError as exc:  # IncompleteJSONError is a subclass
         raise syntax_error(path, exc, index + 1, prefix=prefix) from None
     except UnicodeDecodeError:
-        raise InputError("file is not UTF-8 text", file=path, column=_json_path(prefix, index + 1),
-                         expected="UTF-8 JSON") from None
+        raise not_utf8(path, _json_path(prefix, index + 1)) from None
     except RecursionError:
         raise InputError("JSON nested too deeply", file=path) from None
     finally:
@@ -321,6 +320,13 @@ def syntax_error(path: Path, exc: Exception, element: int, *, prefix: str = "ite
             pass
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return InputError(f"invalid JSON: {reason}", file=path, column=where)
+
+
+def not_utf8(path: Path, where: str) -> InputError:
+    """The error for bytes ijson cannot decode: a byte that is not UTF-8, or an escape of half a
+    surrogate pair (``\\udc00`` alone names no character; ijson decodes it to such bytes)."""
+    return InputError("file is not UTF-8 text, or a string escapes half a surrogate pair (\\ud800-\\udfff alone)",
+                      file=path, column=where, expected="UTF-8 JSON whose \\u escapes name characters")
 
 
 def _json_path(prefix: str, element: int) -> str:
