@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = (),
-         options: MetricOptions | None = None) -> list[ProfileResult]:
+         options: MetricOptions | None = None, *, thorough: bool = False) -> list[ProfileResult]:
     from memgate.progress import stderr_writer, wanted
     from memgate.session import run_profiles
 
@@ -163,7 +163,8 @@ def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = ()
         from memgate.cache import ProfileCache
 
         cache = ProfileCache(args.cache_dir)
-    return run_profiles(root, budgets, options=options, jobs=args.jobs, write_progress=write, cache=cache)
+    return run_profiles(root, budgets, options=options, jobs=args.jobs, write_progress=write, cache=cache,
+                        thorough=thorough)
 
 
 def _report_errors(results: list[ProfileResult]) -> list[dict[str, Any]]:
@@ -257,7 +258,7 @@ def _write_json(target: str, data: Any, what: str) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    results = _run(args, args.path)
+    results = _run(args, args.path, thorough=True)  # what a load may skip (no metric reads it) is checked too
     for r in results:
         status = "ok" if r.error is None else f"INVALID: {r.error.one_line()}"
         _say([f"{r.path} [{r.format}]: {status}"])

@@ -41,6 +41,9 @@ class Format:
     # goes to the loader whose name it bears, which says what is wrong with it (a pickle protocol,
     # a file that is not sqlite, an empty dump) instead of "not a profile file".
     named: Callable[[Path], bool] | None = None
+    # What `memgate validate` loads with, where a load skips what no metric reads (a snapshot's
+    # frames of frees): everything the schema covers is checked. None: ``load`` checks all already.
+    load_thorough: Callable[[Path], Profile] | None = None
 
 
 FORMATS: list[Format] = []  # in the order they are asked; each loader module registers its own
@@ -246,10 +249,11 @@ def rank_hint(found: Found) -> str | None:
         return None  # the load will report it
 
 
-def load(found: Found) -> Profile:
+def load(found: Found, *, thorough: bool = False) -> Profile:
+    """``found``'s profile; ``thorough``: with every part its schema covers checked (``memgate validate``)."""
     from memgate.model import check_byte_ranges
 
-    profile = found.format.load(found.path)
+    profile = (found.format.load_thorough if thorough and found.format.load_thorough else found.format.load)(found.path)
     check_byte_ranges(profile)  # before anything adds byte counts up in int64
     if found.notes:
         notes = [*profile.metadata.get("notes", []), *found.notes]

@@ -74,10 +74,12 @@ def process_profile(
     budgets: Sequence[Budget] = (),
     options: MetricOptions | None = None,
     cache: ProfileCache | None = None,
+    thorough: bool = False,
 ) -> ProfileResult:
+    """``thorough``: every part of the files checked (``memgate validate``), so no cached load stands in."""
     try:
-        if cache is None:
-            metrics = MetricCache(load(found))
+        if cache is None or thorough:
+            metrics = MetricCache(load(found, thorough=thorough))
         else:
             from memgate.cache import open_profile  # only with a cache: its store (xxhash, Arrow IPC) costs imports
 
@@ -126,21 +128,23 @@ def run_profiles(
     jobs: int = 1,
     cache: ProfileCache | None = None,
     write_progress: Callable[[str], None] | None = None,
+    thorough: bool = False,
 ) -> list[ProfileResult]:
-    """Every profile under ``root``, in discovery order; a bad one carries its error."""
+    """Every profile under ``root``, in discovery order; a bad one carries its error (``thorough``:
+    :func:`process_profile`'s)."""
     found = discover(root)
     if jobs > 1 and len(found) > 1:
         from concurrent.futures import ProcessPoolExecutor  # multiprocessing: ~20 ms a one-process run skips
 
         with (progress(f"{len(found)} profiles on {jobs} processes", write_progress),
               ProcessPoolExecutor(max_workers=min(jobs, len(found))) as pool):
-            futures = [pool.submit(process_profile, f, tuple(budgets), options, cache) for f in found]
+            futures = [pool.submit(process_profile, f, tuple(budgets), options, cache, thorough) for f in found]
             return [future.result() for future in futures]
     results = []
     for entry in found:
         label = functools.partial(describe, entry.path)  # computed only if the progress line shows
         with progress(label, write_progress):
-            results.append(process_profile(entry, budgets, options, cache))
+            results.append(process_profile(entry, budgets, options, cache, thorough))
     return results
 
 

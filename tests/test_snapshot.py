@@ -15,6 +15,7 @@ import io
 import json
 import pickle
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -914,3 +915,65 @@ def test_an_address_reused_within_one_instant_of_a_resorted_trace(tmp_path: Path
     data["device_traces"] = [in_order]
     with pytest.raises(InputError, match="allocated twice"):
         snapshot.load(_write(tmp_path, data))
+
+
+# ---- frames no metric reads: checked by `memgate validate` ----------------------------------------
+
+
+def _with_bad_frame(tmp_path: Path, source: Path, name: str, pick: Any) -> tuple[Path, str]:
+    """``source`` with ``[5]`` as the frames of the record ``pick(data)`` returns (with its JSON path)."""
+    data = pickle.loads(source.read_bytes())
+    record, where = pick(data)
+    record["frames"] = [5, {"name": "x"}]
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(data))
+    return path, where
+
+
+def _first_free(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    i = next(i for i, e in enumerate(data["device_traces"][0]) if e["action"] == "free_requested")
+    return data["device_traces"][0][i], f"device_traces[0][{i}].frames[0]"
+
+
+def _first_block(state: str) -> Callable[[Any], tuple[dict[str, Any], str]]:
+    def pick(data: Any) -> tuple[dict[str, Any], str]:
+        segments = data["segments"] if isinstance(data, dict) else data
+        for s, segment in enumerate(segments):
+            for b, block in enumerate(segment["blocks"]):
+                if block["state"] == state:
+                    return block, f"segments[{s}].blocks[{b}].frames[0]"
+        raise AssertionError(f"no {state} block")
+    return pick
+
+
+def _validate(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = cli.main(["validate", *args])
+    return rc, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["free entry", "free block"])
+def test_validate_reads_the_frames_a_load_skips(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A load reads the frames of the blocks it attributes; the frames of frees and of free blocks no
+    metric reads, and `memgate validate` checks them too (with --jobs and with a cache as well)."""
+    pick = _first_free if case == "free entry" else _first_block("inactive")
+    path, where = _with_bad_frame(tmp_path, MODERN, "bad.pickle", pick)
+    assert profile_metrics(snapshot.load(path))  # what inspect and the gate read is sound
+    rc, out = _validate(str(path), capsys=capsys)
+    assert rc == cli.EXIT_BAD_INPUT and f"column '{where}': malformed stack frame" in out, out
+    assert str(path) in out
+    # through the process pool, and past a cache that holds the file's (unchecked) load
+    (tmp_path / "other.pickle").write_bytes(MODERN.read_bytes())
+    cache = tmp_path / "cache"
+    assert cli.main(["inspect", "--cache-dir", str(cache), str(tmp_path)]) == cli.EXIT_OK
+    capsys.readouterr()
+    rc, out = _validate("--jobs", "2", "--cache-dir", str(cache), str(tmp_path), capsys=capsys)
+    assert rc == cli.EXIT_BAD_INPUT and where in out and "other.pickle [torch_snapshot]: ok" in out, out
+
+
+def test_a_bad_frame_of_a_live_block_names_the_file(tmp_path: Path) -> None:
+    """A block allocated before the window and live through it: its frames give its op; a malformed
+    one is an error naming the file (it once named only the JSON path)."""
+    path, where = _with_bad_frame(tmp_path, MULTI, "live.pickle", _first_block("active_allocated"))
+    with pytest.raises(InputError) as info:
+        snapshot.load(path)
+    assert info.value.file == str(path) and info.value.column == where, info.value.one_line()

@@ -121,21 +121,22 @@ def is_snapshot_head(head: bytes) -> bool:
 # ---- loading --------------------------------------------------------------------------------------
 
 
-def load(path: Path, *, max_bytes: int | None = None) -> Profile:
+def load(path: Path, *, max_bytes: int | None = None, every_frame: bool = False) -> Profile:
     limits.check_file_size(path)  # the general cap first: its message names its own override
     # The collector stays paused while the millions of unpickled objects are read too (a pass over
     # them costs ~0.4 s per 1M trace entries); they are freed before it resumes. A pickle holds no
     # pandas object: Arrow reads the records without importing pandas.
     with collector_paused(), arrow_without_pandas():
-        profile, entries = _load_paused(path, limits.current().max_pickle_bytes if max_bytes is None else max_bytes)
+        profile, entries = _load_paused(path, limits.current().max_pickle_bytes if max_bytes is None else max_bytes,
+                                        every_frame)
     limits.check_rows(path, entries, what="trace entries", column="device_traces")
     return profile
 
 
-def _load_paused(path: Path, max_bytes: int) -> tuple[Profile, int]:
+def _load_paused(path: Path, max_bytes: int, every_frame: bool) -> tuple[Profile, int]:
     """The profile and its number of trace entries."""
     data = safepickle.load(path, max_bytes=max_bytes)
-    profile = build_profile(path, data)
+    profile = build_profile(path, data, every_frame=every_frame)
     traces = data.get("device_traces") if isinstance(data, dict) else None
     entries = sum(len(t) for t in traces if isinstance(t, (list, tuple))) if isinstance(traces, list) else 0
     fastexit.keep(data, path.stat().st_size)  # the memgate command ends without freeing them one by one
@@ -160,8 +161,12 @@ class _Segments:
     where: list[str]  # per block, its JSON path
 
 
-def build_profile(path: Path, data: Any) -> Profile:
-    """The normalized model of an unpickled snapshot (``data`` as ``safepickle.load`` returned it)."""
+def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profile:
+    """The normalized model of an unpickled snapshot (``data`` as ``safepickle.load`` returned it).
+
+    ``every_frame``: check the frames no metric reads too (of frees and other non-alloc entries, and
+    of segment blocks not allocated through the window), as ``memgate validate`` asks; a load reads
+    the frames of the blocks it attributes (~30 % of a trace's entries), and those are checked."""
     schema = load_schema(SCHEMA)
     defs = schema["$defs"]
     era: str
@@ -207,7 +212,7 @@ def build_profile(path: Path, data: Any) -> Profile:
     by_dev = {p.device: p for p in parsed}
     for dev in devices:
         trace = by_dev.get(dev) or _parse_trace(path, dev, [], schema)
-        model, facts = _device_model(dev, trace, segments, npu, t_origin, path)
+        model, facts = _device_model(dev, trace, segments, npu, t_origin, path, every_frame)
         models.append(model)
         notes[model.device] = facts
 
@@ -402,7 +407,7 @@ def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str,
 
 
 def _device_model(
-    dev: int, trace: _Trace, segs: _Segments, npu: bool, t_origin: int, path: Path
+    dev: int, trace: _Trace, segs: _Segments, npu: bool, t_origin: int, path: Path, every_frame: bool = False
 ) -> tuple[DeviceModel, dict[str, Any]]:
     label = f"{'npu' if npu else 'cuda'}:{dev}"
     code = trace.code
@@ -430,7 +435,10 @@ def _device_model(
     # Blocks: trace allocations, frees of earlier allocations, and blocks live all along.
     t = trace.t_ns
     ops, owners = _attribution(path, trace, allocs)
-    live_ops, live_owners = _ops_of_frames(segs, live_through)
+    live_ops, live_owners = _ops_of_frames(path, segs, live_through)
+    if every_frame:  # `memgate validate`: the frames no metric reads are checked too
+        _op_owner_each(*_frames_at(path, trace, np.setdiff1d(np.arange(trace.n), allocs, assume_unique=True)))
+        _ops_of_frames(path, segs, np.setdiff1d(np.flatnonzero(mine), live_through, assume_unique=True))
     n_alloc, n_early, n_live = len(allocs), len(early_frees), len(live_through)
     frees_at = partner[allocs]
     size = np.concatenate([trace.size[allocs], trace.size[early_frees], segs.requested[live_through]])
@@ -562,14 +570,19 @@ def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, pa
 
 def _attribution(path: Path, trace: _Trace, allocs: np.ndarray) -> tuple[Texts, Texts]:
     """(op, owner) of each trace allocation, from its frames."""
-    rows = trace.order[allocs].tolist()
-    frames = list(map(trace.frames.__getitem__, rows))
-    return _op_owner_each(frames, path, lambda j: f"device_traces[{trace.device}][{rows[j]}].frames")
+    return _op_owner_each(*_frames_at(path, trace, allocs))
 
 
-def _ops_of_frames(segs: _Segments, rows: np.ndarray) -> tuple[Texts, Texts]:
+def _frames_at(path: Path, trace: _Trace, at: np.ndarray) -> tuple[list[Any], Path, Callable[[int], str]]:
+    """:func:`_op_owner_each`'s arguments for the entries at sorted positions ``at``."""
+    rows = trace.order[at].tolist()
+    return (list(map(trace.frames.__getitem__, rows)), path,
+            lambda j: f"device_traces[{trace.device}][{rows[j]}].frames")
+
+
+def _ops_of_frames(path: Path, segs: _Segments, rows: np.ndarray) -> tuple[Texts, Texts]:
     picked = rows.tolist()
-    return _op_owner_each([segs.frames[i] for i in picked], None, lambda j: f"{segs.where[picked[j]]}.frames")
+    return _op_owner_each([segs.frames[i] for i in picked], path, lambda j: f"{segs.where[picked[j]]}.frames")
 
 
 def _op_owner_each(frames: list[Any], path: Path | None, where: Callable[[int], str]) -> tuple[Texts, Texts]:
@@ -800,5 +813,11 @@ def _rank_of(path: Path) -> str:
     return str(int(m.group(1))) if m else "0"
 
 
+def load_every_frame(path: Path) -> Profile:
+    """:func:`load` that checks every frame (``memgate validate``)."""
+    return load(path, every_frame=True)
+
+
 discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of,
-                                  named=lambda path: path.suffix.lower() in SUFFIXES and path.is_file()))
+                                  named=lambda path: path.suffix.lower() in SUFFIXES and path.is_file(),
+                                  load_thorough=load_every_frame))
