@@ -977,3 +977,28 @@ def test_a_bad_frame_of_a_live_block_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         snapshot.load(path)
     assert info.value.file == str(path) and info.value.column == where, info.value.one_line()
+
+
+def test_frames_lists_that_hold_themselves_are_an_error_not_a_crash(tmp_path: Path) -> None:
+    """Two lists [f, X] and [f, Y] where X and Y hold themselves compare equal by ``==`` forever
+    (RecursionError, exit 3): grouped by identity instead, and the first is reported."""
+    frame = {"name": "f", "filename": "m.py", "line": 1}
+    x: list[Any] = [frame]
+    x.append(x)
+    y: list[Any] = [frame]
+    y.append(y)
+    assert snapshot._first_equal([x, y, [frame], x]).tolist() == [0, 1, 2, 0]
+
+    def pick(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        allocs = [i for i, e in enumerate(data["device_traces"][0]) if e["action"] == "alloc"]
+        data["device_traces"][0][allocs[1]]["frames"] = y
+        return data["device_traces"][0][allocs[0]], f"device_traces[0][{allocs[0]}].frames[1]"
+
+    data = pickle.loads(MODERN.read_bytes())
+    record, where = pick(data)
+    record["frames"] = x
+    path = tmp_path / "cycle.pickle"
+    path.write_bytes(pickle.dumps(data))
+    with pytest.raises(InputError) as info:
+        snapshot.load(path)
+    assert info.value.column == where and "malformed stack frame" in info.value.message, info.value.one_line()

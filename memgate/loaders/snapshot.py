@@ -652,8 +652,11 @@ def _first_equal(lists: Sequence[Any]) -> np.ndarray:
             break
         _, at, kind = np.unique(key, return_index=True, return_inverse=True)
         candidate = todo[at[kind]]  # the first of its kind still to place (itself for that one)
-        same = np.fromiter(map(operator.eq, placing, map(rows.__getitem__, candidate.tolist())), dtype=bool,
-                           count=len(todo))
+        try:
+            same = np.fromiter(map(operator.eq, placing, map(rows.__getitem__, candidate.tolist())), dtype=bool,
+                               count=len(todo))
+        except RecursionError:  # a list that holds itself (only a crafted pickle): what is left goes by identity
+            break
         first[todo[same]] = candidate[same]
         todo, key = todo[~same], key[~same]
         placing = list(compress(placing, (~same).tolist()))
