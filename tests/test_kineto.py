@@ -987,3 +987,29 @@ def test_an_escaped_half_surrogate_pair_is_named_as_such(tmp_path: Path) -> None
     with pytest.raises(InputError) as info:
         kineto.load(path)
     assert "surrogate" in info.value.message and info.value.column.startswith("traceEvents["), info.value.one_line()
+
+
+@pytest.mark.parametrize(("head", "column"), [
+    ({"deviceProperties": [{"id": 0, "totalGlobalMem": 2**80}]}, "deviceProperties[0].totalGlobalMem"),
+    ({"deviceProperties": [{"id": 0, "totalGlobalMem": 80 << 30}, {"id": "x", "totalGlobalMem": 1}]},
+     "deviceProperties[1].id"),
+    ({"deviceProperties": [{"id": 0, "totalGlobalMem": -1}]}, "deviceProperties[0].totalGlobalMem"),
+    ({"distributedInfo": {"backend": "nccl", "rank": "x"}}, "distributedInfo.rank"),
+    ({"distributedInfo": {"backend": "nccl", "rank": 2**40}}, "distributedInfo.rank"),
+    ({"distributedInfo": {"backend": "nccl", "rank": -1}}, None),  # not distributed: the file name's rank
+    ({"distributedInfo": {"backend": "nccl", "rank": 3}}, None),
+])
+def test_header_values_memgate_acts_on_are_checked(head: dict[str, Any], column: str | None, tmp_path: Path) -> None:
+    """A capacity sizes "92%" budgets (2**80 bytes would pass anything) and a rank names the profile:
+    a value that is no integer in range is an error naming it, not a silent fallback."""
+    trace = json.loads(LEAK.read_text())
+    path = tmp_path / "rank7.pt.trace.json"
+    # the header before traceEvents, as Kineto writes it (replacing the trace's own)
+    path.write_text(json.dumps({**head, **{k: v for k, v in trace.items() if k not in head}}))
+    if column is None:
+        rank = head["distributedInfo"]["rank"]
+        assert kineto.load(path).rank == (str(rank) if rank >= 0 else "7")
+        return
+    with pytest.raises(InputError) as info:
+        kineto.load(path)
+    assert info.value.column == column and info.value.file == str(path), info.value.one_line()

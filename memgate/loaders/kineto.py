@@ -67,7 +67,7 @@ import pyarrow.compute as pc
 from memgate import discover, hints
 from memgate.errors import InputError, show
 from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
-from memgate.model import DeviceModel, Profile, Series, check_steps, empty_steps, step_number
+from memgate.model import MAX_BYTES, MAX_RANK, DeviceModel, Profile, Series, check_steps, empty_steps, step_number
 from memgate.readers import convert, limits
 from memgate.readers.jsonstream import (
     DuplicateKey,
@@ -576,8 +576,25 @@ def _head_fields(head: bytes) -> dict[str, Any]:
     return fields
 
 
-def _capacities(props: list[dict[str, Any]], devices: list[DeviceModel]) -> dict[str, int]:
-    """Each GPU's memory as the trace records it: ``deviceProperties[].totalGlobalMem`` by ``id``."""
+def _header_int(path: Path, value: Any, column: str, low: int, high: int, what: str) -> int | None:
+    """A header value memgate acts on (a rank names the profile, a capacity sizes "92%" budgets):
+    None where absent, an InputError where it is no integer from ``low`` to ``high``."""
+    if value is None:
+        return None
+    if type(value) is not int or not low <= value <= high:
+        raise InputError(f"{column} out of range" if type(value) is int else f"{column} is not an integer", file=path,
+                         column=column, expected=f"{what}: an integer from {low} to {high}", found=show(value, 60))
+    return value
+
+
+def _capacities(path: Path, props: list[dict[str, Any]], devices: list[DeviceModel]) -> dict[str, int]:
+    """Each GPU's memory as the trace records it: ``deviceProperties[].totalGlobalMem`` by ``id``.
+    A value that is no device index or no byte count a device can hold is an error (a "92%" budget
+    of 2**80 bytes would pass anything)."""
+    for i, p in enumerate(props):
+        _header_int(path, p.get("id"), f"deviceProperties[{i}].id", 0, MAX_RANK, "a device index")
+        _header_int(path, p.get("totalGlobalMem"), f"deviceProperties[{i}].totalGlobalMem", 0, MAX_BYTES,
+                    "the device's memory in bytes")
     by_id = {p["id"]: p["totalGlobalMem"] for p in props
              if all(type(p.get(k)) is int and p[k] >= 0 for k in ("id", "totalGlobalMem"))}
     capacity = {}
@@ -947,16 +964,17 @@ def load(path: Path) -> Profile:
         note = (f"{repaired.count} event name(s) that torch wrote with unescaped quotes (invalid JSON; the "
                 f"Python tracer's, with_stack=True) read as their text: line(s) {lines}")
         metadata["notes"] = [note]
-    if capacity := _capacities(fields["deviceProperties"], devices):
+    if capacity := _capacities(path, fields["deviceProperties"], devices):
         metadata["device_capacity_bytes"] = capacity
     if not got.mem.count:
         message, expected = hints.no_kineto_memory_events()
         raise InputError(message, file=path, expected=expected, found=f"{got.events} events, none of them [memory]")
-    rank = fields.get("distributedInfo.rank")
+    rank = _header_int(path, fields.get("distributedInfo.rank"), "distributedInfo.rank", -1, MAX_RANK,
+                       "the process's rank (-1: not distributed)")
     return Profile(
         path=str(path),
         format=FORMAT,
-        rank=str(rank) if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else _rank_of(path),
+        rank=str(rank) if rank is not None and rank >= 0 else _rank_of(path),
         devices=tuple(devices),
         steps=steps,
         steps_source=str(path) if len(steps) else None,

@@ -24,6 +24,7 @@ from memgate.errors import InputError, cannot_read, show
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
+    MAX_RANK,
     STEP_COLUMNS,
     ChunkColumn,
     DeviceModel,
@@ -510,7 +511,6 @@ def _read_small_json(path: Path) -> dict[str, Any]:
 
 
 _DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
-MAX_RANK = 2**31 - 1  # torch.distributed ranks are C ints
 
 
 def info_rank(profile_dir: Path, info: dict[str, Any]) -> int | None:
