@@ -195,8 +195,16 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
         missing["peak_reserved_bytes"] = f"the {name or 'framework'} data has no reserved totals"
 
     judged_pools = [] if component is not None and name is None else pool_components(device, component)
-    pools = {pool: measured for pool in judged_pools
-             if (measured := pool_metrics(device.series[pool].frame)) is not None}
+    pools: dict[str, PoolMetrics] = {}
+    contradicted: list[str] = []  # pools whose totals contradict each other: no figure of theirs is judged
+    for pool in judged_pools:
+        if (measured := pool_metrics(device.series[pool].frame)) is None:
+            continue
+        if measured.peak_allocated_bytes > measured.peak_reserved_bytes:  # 1 - a/r < 0 would pass any budget
+            contradicted.append(f"{pool} allocates more than it ever reserves (peak allocated "
+                                f"{measured.peak_allocated_bytes} > peak reserved {measured.peak_reserved_bytes} bytes)")
+            continue
+        pools[pool] = measured
     pool_of: dict[str, str] = {}
     for key in ("fragmentation", "external_fragmentation"):
         judged = {pool: getattr(m, key) for pool, m in pools.items() if getattr(m, key) is not None}
@@ -205,13 +213,17 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
             values[key] = judged[worst]
             if judged[worst] > 0:  # a pool is named only where one is worse than the others
                 pool_of[key] = worst
+            if contradicted:
+                notes[key] = "left out: " + "; ".join(contradicted)
         elif key not in missing:
-            missing[key] = (f"the {component!r} series has no allocated and reserved totals" if component is not None
+            missing[key] = ("; ".join(contradicted) + ": its totals contradict each other" if contradicted
+                            else f"the {component!r} series has no allocated and reserved totals" if component is not None
                             else "no allocator pool with both allocated and reserved totals (fragmentation is judged "
                                  "per pool: PTA, GE, MindSpore, the caching allocator, an msMemScope pool)")
     if "fragmentation" in pool_of and pools[pool_of["fragmentation"]].reserved_before_window:
-        notes["fragmentation"] = (f"{pool_of['fragmentation']} reserved is at its maximum from its first sample: "
-                                  "the value reflects memory reserved before the window")
+        before = (f"{pool_of['fragmentation']} reserved is at its maximum from its first sample: the value reflects "
+                  "memory reserved before the window")
+        notes["fragmentation"] = "; ".join(filter(None, [before, notes.get("fragmentation")]))
 
     app = device.series.get(APP_COMPONENT)
     app_reserved = app.frame.ints("reserved").known() if app is not None else np.zeros(0, dtype=np.int64)

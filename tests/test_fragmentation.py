@@ -585,3 +585,30 @@ def test_two_msmemscope_pools_of_one_process_are_judged_apart(tmp_path: Path) ->
     assert m.values["fragmentation"] == expected[(pid, "0", "ATB")][0] and m.pool_of["fragmentation"] == "ATB"
     assert m.values["external_fragmentation"] == expected[(pid, "0", "ATB")][1]
     assert m.pool_of["external_fragmentation"] == "ATB"
+
+
+# ---- a pool whose totals contradict each other -----------------------------------------------------------
+
+# GE allocates 900 MB but never reserves more than 300: 1 - 900/300 = -2, which would pass every
+# fragmentation budget. PTA is sound (1 - 500/1000 = 0.5).
+GE_OVER = NPU_HEADER + (
+    "PTA,1700000000001000.000\t,500.0,1000.0,500.0,187651234,NPU:0\n"
+    "PTA+GE,1700000000001000.000\t,500.0,1000.0,500.0,187651234,NPU:0\n"
+    "GE,1700000000002000.000\t,900.0,300.0,,,NPU:0\n"
+    "PTA+GE,1700000000002000.000\t,1400.0,1300.0,500.0,187651234,NPU:0\n"
+)
+
+
+def test_a_pool_allocating_more_than_it_reserves_is_left_out_and_said(tmp_path: Path) -> None:
+    m = metrics_of(write_npu(tmp_path / "both", GE_OVER))
+    assert set(m.pools) == {"PTA"}
+    assert m.values["fragmentation"] == 1 - 500 / 1000 and m.pool_of["fragmentation"] == "PTA"
+    assert "left out: GE allocates more than it ever reserves" in m.notes["fragmentation"]
+    assert f"peak allocated {900 * MIB} > peak reserved {300 * MIB} bytes" in m.notes["fragmentation"]
+    # judged alone, it leaves nothing: not measurable, with the reason, never a negative value that passes
+    m = metrics_of(tmp_path / "both" / "host_4321_1700000000000_ascend_pt", MetricOptions(component="GE"))
+    assert m.values.get("fragmentation") is None
+    assert "GE allocates more than it ever reserves" in m.missing["fragmentation"]
+    budget = budget_from_mapping({"name": "b", "fragmentation": 0.15, "component": "GE"}, origin="t")
+    with pytest.raises(NotMeasurable, match="GE allocates more than it ever reserves"):
+        judge(MetricCache(load_one(tmp_path / "both")), budget, "fragmentation")
