@@ -309,8 +309,8 @@ def _check_table(table: object, what: str) -> None:
 # that are added up (block sizes into levels and curves) must also sum below 2**62, or int64 sums
 # would wrap silently into a plausible peak.
 MAX_BYTES = 1 << 56
-MAX_RANK = 2**31 - 1  # torch.distributed ranks are C ints
 MAX_SUMMED_BYTES = 1 << 62
+MAX_RANK = 2**31 - 1  # torch.distributed ranks are C ints (profiler_info rank_id, Kineto distributedInfo.rank)
 
 
 def check_bytes(values: np.ndarray, file: str | Path, column: str, *, summed: bool = False) -> None:
