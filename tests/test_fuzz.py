@@ -339,6 +339,9 @@ def test_a_too_long_number_is_located_at_its_first_digit(before: list[int], digi
     with pytest.raises(JsonLimitError) as info:
         drain(text, [chunk], 512)
     assert_located(info.value, text, text.index(b"7" * 4000))
+    # the limit is one: 4000 digits pass whether inside one read or across many
+    at_cap = text.replace(b"7" * digits, b"7" * 4000)
+    assert drain(at_cap, [chunk], 512).depth == 0
 
 
 # ==== issue 11: the new reader paths (CSV headers and long lines, a db's pending -wal, files across one profile) ====

@@ -47,14 +47,14 @@ MAX_DEPTH = 512  # profiler traces nest a handful of levels (event > args > list
 # of escapes: 7 s), and without use_float it crashes (SIGSEGV) on an integer of more than 4300
 # digits (Python's int_max_str_digits).
 MAX_STRING = 4 << 20  # bytes of one string (stacks and names are KBs)
-MAX_NUMBER = 4000  # bytes of one number or literal; also no run of this many digits anywhere
+MAX_NUMBER = 4000  # bytes of one number or literal at most; also no longer run of digits anywhere
 BOM = b"\xef\xbb\xbf"
 _KEEP = b'"[]{}\n'  # newlines too: counted from the kept bytes (a tenth of the chunk), for error lines
 _DELETE = bytes(b for b in range(256) if b not in _KEEP)
 _SEPARATORS = (b'"', b",", b":", b"[", b"]", b"{", b"}", b" ", b"\n", b"\r", b"\t")
 _DIGIT_MAP = bytes(ord("0") if ord("0") <= b <= ord("9") else ord(" ") for b in range(256))
-_DIGIT_RUN = b"0" * MAX_NUMBER
-# A run of MAX_NUMBER digits covers MAX_NUMBER // _STRIDE bytes in a row of chunk[::_STRIDE]: only a
+_DIGIT_RUN = b"0" * (MAX_NUMBER + 1)
+# A run of MAX_NUMBER + 1 digits covers MAX_NUMBER // _STRIDE bytes in a row of chunk[::_STRIDE]: only a
 # chunk whose sample shows that is searched byte by byte (translating all of it costs 40% of a scan).
 _STRIDE = 500
 _SAMPLED_RUN = b"0" * (MAX_NUMBER // _STRIDE)
@@ -135,8 +135,8 @@ class GuardedReader:
         if _has_digit_run(chunk):  # a run inside one chunk; across chunks: self._run
             at = chunk.translate(_DIGIT_MAP).find(_DIGIT_RUN)
             start = at if at > 0 or self._in_string else -self._run  # the number may have begun a chunk earlier
-            raise self._error(f"a JSON token is too long (a run of {MAX_NUMBER} digits)", chunk, start,
-                              f"numbers under {MAX_NUMBER} digits", f"a number of {MAX_NUMBER} digits or more")
+            raise self._error(f"a JSON token is too long (a run of over {MAX_NUMBER} digits)", chunk, start,
+                              f"numbers of at most {MAX_NUMBER} digits", f"a number of over {MAX_NUMBER} digits")
         escaped_at_start = self._escaped
         data = chunk
         if self._escaped:
@@ -172,7 +172,8 @@ class GuardedReader:
             # exact; a string's is where it passed the cap (escapes were dropped from its count).
             start = len(chunk) - self._run if not self._in_string else len(chunk) - 1
             raise self._error(f"a JSON token is too long ({what})", chunk, start,
-                              f"strings under {self.max_string >> 20} MiB and numbers under {MAX_NUMBER} bytes", what)
+                              f"strings of at most {self.max_string >> 20} MiB and numbers of at most {MAX_NUMBER} "
+                              "bytes", what)
         return newlines
 
     def _check_continued(self, chunk: bytes, data: bytes, in_string: bool) -> None:
@@ -190,7 +191,8 @@ class GuardedReader:
         else:  # a number's first byte, a read or more back
             what, at = f"a number over {MAX_NUMBER} bytes", -self._run
         raise self._error(f"a JSON token is too long ({what})", chunk, at,
-                          f"strings under {self.max_string >> 20} MiB and numbers under {MAX_NUMBER} bytes", what)
+                          f"strings of at most {self.max_string >> 20} MiB and numbers of at most {MAX_NUMBER} bytes",
+                          what)
 
     def _exact_depth(self, outside: bytes, chunk: bytes, in_string: bool, escaped: bool) -> None:
         codes = np.frombuffer(outside, dtype=np.uint8)
