@@ -262,6 +262,10 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
         missing[key] = str(why)
         pool_of.pop(key, None)
         notes.pop(key, None)
+        if key in ("fragmentation", "external_fragmentation"):
+            # the pools are fragmentation's breakdown: a snapshot without history has one sample, the
+            # dump, whose 1 - allocated/reserved is the cache the allocator kept, not fragmentation
+            pools = {}
     return DeviceMetrics(
         device=device.device,
         component=name,

@@ -53,6 +53,7 @@ def test_report_html_of_a_snapshot_with_a_ratio_budget(tmp_path: Path, capsys: p
     assert "reserved_at_dump 42.00 MiB within budget 64.00 MiB — rank 0 cuda:0" in page
     for key in ("allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free_block_bytes", "free_block_fragmentation"):
         assert len(re.findall(rf'<tr><td title="[^"]*">{key}</td>', page)) == 2  # one metrics row per device
+    assert "Allocator pools" not in page  # no history: no pool figures (the dump's cache is no fragmentation)
     assert "HTML report written" in capsys.readouterr().out
 
 
