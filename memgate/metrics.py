@@ -10,7 +10,7 @@ from memgate.lazy import lazy_module
 from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile, steps_in_order
 from memgate.reconcile import DeviceFacts, reconcile
 from memgate.sizes import format_size
-from memgate.table import Table
+from memgate.table import Table, Texts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -567,10 +567,25 @@ def top_at(blocks: Table, rows: np.ndarray, n: int = TOP_N) -> list[dict[str, An
     """The ``n`` largest blocks at ``rows`` (:func:`live_rows` at a moment)."""
     if len(rows) == 0:
         return []
-    # the n largest, ties in block order (a stable sort on -size); only those rows are read
-    largest = np.argsort(-blocks.ints("size").values[rows], kind="stable")[:n]
-    chosen = blocks.select(("size", "op", "stream", "owner", "t_alloc", "component")).take(rows[largest])
+    sizes = blocks.ints("size").values[rows]
+    # the n largest; equal sizes by what the blocks are (earliest allocated first, then op, owner,
+    # stream, component by name), never by their rows' order: the same run written in another row
+    # order lists the same blocks
+    cut = np.partition(sizes, len(sizes) - n)[len(sizes) - n] if len(sizes) > n else sizes.min()
+    tied = rows[sizes >= cut]
+    t_alloc = blocks.ints("t_alloc")
+    keys = [_name_rank(blocks.texts(c).take(tied)) for c in ("component", "stream", "owner", "op")]
+    keys += [np.where(t_alloc.isna()[tied], np.iinfo(np.int64).min, t_alloc.values[tied]),
+             -blocks.ints("size").values[tied]]
+    chosen = blocks.select(("size", "op", "stream", "owner", "t_alloc", "component")).take(tied[np.lexsort(keys)[:n]])
     return chosen.records()
+
+
+def _name_rank(texts: Texts) -> np.ndarray:
+    """Each row's place in the sorted names (-1 where missing), for sorting rows by name."""
+    rank = np.empty(len(texts.names), dtype=np.int64)
+    rank[sorted(range(len(texts.names)), key=texts.names.__getitem__)] = np.arange(len(texts.names))
+    return np.where(texts.codes >= 0, rank[np.maximum(texts.codes, 0)] if len(rank) else -1, -1)
 
 
 def step_at(steps: Table, t_ns: int | None) -> int | None:
