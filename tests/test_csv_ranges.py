@@ -29,8 +29,8 @@ from memgate.schemas import load_schema
 
 RECORD = load_schema("torch_npu.memory_record")
 OPS = load_schema("torch_npu.operator_memory")
-RECORD_HEADER: list[str] = RECORD["x-memgate-headers"]["all"]
-OPS_HEADER: list[str] = OPS["x-memgate-headers"]["all"]
+RECORD_HEADER: list[str] = RECORD["x-memgate-headers"]["2.1+"]
+OPS_HEADER: list[str] = OPS["x-memgate-headers"]["2.1+"]
 
 
 @contextmanager

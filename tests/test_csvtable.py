@@ -177,7 +177,7 @@ def test_error_names_the_line_after_a_cell_spanning_lines(tmp_path: Path) -> Non
     bad[1] = "0.5KB"
     multi = list(ok)
     multi[0] = "aten::mm\nsecond line"
-    path.write_text(_csv_text(schema["x-memgate-headers"]["all"], [ok, multi, ok, bad], "\n", False), newline="")
+    path.write_text(_csv_text(schema["x-memgate-headers"]["2.1+"], [ok, multi, ok, bad], "\n", False), newline="")
     with pytest.raises(InputError) as info:
         read_csv(path, schema)
     assert (info.value.line, info.value.column, info.value.found) == (6, "Size(KB)", "'0.5KB'")

@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from helpers import PTA21_L0, PTA21_L1, PTA271, REPO, TORCH_NPU_SAMPLES, copy_sample, run_cli
+from helpers import PRE21, PTA21_L0, PTA21_L1, PTA271, REPO, TORCH_NPU_SAMPLES, copy_sample, run_cli
 
 from memgate.discover import discover, load
 from memgate.errors import InputError
@@ -328,6 +328,36 @@ def test_the_order_of_operator_rows_changes_nothing(sample: Path, tmp_path: Path
     sizes = [b["size"] for b in original[0].values["top_at_peak"]]
     assert len(set(sizes)) < len(sizes)  # ties: the case where row order could leak into the listing
     assert [m.values for m in shuffled] == [m.values for m in original]
+
+
+def test_before_2_1_a_row_is_ge_by_its_cann_name_alone(tmp_path: Path) -> None:
+    """torch_npu before 2.1 wrote no Stream Ptr: an unnamed row (no op matched, or a release-only
+    row) is PTA's, as that writer made it; only ``cann::`` rows come from GE."""
+    root = copy_sample(PRE21, tmp_path / "localhost_1408366_20230919_ascend_pt")
+    path = root / "operator_memory.csv"
+    path.write_text(path.read_text() + (
+        "aten::mm,512,1695115378721350.2,1695115378721880.0,529.8,4599.740234375,8664.0,4599.86572265625,8664.0,NPU:0\n"
+        ",1024.5,1695115378721360.5,,,4599.75,8664.0,,,NPU:0\n"
+        ",-2048,,1695115378721370.0,,,,4599.5,8664.0,NPU:0\n"))
+    [device] = load_one(root).devices
+    rows = device.blocks.records()
+    assert [(r["op"], r["component"], r["size"]) for r in rows[-3:]] == [
+        ("aten::mm", "PTA", 512 * 1024), (None, "PTA", 1024 * 1024 + 512), (None, "PTA", 2048 * 1024)]
+    assert {r["component"] for r in rows[:-3]} == {"GE"} and all(r["stream"] is None for r in rows)
+    assert rows[-3]["t_alloc"] == 1695115378721350200  # a float's µs text, one decimal: exact ns
+
+
+@pytest.mark.parametrize("name", ["memory_record.csv", "operator_memory.csv"])
+def test_a_header_between_generations_is_refused(name: str, tmp_path: Path) -> None:
+    """Stream Ptr without the Active columns was never written: named as missing, not half read."""
+    root = copy_sample(PRE21, tmp_path / "localhost_1408366_20230919_ascend_pt")
+    path = root / name
+    header, rest = path.read_text().split("\n", 1)
+    path.write_text(header.replace(",Device Type", ",Stream Ptr,Device Type") + "\n"
+                    + "\n".join(line.replace(",NPU:0", ",7,NPU:0") for line in rest.split("\n")))
+    with pytest.raises(InputError) as info:
+        load_one(root)
+    assert info.value.line == 1 and "Active" in info.value.one_line(), info.value.one_line()
 
 
 def test_crlf_errors_still_name_the_right_line(tmp_path: Path) -> None:

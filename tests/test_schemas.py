@@ -48,7 +48,7 @@ op_caps = { "aten::matmul*" = "2 GiB", "cann::*" = "512 MiB" }
 def test_samples_are_present() -> None:
     assert {p.name for p in SAMPLE_CSVS} == {"memory_record.csv", "operator_memory.csv", "npu_module_mem.csv",
                                               "step_trace_time.csv", "kernel_details.csv"}
-    assert len(TEXT_SAMPLES) == 3
+    assert len(TEXT_SAMPLES) == 4
 
 
 @pytest.mark.parametrize("name", schema_names())

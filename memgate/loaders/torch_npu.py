@@ -310,6 +310,8 @@ def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> 
     del table.columns["Device Type"], table.columns["Component"]
 
     def take(key: str) -> list[ChunkColumn]:
+        if not table.has(columns[key]):  # torch_npu before 2.1 wrote no Total Active column
+            return [(np.zeros(len(codes), dtype=np.int64), np.ones(len(codes), dtype=bool)) for codes in pairs]
         chunks = table.take_int_chunks(columns[key])
         offset = 0
         for values, missing in chunks if key != "t_ns" else ():
@@ -373,7 +375,9 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     # The allocator's allocated total drops at Active Release Time (the block is handed back);
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
     released, no_released = table.take_ints("Release Time(us)")
-    active_released, no_active_released = table.take_ints("Active Release Time(us)")
+    before_2_1 = not table.has("Stream Ptr")  # no Active columns and no Stream Ptr were written then
+    active_released, no_active_released = ((np.zeros(len(size), dtype=np.int64), np.ones(len(size), dtype=bool))
+                                           if before_2_1 else table.take_ints("Active Release Time(us)"))
     release_free_memory()  # the number columns' text and the parse buffers, before the checks and the blocks
     release = np.where(no_active_released, released, active_released)
     no_release = no_active_released & no_released
@@ -403,11 +407,12 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
                              f"{str(table.cell(row, 'Allocation Time(us)')).strip()}",
                              found=repr(table.cell(row, column)))
     del released, no_released, active_released, no_active_released
-    name, stream = table.column("Name"), table.column("Stream Ptr")
-    is_ge = pc.or_(pc.fill_null(_rows_where(name, lambda c: pc.starts_with(c, "cann::")), False),
-                   pc.and_(pc.is_null(name), pc.is_null(stream)))
+    name = table.column("Name")
+    is_ge = pc.fill_null(_rows_where(name, lambda c: pc.starts_with(c, "cann::")), False)
+    if not before_2_1:  # a GE row has no stream; before 2.1 no row has one, and GE rows are cann:: named
+        is_ge = pc.or_(is_ge, pc.and_(pc.is_null(name), pc.is_null(table.column("Stream Ptr"))))
     component = Texts.coded(np.logical_not(np.asarray(is_ge, dtype=bool)).view(np.int8).astype(np.int32), ("GE", "PTA"))
-    del name, stream, is_ge
+    del name, is_ge
     np.abs(size, out=size)
     total, no_total = table.take_ints("Allocation Total Allocated(MB)")
     blocks = Table(
@@ -416,7 +421,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
             "t_alloc": Ints.of(alloc, no_alloc),
             "t_free": Ints.of(release, no_release),
             "op": _take_texts(table, "Name"),
-            "stream": _take_texts(table, "Stream Ptr"),
+            "stream": Texts.repeat(None, len(size)) if before_2_1 else _take_texts(table, "Stream Ptr"),
             "owner": Texts.repeat(None, len(size)),
             "component": component,
             "alloc_total": Ints.of(total, no_total),

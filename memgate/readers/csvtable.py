@@ -72,7 +72,7 @@ class CsvTable:
         return self.columns[name]
 
     def has(self, name: str) -> bool:
-        return name in self.columns
+        return name in self.columns or name in self.joined
 
     def series(self, name: str) -> pd.Series:
         """A kept column as pandas: int64 → ``Int64``, dictionary → ``category``, text → ``string``."""
@@ -288,10 +288,13 @@ def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter
     # one, and a known column outside the matched header generation is still validated.
     known = schema["properties"]
     wanted = [c for c in header if c in known] if schema.get("additionalProperties", False) else header
-    plan: dict[str, Converter] = dict(columns) if columns is not None else {name: keep_text for name in wanted}
+    # a planned column this header generation lacks (torch_npu before 2.1 wrote no Active or
+    # Stream Ptr columns) is absent from the table: CsvTable.has() tells the loader
+    plan: dict[str, Converter] = ({name: c for name, c in columns.items() if name in wanted} if columns is not None
+                                  else {name: keep_text for name in wanted})
     checks = [(name, known[name]) for name in wanted if name in known]
     kept: dict[str, list[pa.Array]] = {name: [] for name in plan if name not in joined}
-    joins = {name: _JoinedInts() for name in joined}
+    joins = {name: _JoinedInts() for name in joined if name in plan}
     rows, size = 0, path.stat().st_size
     for block_rows, block, done in _read_ranges(path, names, wanted, checks, plan):
         rows += block_rows
