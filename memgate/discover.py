@@ -71,7 +71,7 @@ def _ascend_dir(path: Path) -> bool:
 LOADERS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("torch_npu", (), True),
     ("snapshot", (".pickle", ".pkl"), False),
-    ("kineto", (".json", ".json.gz"), False),
+    ("kineto", (".json", ".json.gz", ".raw.gz"), False),  # .raw.gz: a raw memory timeline as HTA names it
     ("msmemscope", (".csv", ".db"), False),
     ("ascend_db", (".db",), True),
     ("mindspore", (".csv", ".txt"), True),

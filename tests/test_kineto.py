@@ -633,6 +633,8 @@ def timelines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             prof.export_memory_timeline(str(path), device="cpu")
     paths["raw"] = out / "unzipped.raw.json"
     paths["raw"].write_bytes(gzip.decompress(paths["raw_gz"].read_bytes()))
+    paths["raw_hta"] = out / "memory_timeline.raw.gz"  # how Holistic Trace Analysis keeps the raw form
+    paths["raw_hta"].write_bytes(paths["raw_gz"].read_bytes())
     return paths
 
 
@@ -652,7 +654,7 @@ def test_the_raw_timeline_export_is_rows_of_four_integers(timelines: dict[str, P
     jsonschema.Draft202012Validator(load_schema("torch_memory_timeline_raw")).validate(rows)
 
 
-@pytest.mark.parametrize("which", ["raw_gz", "raw"])
+@pytest.mark.parametrize("which", ["raw_gz", "raw", "raw_hta"])
 def test_the_raw_timeline_loads_with_exact_numbers(timelines: dict[str, Path], which: str) -> None:
     path = timelines[which]
     rows = raw_rows(path)
@@ -703,7 +705,8 @@ def test_a_root_scan_finds_every_timeline_form(timelines: dict[str, Path], tmp_p
     (tmp_path / "notes.raw.json").write_text('{"raw": true}')  # a raw.json name that is no timeline: not claimed
     found = {f.path.name: f.format.name for f in discover(tmp_path)}
     assert found == {"run_rank2.raw.json.gz": "torch_memory_timeline_raw", "unzipped.raw.json": "torch_memory_timeline_raw",
-                     "plain.raw.json": "torch_memory_timeline_raw", "run_memory_timeline.json": "torch_memory_timeline"}
+                     "plain.raw.json": "torch_memory_timeline_raw", "run_memory_timeline.json": "torch_memory_timeline",
+                     "memory_timeline.raw.gz": "torch_memory_timeline_raw"}
 
 
 RAW_BAD = {  # edit of the real rows -> (row, column) named, words of the message

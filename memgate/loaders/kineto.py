@@ -151,9 +151,10 @@ def claims_timeline(path: Path) -> bool:
 
 
 def _is_raw_name(path: Path) -> bool:
-    # torch writes the raw form for a path ending "raw.json.gz" (any other: the [times, sizes] form)
+    # torch writes the raw form for a path ending "raw.json.gz" (any other: the [times, sizes] form);
+    # Holistic Trace Analysis keeps it as "memory_timeline.raw.gz"
     name = path.name.lower()
-    return name.endswith(("raw.json.gz", ".raw.json"))
+    return name.endswith(("raw.json.gz", ".raw.json", ".raw.gz"))
 
 
 def claims_raw_timeline(path: Path) -> bool:
