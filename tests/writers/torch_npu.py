@@ -27,7 +27,7 @@ from pathlib import Path
 from groundtruth import RESERVE_GRANULE, Block, Trace, allocated_at
 
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
-GENERATIONS = ("<=2.5", "2.6+")
+GENERATIONS = ("<2.1", "<=2.5", "2.6+")
 STEP_SOURCES = ("trace_view", "kernel_details", "both")
 CSV_FILES = ("memory_record.csv", "operator_memory.csv", "npu_module_mem.csv", "step_trace_time.csv",
              "kernel_details.csv")
@@ -42,9 +42,14 @@ OPERATOR_MEMORY_HEADER = [
 ]
 NPU_MODULE_MEM_HEADER = {"2.6+": ["Device_id", "Component", "Timestamp(us)", "Total Reserved(MB)", "Device"],
                          "<=2.5": ["Component", "Timestamp(us)", "Total Reserved(MB)", "Device"]}
+NPU_MODULE_MEM_HEADER["<2.1"] = NPU_MODULE_MEM_HEADER["<=2.5"]
+# Before 2.1 torch_npu wrote no Active columns and no Stream Ptr (MemoryViewParser.HEADERS_RECORD /
+# HEADERS_OPERATOR of that source), and its times were float text without a TAB.
+BEFORE_2_1_ABSENT = frozenset({"Total Active(MB)", "Stream Ptr", "Active Release Time(us)", "Active Duration(us)",
+                               "Allocation Total Active(MB)", "Release Total Active(MB)"})
 _STEP_TRACE = ["Step", "Computing", "Communication(Not Overlapped)", "Overlapped", "Communication", "Free", "Stage",
                "Bubble", "Communication(Not Overlapped and Exclude Receive)", "Preparing"]
-STEP_TRACE_TIME_HEADER = {"2.6+": ["Device_id", *_STEP_TRACE], "<=2.5": _STEP_TRACE}
+STEP_TRACE_TIME_HEADER = {"2.6+": ["Device_id", *_STEP_TRACE], "<=2.5": _STEP_TRACE, "<2.1": _STEP_TRACE[:-1]}
 _KERNEL_TAIL = ["Model ID", "Task ID", "Stream ID", "Name", "Type", "Accelerator Core", "Start Time(us)",
                 "Duration(us)", "Wait Time(us)", "Block Dim", "Mix Block Dim", "Input Shapes", "Input Data Types",
                 "Input Formats", "Output Shapes", "Output Data Types", "Output Formats"]
@@ -137,7 +142,7 @@ def render(trace: Trace, opts: NpuOptions) -> Rendered:
     for seq, (t, kind, i) in enumerate(events):
         records.append((t, 0, seq, kind, i))
         if kind == 0 and blocks[i].component == "PTA" and opts.release_rows:
-            records.append((t + opts.release_delay_ns, 1, seq, kind, i))
+            records.append((t + release_delay(opts), 1, seq, kind, i))
     records.sort(key=lambda r: (r[0], r[1], r[2]))
 
     mem_rows: list[list[str]] = []
@@ -173,6 +178,11 @@ def render(trace: Trace, opts: NpuOptions) -> Rendered:
     return Rendered(app_rows + mem_rows, op_rows, app)
 
 
+def release_delay(opts: NpuOptions) -> int:
+    """Release Time - Active Release Time of PTA blocks; before 2.1 the one Release Time is the free."""
+    return 0 if opts.generation == "<2.1" else opts.release_delay_ns
+
+
 def _operator_row(b: Block, alloc: tuple[int, int] | None, free: tuple[int, int] | None,
                   opts: NpuOptions, device: str) -> list[str]:
     ge = b.component == "GE"
@@ -182,6 +192,8 @@ def _operator_row(b: Block, alloc: tuple[int, int] | None, free: tuple[int, int]
         row["Stream Ptr"] = str(b.stream)
     if b.t_alloc is None:  # allocated before the window: negative size, no Name, no Allocation columns
         row["Size(KB)"] = kb(-b.size)
+        if ge and opts.generation == "<2.1":  # GE rows came from CANN with their cann:: name, always
+            row["Name"] = b.op
     else:
         assert alloc is not None
         row["Name"] = b.op
@@ -198,7 +210,7 @@ def _operator_row(b: Block, alloc: tuple[int, int] | None, free: tuple[int, int]
             if b.t_alloc is not None:
                 row["Duration(us)"] = repr(round((b.t_free - b.t_alloc) / 1000, 3))  # GE: a float, no TAB
         else:
-            released = b.t_free + opts.release_delay_ns
+            released = b.t_free + release_delay(opts)
             row["Release Time(us)"] = us(released)
             row["Active Release Time(us)"] = us(b.t_free)
             if b.t_alloc is not None:
@@ -214,6 +226,10 @@ def _operator_row(b: Block, alloc: tuple[int, int] | None, free: tuple[int, int]
 
 def _write_csv(path: Path, header: list[str], rows: list[list[str]], opts: NpuOptions) -> None:
     newline = "\r\n" if path.name in opts.crlf else "\n"
+    if opts.generation == "<2.1":  # the columns that writer had, its times without a TAB
+        kept = [k for k, column in enumerate(header) if column not in BEFORE_2_1_ABSENT]
+        header = [header[k] for k in kept]
+        rows = [[row[k].rstrip("\t") for k in kept] for row in rows]
     with open(path, "w", encoding="utf-8", newline="") as fh:
         writer = csv.writer(fh, lineterminator=newline)
         writer.writerow(header)
@@ -249,6 +265,8 @@ def write_profile(trace: Trace, root: Path, opts: NpuOptions = NpuOptions()) -> 
         cells = [str(number) if number is not None else "", repr(length * 0.6), repr(length * 0.3),
                  repr(length * 0.1), repr(length * 0.4), repr(length * 0.1), repr(length), "0", repr(length * 0.3),
                  repr(17.5)]
+        if opts.generation == "<2.1":  # no Preparing column then
+            cells.pop()
         step_rows.append(([str(trace.device_id)] if new else []) + cells)
     _write_csv(out / "step_trace_time.csv", STEP_TRACE_TIME_HEADER[opts.generation], step_rows, opts)
 
