@@ -246,13 +246,17 @@ def test_of_several_bad_events_the_first_is_reported_at_any_batch_size(tmp_path:
 
 @given(runs=st.lists(st.tuples(st.integers(0, 20_000), st.integers(1, jsonstream.MAX_NUMBER + 5)), max_size=4),
        size=st.integers(0, 30_000), seed=st.integers(0, 2**16))
+@example(runs=[(0, jsonstream.MAX_NUMBER)], size=0, seed=0)  # at the limit: allowed
+@example(runs=[(0, jsonstream.MAX_NUMBER + 1)], size=0, seed=0)  # one over: a run
 def test_the_sampled_digit_run_check_is_exact(runs: list[tuple[int, int]], size: int, seed: int) -> None:
+    """A run is more than MAX_NUMBER digits in a row; the stride sample never misses one."""
     rng = random.Random(seed)
     chunk = bytearray(rng.choice(b'0123456789 ."{}[],:e') for _ in range(size))
     for at, length in runs:
         chunk[at:at + length] = b"7" * length
     data = bytes(chunk)
-    assert jsonstream._has_digit_run(data) == (b"0" * jsonstream.MAX_NUMBER in data.translate(jsonstream._DIGIT_MAP))
+    longer = b"0" * (jsonstream.MAX_NUMBER + 1) in data.translate(jsonstream._DIGIT_MAP)
+    assert jsonstream._has_digit_run(data) == longer
 
 
 # ---- µs to ns without check_column ----------------------------------------------------------------
