@@ -27,7 +27,7 @@ from typing import Any
 
 from memgate import __version__
 from memgate.budgets import LIMITS
-from memgate.errors import ConfigError, InputError, printable
+from memgate.errors import BIDI_CONTROLS, ConfigError, InputError, printable
 from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
 from memgate.sizes import format_size, parse_size
 
@@ -576,9 +576,6 @@ NOT_SUGGESTED = {
 }
 
 
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
 def _toml_string(text: str) -> str:
     """A TOML basic string: quotes, backslashes, control characters and bidi overrides escaped (the
     block is printed: it must not redraw or reorder a terminal, :func:`memgate.errors.printable`)."""
@@ -586,7 +583,7 @@ def _toml_string(text: str) -> str:
     for ch in text:
         if ch in '"\\':
             out.append("\\" + ch)
-        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in _BIDI:
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in BIDI_CONTROLS:
             out.append(f"\\u{ord(ch):04X}")
         else:
             out.append(ch)

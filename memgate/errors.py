@@ -94,9 +94,10 @@ def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, Any]) -> M
 # command), DEL, C1 controls, and the bidi overrides that reorder what is shown.
 # Lone surrogates too: a file name that is not UTF-8 reaches Python as U+DC80-U+DCFF (one per
 # byte; written back as that byte, \xff) and no UTF-8 stream can write one.
+BIDI_CONTROLS = frozenset(map(chr, (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))))
 _UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0))} | {
-    c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
-                                *range(0xD800, 0xE000))} | {c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)}
+    c: f"\\u{c:04x}" for c in (*map(ord, BIDI_CONTROLS), *range(0xD800, 0xE000))} | {
+    c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)}
 
 
 def printable(text: str) -> str:

@@ -572,12 +572,11 @@ def top_at(blocks: Table, rows: np.ndarray, n: int = TOP_N) -> list[dict[str, An
     # stream, component by name), never by their rows' order: the same run written in another row
     # order lists the same blocks
     cut = np.partition(sizes, len(sizes) - n)[len(sizes) - n] if len(sizes) > n else sizes.min()
-    tied = rows[sizes >= cut]
-    t_alloc = blocks.ints("t_alloc")
-    keys = [_name_rank(blocks.texts(c).take(tied)) for c in ("component", "stream", "owner", "op")]
-    keys += [np.where(t_alloc.isna()[tied], np.iinfo(np.int64).min, t_alloc.values[tied]),
-             -blocks.ints("size").values[tied]]
-    chosen = blocks.select(("size", "op", "stream", "owner", "t_alloc", "component")).take(tied[np.lexsort(keys)[:n]])
+    tied = sizes >= cut
+    tied_rows = rows[tied]
+    keys = [_name_rank(blocks.texts(c).take(tied_rows)) for c in ("component", "stream", "owner", "op")]
+    keys += [blocks.ints("t_alloc").take(tied_rows).filled(np.iinfo(np.int64).min), -sizes[tied]]
+    chosen = blocks.select(("size", "op", "stream", "owner", "t_alloc", "component")).take(tied_rows[np.lexsort(keys)[:n]])
     return chosen.records()
 
 

@@ -592,17 +592,18 @@ def _capacities(path: Path, props: list[dict[str, Any]], devices: list[DeviceMod
     """Each GPU's memory as the trace records it: ``deviceProperties[].totalGlobalMem`` by ``id``.
     A value that is no device index or no byte count a device can hold is an error (a "92%" budget
     of 2**80 bytes would pass anything)."""
+    by_id = {}
     for i, p in enumerate(props):
-        _header_int(path, p.get("id"), f"deviceProperties[{i}].id", 0, MAX_RANK, "a device index")
-        _header_int(path, p.get("totalGlobalMem"), f"deviceProperties[{i}].totalGlobalMem", 0, MAX_BYTES,
-                    "the device's memory in bytes")
-    by_id = {p["id"]: p["totalGlobalMem"] for p in props
-             if all(type(p.get(k)) is int and p[k] >= 0 for k in ("id", "totalGlobalMem"))}
+        device_id = _header_int(path, p.get("id"), f"deviceProperties[{i}].id", 0, MAX_RANK, "a device index")
+        total = _header_int(path, p.get("totalGlobalMem"), f"deviceProperties[{i}].totalGlobalMem", 0, MAX_BYTES,
+                            "the device's memory in bytes")
+        if device_id is not None and total is not None:
+            by_id[device_id] = total
     capacity = {}
     for device in devices:
         kind, _, number = device.device.partition(":")
         if kind != "cpu" and number.isdigit() and int(number) in by_id:
-            capacity[device.device] = int(by_id[int(number)])
+            capacity[device.device] = by_id[int(number)]
     return capacity
 
 

@@ -163,17 +163,15 @@ class GuardedReader:
         self.depth += opens - outside.count(b"]") - outside.count(b"}")
         # The token open at the chunk's end: a string since its quote, else a number since a separator.
         if self._in_string:
-            last, cap, what = data.rfind(b'"'), self.max_string, f"a string over {self.max_string >> 20} MiB"
+            last, cap = data.rfind(b'"'), self.max_string
         else:
-            last, cap, what = max(data.rfind(s) for s in _SEPARATORS), MAX_NUMBER, f"a number over {MAX_NUMBER} bytes"
+            last, cap = max(data.rfind(s) for s in _SEPARATORS), MAX_NUMBER
         self._run = self._run + len(chunk) if last < 0 else len(data) - last - 1
         if self._run > cap:
             # A number's bytes are the data's last ones (escapes are only in strings): its start is
             # exact; a string's is where it passed the cap (escapes were dropped from its count).
             start = len(chunk) - self._run if not self._in_string else len(chunk) - 1
-            raise self._error(f"a JSON token is too long ({what})", chunk, start,
-                              f"strings of at most {self.max_string >> 20} MiB and numbers of at most {MAX_NUMBER} "
-                              "bytes", what)
+            raise self._too_long(self._in_string, chunk, start)
         return newlines
 
     def _check_continued(self, chunk: bytes, data: bytes, in_string: bool) -> None:
@@ -186,13 +184,16 @@ class GuardedReader:
         rest = min((i for i in ends if i >= 0), default=len(window))
         if self._run + rest <= cap:
             return
-        if in_string:  # where it passed the cap (escapes were dropped from the count)
-            what, at = f"a string over {self.max_string >> 20} MiB", min(cap - self._run, len(chunk) - 1)
-        else:  # a number's first byte, a read or more back
-            what, at = f"a number over {MAX_NUMBER} bytes", -self._run
-        raise self._error(f"a JSON token is too long ({what})", chunk, at,
-                          f"strings of at most {self.max_string >> 20} MiB and numbers of at most {MAX_NUMBER} bytes",
-                          what)
+        # a string where it passed the cap (escapes were dropped from the count); a number at its
+        # first byte, a read or more back
+        raise self._too_long(in_string, chunk, min(cap - self._run, len(chunk) - 1) if in_string else -self._run)
+
+    def _too_long(self, in_string: bool, chunk: bytes, at: int) -> JsonLimitError:
+        """The error for a string or number token past its cap, at ``at`` (:meth:`_error`)."""
+        what = f"a string over {self.max_string >> 20} MiB" if in_string else f"a number over {MAX_NUMBER} bytes"
+        return self._error(f"a JSON token is too long ({what})", chunk, at,
+                           f"strings of at most {self.max_string >> 20} MiB and numbers of at most {MAX_NUMBER} bytes",
+                           what)
 
     def _exact_depth(self, outside: bytes, chunk: bytes, in_string: bool, escaped: bool) -> None:
         codes = np.frombuffer(outside, dtype=np.uint8)
