@@ -4,7 +4,8 @@
   against the definition: a list's group is the first list with the same frames; the attribution
   of each list against :func:`snapshot.op_owner` called on every list, errors included.
 - ``check_records`` proving optional keys absent from the key counts (no pass over every record's
-  keys) against ``jsonschema`` record by record: valid or not, and the first bad record named.
+  keys) against ``jsonschema`` record by record: valid or not, and the first bad record named; its
+  columns gathered in one pass over chunks of records (``gather_columns``) against a gather per key.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import jsonschema
 import pytest
@@ -20,7 +22,8 @@ from hypothesis import strategies as st
 
 from memgate.errors import InputError
 from memgate.loaders import snapshot
-from memgate.readers.pyrecords import check_records
+from memgate.readers import pyrecords
+from memgate.readers.pyrecords import check_records, gather, gather_columns
 from memgate.schemas import load_schema
 
 # ---- frames lists: grouping and attribution --------------------------------------------------------
@@ -176,6 +179,8 @@ def entries(draw: st.DrawFn) -> list[dict[str, Any]]:
         if i == 0 and draw(st.booleans()):
             record = {**_VALID_FIRST, **{k: v for k, v in record.items() if k in ("time_us", "frames")}}
         out.append(record)
+    if draw(st.integers(0, 9)) == 0:  # now and then a record that is no object
+        out.insert(draw(st.integers(0, len(out))), draw(st.sampled_from([[_FRAME], "alloc", 7, None])))
     return out
 
 
@@ -189,15 +194,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-@given(entries())
-def test_check_records_agrees_with_jsonschema_on_each_record(records: list[dict[str, Any]]) -> None:
+@given(entries(), st.sampled_from([1, 2, 3, pyrecords._CHUNK]))
+def test_check_records_agrees_with_jsonschema_on_each_record(records: list[Any], chunk: int) -> None:
+    """Whatever the chunks the columns are gathered in: keys missing in some chunks, not in others."""
     validator = jsonschema.Draft202012Validator(ENTRY)
     bad = [i for i, r in enumerate(records) if any(validator.iter_errors(_jsonable(r)))]
     kept: dict[str, list[Any]] = {"frames": []}
     before = copy.deepcopy(records)
     try:
-        columns = check_records(records, SCHEMA["$defs"]["trace_entry"], file=Path("t.pickle"),
-                                where=lambda i: f"device_traces[0][{i}]", root=SCHEMA, objects=kept)
+        with mock.patch.object(pyrecords, "_CHUNK", chunk):
+            columns = check_records(records, SCHEMA["$defs"]["trace_entry"], file=Path("t.pickle"),
+                                    where=lambda i: f"device_traces[0][{i}]", root=SCHEMA, objects=kept)
     except InputError as exc:
         assert bad, exc
         assert (exc.column or "").startswith(f"device_traces[0][{bad[0]}]"), (exc.column, bad)
@@ -235,3 +242,16 @@ def test_keys_absent_from_every_entry_give_null_columns() -> None:
     assert columns["time_us"] is not None and columns["time_us"].null_count == 10
     assert columns["forward_frames"] is None  # not a scalar column
     assert kept["forward_frames"] == [None] * 10 and kept["frames"] == [[]] * 10
+
+
+@given(st.lists(st.dictionaries(st.sampled_from("abc"), st.integers(0, 3) | st.none(), max_size=3), max_size=12),
+       st.sampled_from([1, 2, 5, pyrecords._CHUNK]))
+def test_columns_gathered_in_chunks_equal_a_gather_per_key(records: list[dict[str, Any]], chunk: int) -> None:
+    with mock.patch.object(pyrecords, "_CHUNK", chunk):
+        gathered = gather_columns(records, ["a", "b", "c"])
+    assert gathered is not None
+    columns, held = gathered
+    assert columns == [gather(records, key) for key in "abc"]
+    assert all(x is y for column, key in zip(columns, "abc") for x, y in zip(column, gather(records, key)))
+    assert held == sum(map(len, records))
+    assert gather_columns([*records, [1]], ["a", "b"]) is None  # a record that is no object
