@@ -31,7 +31,33 @@ PATH_HELP = "a profile (a *_ascend_pt folder, PROF_* folder, snapshot, trace, du
 RUN_HELP = "a profile or folder of profiles, or a JSON report / baseline memgate saved"
 
 
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns``, without importing shutil (and with it zlib, bz2 and
+    lzma: ~2 ms of every ``memgate --help``, which argparse would import only to ask this)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # no stdout, or not a terminal
+            columns = 0
+    return columns if columns > 0 else 80
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         _terminal_columns() - 2 if width is None else width)  # argparse's own margin
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         print(f"memgate: error: {message} (see 'memgate --help')", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)

@@ -59,6 +59,20 @@ def test_help_imports_no_core_library() -> None:
     assert not top_level(modules) & set(HEAVY)
     assert not {m for m in modules if m.startswith("memgate.")} - {"memgate.cli", "memgate.errors", "memgate.fastexit"}
     assert "typing" not in modules  # ~3 ms of a start-up that is ~15 ms over bare Python's
+    assert "shutil" not in modules  # argparse's way to the terminal width: with zlib, bz2 and lzma, ~2 ms
+
+
+@pytest.mark.parametrize("columns", [None, "0", "-3", "x", "", "50", "200"])
+def test_help_is_as_wide_as_shutil_would_make_it(monkeypatch: pytest.MonkeyPatch, columns: str | None) -> None:
+    import shutil
+
+    from memgate import cli
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert cli._terminal_columns() == shutil.get_terminal_size().columns
 
 
 @pytest.mark.parametrize(("sample", "loader", "also_not"), [
