@@ -311,7 +311,7 @@ def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> 
 
     def take(key: str) -> list[ChunkColumn]:
         if not table.has(columns[key]):  # torch_npu before 2.1 wrote no Total Active column
-            return [(np.zeros(len(codes), dtype=np.int64), np.ones(len(codes), dtype=bool)) for codes in pairs]
+            return [(absent.values, absent.isna()) for absent in map(Ints.absent, map(len, pairs))]
         chunks = table.take_int_chunks(columns[key])
         offset = 0
         for values, missing in chunks if key != "t_ns" else ():
@@ -376,8 +376,12 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
     released, no_released = table.take_ints("Release Time(us)")
     before_2_1 = not table.has("Stream Ptr")  # no Active columns and no Stream Ptr were written then
-    active_released, no_active_released = ((np.zeros(len(size), dtype=np.int64), np.ones(len(size), dtype=bool))
-                                           if before_2_1 else table.take_ints("Active Release Time(us)"))
+    if before_2_1:
+        absent = Ints.absent(len(size))
+        active_released, no_active_released = absent.values, absent.isna()
+        del absent  # its arrays go with the names below, before the blocks are built
+    else:
+        active_released, no_active_released = table.take_ints("Active Release Time(us)")
     release_free_memory()  # the number columns' text and the parse buffers, before the checks and the blocks
     release = np.where(no_active_released, released, active_released)
     no_release = no_active_released & no_released
