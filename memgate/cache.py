@@ -61,7 +61,7 @@ except ModuleNotFoundError:  # pragma: no cover - xxhash is a dependency
     HASH_NAME = "blake2b-128"
     _new_hash = functools.partial(hashlib.blake2b, digest_size=16)
 
-CACHE_LAYOUT = 4  # bump when the entry layout changes (4: Tables as Arrow, no pandas dtypes)
+CACHE_LAYOUT = 5  # bump when the entry layout changes (4: Tables as Arrow; 5: device steps, requested peak)
 MANIFEST = "manifest.json"
 _CHUNK = 8 << 20
 _TMP_PREFIX = ".tmp-"
@@ -69,7 +69,8 @@ _TRASH_PREFIX = ".trash-"
 _STALE_TMP_S = 3600.0  # a temp dir this old belongs to a writer that died
 # The model fields this module stores; a model with other fields is not cached (it would lose them).
 _PROFILE_FIELDS = ("path", "format", "rank", "devices", "steps", "steps_source", "metadata")
-_DEVICE_FIELDS = ("device", "series", "blocks", "blocks_source", "sum_components", "dump_state", "window_relative")
+_DEVICE_FIELDS = ("device", "series", "blocks", "blocks_source", "sum_components", "dump_state", "window_relative",
+                  "requested_peak", "steps")
 _SERIES_FIELDS = ("component", "frame", "source")
 
 
@@ -290,6 +291,8 @@ def _serialize(profile: Profile, into: Path, compression: str | None = None) -> 
             "sum_components": {k: list(v) for k, v in device.sum_components.items()},
             "dump_state": None if device.dump_state is None else asdict(device.dump_state),
             "window_relative": device.window_relative,
+            "requested_peak": device.requested_peak,
+            "steps": None if device.steps is None else stored(device.steps, f"d{d}-steps"),
         })
     head = {"path": profile.path, "format": profile.format, "rank": profile.rank,
             "steps_source": profile.steps_source}
@@ -316,6 +319,8 @@ def _deserialize(entry: Path, doc: dict[str, Any]) -> Profile:
             sum_components={k: tuple(v) for k, v in d["sum_components"].items()},
             dump_state=None if d["dump_state"] is None else PoolState(**d["dump_state"]),
             window_relative=bool(d["window_relative"]),
+            requested_peak=d.get("requested_peak"),
+            steps=None if d.get("steps") is None else _read_table(entry, d["steps"]),
         ))
     return Profile(
         path=doc["path"],

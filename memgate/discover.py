@@ -76,17 +76,35 @@ LOADERS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("ascend_db", (".db",), True),
     ("mindspore", (".csv", ".txt"), True),
     ("cann", (), True),
+    ("recording", (), False),  # claims a folder holding a snapshot beside a trace (_recording_dir)
 )
+_SNAPSHOT_NAMES = (".pickle", ".pkl")
+_TRACE_NAMES = (".json", ".json.gz")
 
 
-def _may_claim(path: Path, names: tuple[str, ...], ascend: bool, ascend_dir: Callable[[], bool]) -> bool:
+def _recording_dir(path: Path) -> bool:
+    """A folder the recording loader may claim: a snapshot and a trace by name, directly inside it."""
+    if not path.is_dir():
+        return False
+    try:
+        with os.scandir(path) as entries:
+            names = [e.name.lower() for e in entries]
+    except OSError:
+        return False
+    return any(n.endswith(_SNAPSHOT_NAMES) for n in names) and any(n.endswith(_TRACE_NAMES) for n in names)
+
+
+def _may_claim(path: Path, names: tuple[str, ...], ascend: bool, ascend_dir: Callable[[], bool],
+               module: str = "") -> bool:
+    if module == "recording":
+        return _recording_dir(path)
     return (bool(names) and path.name.lower().endswith(names)) or (ascend and ascend_dir())
 
 
 def may_claim(module: str, path: Path) -> bool:
     """Can a format of loader ``module`` claim ``path``? (By name; False means it would not.)"""
     _, names, ascend = next(entry for entry in LOADERS if entry[0] == module)
-    return _may_claim(path, names, ascend, lambda: _ascend_dir(path))
+    return _may_claim(path, names, ascend, lambda: _ascend_dir(path), module)
 
 
 _imported: set[str] = set()
@@ -269,6 +287,6 @@ def import_loaders(path: Path | None = None) -> None:
 
     ascend_dir = functools.cache(lambda: path is not None and _ascend_dir(path))  # its stats once per path
     for module, names, ascend in LOADERS:
-        if module not in _imported and (path is None or _may_claim(path, names, ascend, ascend_dir)):
+        if module not in _imported and (path is None or _may_claim(path, names, ascend, ascend_dir, module)):
             _imported.add(module)
             importlib.import_module(f"memgate.loaders.{module}")

@@ -46,6 +46,8 @@ def record_more_steps(fmt: str, metadata: Mapping[str, Any], needed: int, warmup
     }
     if fmt == "ascend_db":
         fmt = "cann" if metadata.get("export") == "msprof db" else "torch_npu"
+    if fmt == "torch_recording":  # a snapshot beside a trace: the trace's steps count
+        fmt = "kineto"
     text = by_format.get(fmt, active)
     return _join(text, lower if fmt != "cann" else "")
 
@@ -62,6 +64,7 @@ def no_memory_data(fmt: str, metadata: Mapping[str, Any]) -> str:
         "mindspore": "mindspore.Profiler(profile_memory=True)",
         "msmemscope": "msMemScope with memory events (MALLOC/FREE) enabled",
         "torch_snapshot": "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()",
+        "torch_recording": "torch.profiler.profile(..., profile_memory=True) around code that allocates tensors",
         "cann": "msprof --sys-hardware-mem=on (or the framework profiler with profile_memory=True)",
     }.get(fmt, "a profiler that records memory")
     return f"no allocator series and no blocks (record with {how})"

@@ -443,7 +443,10 @@ METRIC_HELP = {
                               "grew ÷ reserved just after; the largest (0: the pool never grew with memory free)",
     "step_growth_bytes": "bytes per step of persistent growth over the counted steps (one-time jumps and periodic "
                          "patterns do not move it)",
-    "leaked_bytes": "bytes of blocks allocated in a counted step (except the last leak_horizon_steps) and never freed",
+    "leaked_bytes": "bytes of blocks allocated in a counted step (except the last leak_horizon_steps) and still live "
+                    "when the last counted step ends",
+    "peak_requested_bytes": "snapshot: the allocated peak in the bytes the program requested (before the allocator's "
+                            "rounding)",
     "leak_undetermined_bytes": "bytes allocated in the last leak_horizon_steps counted steps and still live at the end",
     "allocated_at_dump_bytes": "snapshot: bytes of active blocks when it was dumped",
     "reserved_at_dump_bytes": "snapshot: bytes of all segments when it was dumped",

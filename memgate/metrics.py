@@ -20,6 +20,7 @@ else:  # imported on first use: pytest loads the plugin, and so this module, on 
 TOP_N = 10
 METRIC_KEYS = (
     "peak_allocated_bytes",
+    "peak_requested_bytes",
     "peak_reserved_bytes",
     "peak_app_reserved_bytes",
     "fragmentation",
@@ -225,20 +226,38 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
                   "memory reserved before the window")
         notes["fragmentation"] = "; ".join(filter(None, [before, notes.get("fragmentation")]))
 
+    if device.requested_peak is not None:
+        values["peak_requested_bytes"] = device.requested_peak
+        if values["peak_allocated_bytes"] is not None:
+            notes["peak_requested_bytes"] = (f"{format_size(values['peak_allocated_bytes'] - device.requested_peak)} "
+                                             "below peak_allocated_bytes: the allocator's rounding of the blocks")
+    else:
+        missing["peak_requested_bytes"] = ("only a memory snapshot records the requested sizes beside the allocator's "
+                                           "blocks")
     app = device.series.get(APP_COMPONENT)
     app_reserved = app.frame.ints("reserved").known() if app is not None else np.zeros(0, dtype=np.int64)
     if len(app_reserved):
         values["peak_app_reserved_bytes"] = int(app_reserved.max())
+        sampled = profile.metadata.get("device_memory")
+        if isinstance(sampled, dict) and values["peak_reserved_bytes"] is not None:
+            # CUDA: the recorder sampled the device through NVML; say whose memory it is and what lies outside
+            scope = ("this process's device memory" if sampled.get("scope") == "process"
+                     else "the whole device's memory in use (all processes: NVML could not attribute it)")
+            notes["peak_app_reserved_bytes"] = (
+                f"{scope}, sampled by {sampled.get('source')} once per step; "
+                f"{format_size(max(values['peak_app_reserved_bytes'] - values['peak_reserved_bytes'], 0))} above the "
+                "caching allocator's peak reserved (CUDA context, NCCL, library workspaces, other allocations)")
     else:
         missing["peak_app_reserved_bytes"] = "no APP (whole-process) series in this profile"
 
-    counted = _counted_steps(profile.steps, warmup_steps)
+    steps = device.steps if device.steps is not None else profile.steps
+    counted = _counted_steps(steps, warmup_steps)
     if len(allocated):
-        growth, growth_gap = _step_growth(counted, times, allocated, warmup_steps, profile.steps, profile)
+        growth, growth_gap = _step_growth(counted, times, allocated, warmup_steps, steps, profile)
         values["step_growth_bytes"] = growth
         if growth_gap:
             missing["step_growth_bytes"] = growth_gap
-    leaks, leak_gap = _leaked(device, counted, options, profile.steps, block_components(device, name), profile)
+    leaks, leak_gap = _leaked(device, counted, options, steps, block_components(device, name), profile)
     values["leaked_bytes"], values["leak_undetermined_bytes"] = leaks
     if leak_gap:
         missing["leaked_bytes"] = missing["leak_undetermined_bytes"] = leak_gap
@@ -273,7 +292,7 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
         values=values,
         missing=missing,
         peak_t_ns=peak_t,
-        peak_step=step_at(profile.steps, peak_t),
+        peak_step=step_at(steps, peak_t),
         facts=facts,
         pools=pools,
         pool_of=pool_of,
@@ -348,7 +367,9 @@ def _dump_values(state: PoolState | None, values: dict[str, Any], missing: dict[
     values["reserved_at_dump_bytes"] = state.reserved
     values["largest_free_block_bytes"] = state.largest_free_block
     values["free_block_fragmentation"] = (1.0 - state.largest_free_block / state.free_bytes) if state.free_bytes else 0.0
-    notes["allocated_at_dump_bytes"] = f"sizes as {state.size_basis}, the basis of peak_allocated_bytes"
+    notes["allocated_at_dump_bytes"] = ("the allocator's block sizes, as torch.cuda.memory_allocated() counts them"
+                                        if state.size_basis == "rounded" else
+                                        f"sizes as {state.size_basis}, the basis of peak_allocated_bytes")
 
 
 # Blocks-only devices: which block components are the framework allocator, by preference. Others
@@ -478,7 +499,7 @@ def _leaked(
     device: DeviceModel, counted: Table, options: MetricOptions, all_steps: Table,
     components: tuple[str, ...] | None, profile: Profile,
 ) -> tuple[tuple[int | None, int | None], str | None]:
-    """(leaked, undetermined) bytes of blocks allocated in counted steps and live at the window's end."""
+    """(leaked, undetermined) bytes of blocks allocated in counted steps and live when the last one ends."""
     blocks = device.blocks
     # the component's blocks as a mask: a copy of every column of a 5M-block table costs ~300 MB
     mine = blocks.texts("component").isin(components) if components is not None else None
@@ -490,13 +511,16 @@ def _leaked(
             f"needs at least {horizon + 1} counted steps (leak_horizon_steps={horizon}, plus one whose blocks had "
             f"{horizon} step(s) to be freed) after {options.warmup_steps} warmup step(s); the profile has "
             f"{_describe_steps(all_steps)}: " + _record_more(horizon + 1, options.warmup_steps, profile))
-    is_open = blocks.ints("t_free").isna() & blocks.ints("t_alloc").present()
+    starts = counted.ints("t_start").values
+    ends = counted.ints("t_end").values
+    # Live when the counted steps end: what is freed between the last step and the end of the window
+    # (a test's locals, a training function returning) was held through every later step all the same.
+    t_free = blocks.ints("t_free")
+    is_open = (t_free.isna() | (t_free.values > int(ends.max()))) & blocks.ints("t_alloc").present()
     if mine is not None:
         is_open &= mine
     t = blocks.ints("t_alloc").values[is_open]
     size = blocks.ints("size").values[is_open]
-    starts = counted.ints("t_start").values
-    ends = counted.ints("t_end").values
     decided = len(counted) - horizon
     # Each block to the latest-starting counted step that contains it (steps in step order; the
     # horizon is the last steps of that order).

@@ -279,9 +279,17 @@ class DeviceModel:
     # The writer's totals leave out memory allocated before profiling and may carry bytes counted
     # by an earlier profiling session (torch's CPU allocator reporter): peaks are window-relative.
     window_relative: bool = False
+    # The allocated peak in the bytes the program requested, where the writer records both (snapshots:
+    # the series and blocks are in the allocator's block sizes; the difference is its rounding).
+    requested_peak: int | None = None
+    # The steps in this device's own clock, where its file keeps one of its own (a recording's snapshot:
+    # its ProfilerStep annotations, the steps the trace also has); None: the profile's steps.
+    steps: Table | None = None
 
     def __post_init__(self) -> None:
         _check_table(self.blocks, "blocks")
+        if self.steps is not None:
+            _check_table(self.steps, "steps")
 
 
 @dataclass(frozen=True)

@@ -762,9 +762,12 @@ def _add_allocation_stacks(cache: MetricCache, budget: Budget, profile: Profile)
     """Give the holders at the peak the Python functions that allocated them (the recorded trace)."""
     from memgate.record import with_allocation_stacks
 
-    if profile.format != "kineto":
+    if profile.format == "kineto":
+        trace = Path(profile.path)
+    elif profile.format == "torch_recording":  # the trace beside the snapshot (whose blocks carry frames)
+        trace = Path(profile.path) / str((profile.metadata.get("files") or {}).get("trace"))
+    else:
         return  # a snapshot: its blocks carry their own frames
-    trace = Path(profile.path)
     for options in {budget.options, MetricOptions()}:
         for metrics in cache.get(options):
             holders = metrics.values.get("top_at_peak") or []

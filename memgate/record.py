@@ -24,8 +24,22 @@ What is written:
   allocation its block's owner (``owner_bytes_at_peak``, ``owner_caps``).
 - ``cuda_snapshot.pickle`` (CUDA available) / ``npu_snapshot.pickle`` (torch_npu available):
   ``_record_memory_history`` while recording, ``_dump_snapshot`` at the end.
+- ``memgate_recording.json`` (:data:`RECORDING_MANIFEST`), written last (atomically): what was recorded
+  (manifest version, memgate and torch versions, the number of ``step()`` calls, the trace's and the
+  snapshots' file names with each snapshot's ``max_entries``) and ``device_memory``: the process's
+  CUDA device memory, which holds what torch's caching allocator never sees (the CUDA context, NCCL,
+  cuBLAS workspaces). :class:`DeviceMemorySampler` samples each torch-visible device (``cuda:i``)
+  when the profiler has started, after each ``step()`` and before the profiler stops, only where
+  CUDA is already initialized (sampling never creates a CUDA context). Its source is NVML
+  (``pip install memgate[nvml]``): this process's own bytes (``scope: process``), or the whole
+  device's used memory where NVML cannot attribute memory to this process (a container's PID
+  namespace; ``scope: device``, with a ``note`` saying why); without NVML,
+  ``torch.cuda.device_memory_used`` (device-wide); ``null`` where neither is available or CUDA was
+  never initialized. Sampling never breaks a recording: an NVML error stops it, the samples taken
+  so far are kept and the ``note`` says why.
 
-torch is imported only when recording starts (``pip install memgate[torch]``).
+torch is imported only when recording starts (``pip install memgate[torch]``), pynvml only when
+the first device-memory sample is taken.
 
 In pytest, the plugin's ``memgate_record`` fixture yields a started :class:`Recorder` writing into
 ``memgate_profile_dir``; the plugin stops it right after the test body, *before* the marker gates
@@ -41,17 +55,22 @@ import os
 import re
 import sys
 import sysconfig
+import time
 import warnings
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, Self
 
+from memgate import __version__ as MEMGATE_VERSION
 from memgate.readers.jsonstream import escape_names
 
 TRACE_NAME = "torch_trace.json"
 CUDA_SNAPSHOT = "cuda_snapshot.pickle"
 NPU_SNAPSHOT = "npu_snapshot.pickle"
+RECORDING_MANIFEST = "memgate_recording.json"
+MANIFEST_VERSION = 1  # "memgate_recording" in the manifest: bumped when its meaning changes
+_SNAPSHOT_DEVICE = {CUDA_SNAPSHOT: "cuda", NPU_SNAPSHOT: "npu"}
 _FOREVER = 1 << 30  # "active" steps of the schedule: record every step until stop()
 
 
@@ -83,6 +102,9 @@ class Recorder:
         self.memory_events: int | None = None  # [memory] events in the trace, once stopped
         self._profiler: Any = None
         self._memory: list[tuple[Any, Path]] = []  # (torch.cuda.memory-like module, snapshot path)
+        self._snapshots: list[dict[str, Any]] = []  # the manifest's "snapshots": those written
+        self._sampler: DeviceMemorySampler | None = None
+        self._torch_version: str | None = None
         self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -115,6 +137,9 @@ class Recorder:
                 on_trace_ready=export,
             )
             self._profiler.__enter__()
+        self._torch_version = str(torch.__version__)
+        self._sampler = DeviceMemorySampler(torch)
+        self._sampler.sample()
         return self
 
     def step(self) -> None:
@@ -123,6 +148,8 @@ class Recorder:
             raise RuntimeError("the recorder is not running (call start() or use it as a context manager)")
         self._profiler.step()
         self.steps += 1
+        if self._sampler is not None:
+            self._sampler.sample()
 
     def stop(self) -> list[Path]:
         """Stop recording and write the files (idempotent); returns the files written."""
@@ -130,13 +157,20 @@ class Recorder:
             return list(self.files)
         self._stopped = True
         try:
-            self._profiler.__exit__(None, None, None)
+            if self._sampler is not None:
+                self._sampler.sample()
+            try:
+                self._profiler.__exit__(None, None, None)
+            finally:
+                self._dump_snapshots()
+            trace = self.directory / TRACE_NAME
+            if trace in self.files:
+                # the ProfilerStep opened by the last step() call (by the start, without any)
+                self.memory_events = drop_step(trace, self.steps)
+            self._write_manifest()
         finally:
-            self._dump_snapshots()
-        trace = self.directory / TRACE_NAME
-        if trace in self.files:
-            # the ProfilerStep opened by the last step() call (by the start, without any)
-            self.memory_events = drop_step(trace, self.steps)
+            if self._sampler is not None:
+                self._sampler.close()
         return list(self.files)
 
     def __enter__(self) -> Self:
@@ -144,6 +178,26 @@ class Recorder:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+    def manifest(self) -> dict[str, Any]:
+        """What this recording wrote (the content of :data:`RECORDING_MANIFEST`, see the module docstring)."""
+        return {
+            "memgate_recording": MANIFEST_VERSION,
+            "memgate_version": MEMGATE_VERSION,
+            "torch": self._torch_version,
+            "steps": self.steps,
+            "trace": TRACE_NAME if self.directory / TRACE_NAME in self.files else None,
+            "snapshots": list(self._snapshots),
+            "device_memory": self._sampler.manifest() if self._sampler is not None else None,
+        }
+
+    def _write_manifest(self) -> None:
+        path = self.directory / RECORDING_MANIFEST
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)  # a reader never sees half a manifest
+        if path not in self.files:
+            self.files.append(path)
 
     # -- allocator snapshots -----------------------------------------------------------------------
 
@@ -162,9 +216,192 @@ class Recorder:
             try:
                 memory._dump_snapshot(str(path))
                 self.files.append(path)
+                self._snapshots.append({"file": path.name, "device_type": _SNAPSHOT_DEVICE[path.name],
+                                        "max_entries": self.max_entries})
             finally:
                 memory._record_memory_history(enabled=None)
         self._memory = []
+
+
+# ---- device memory outside the caching allocator ------------------------------------------------
+
+NVML_SOURCE = "nvml"
+TORCH_SOURCE = "torch.cuda.device_memory_used"
+_WHOLE_DEVICE = "so used_bytes is the whole device's used memory, other processes on it included"
+
+
+class DeviceMemorySampler:
+    """Samples the CUDA device memory of this process on each torch-visible device; :meth:`manifest`
+    is the manifest's ``device_memory`` (module docstring).
+
+    The source is chosen at the first sample: NVML (``pynvml``; one ``nvmlInit`` per sampler,
+    ``nvmlShutdown`` at :meth:`close`), else ``torch.cuda.device_memory_used`` (device-wide), else
+    none. Torch's device ``i`` is found in NVML by its UUID: torch's indices follow
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``, NVML's are the driver's.
+
+    With NVML each sample keeps the device's used bytes and this process's own (its entry in
+    ``nvmlDeviceGetComputeRunningProcesses``; 0 on a device where it has no context). The recording
+    has one scope: ``process`` where NVML attributed memory to this pid, else ``device`` for every
+    sample. Once a sample cannot be attributed (``usedGpuMemory`` unavailable, the process list
+    failing) the rest are device-wide only; a pid NVML never lists (a container's PID namespace)
+    makes the recording device-scope too.
+    """
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._torch = torch
+        self.source: str | None = None  # chosen at the first sample
+        self._nvml: ModuleType | None = None  # initialized: shut down at close()
+        self._handles: list[Any] = []  # NVML handle of torch's device i
+        self._devices = 0
+        self._samples: list[dict[str, Any]] = []  # device, t_ns, used_bytes (device), process_bytes
+        self._pid_seen = False  # NVML listed this pid, with its bytes, in some sample
+        self._unattributed: str | None = None  # why not process scope (then every sample is the device's)
+        self._stopped: str | None = None  # why sampling stopped before the recording did
+        self._done = False
+
+    def sample(self) -> None:
+        """One sample per device, where CUDA is initialized (never creating a context); never raises."""
+        if self._done:
+            return
+        try:
+            cuda = self._torch.cuda
+            if not (cuda.is_initialized() and cuda.is_available()):
+                return
+            if self.source is None:
+                self._open()
+                if self._done:
+                    return
+            self._take()
+        except Exception as exc:  # noqa: BLE001 - sampling never breaks a recording: keep what was taken, say why
+            self._done = True
+            self._stopped = (f"Sampling stopped after {len(self._samples)} sample(s): {self.source} failed "
+                             f"({_describe(exc)}).")
+
+    def close(self) -> None:
+        """No more samples; NVML shut down (once)."""
+        self._done = True
+        nvml, self._nvml = self._nvml, None
+        if nvml is not None:
+            try:
+                nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001, S110 - the samples are taken: a failed shutdown changes nothing
+                pass
+
+    def manifest(self) -> dict[str, Any] | None:
+        """``{"source", "scope", "note"?, "samples"}``; None where no source was found or CUDA was
+        never initialized while recording."""
+        if self.source is None:
+            return None
+        process = self.source == NVML_SOURCE and self._unattributed is None and self._pid_seen
+        notes = []
+        if not process and self._unattributed is not None:
+            notes.append(f"{self._unattributed}, {_WHOLE_DEVICE}.")
+        elif not process and self._samples:
+            notes.append(f"NVML could not attribute memory to this process (pid {os.getpid()} is not among "
+                         f"the devices' compute processes: a container's PID namespace?), {_WHOLE_DEVICE}.")
+        if self._stopped is not None:
+            notes.append(self._stopped)
+        out: dict[str, Any] = {"source": self.source, "scope": "process" if process else "device"}
+        if notes:
+            out["note"] = " ".join(notes)
+        out["samples"] = [{"device": s["device"], "t_ns": s["t_ns"],
+                           "used_bytes": s["process_bytes"] if process else s["used_bytes"]} for s in self._samples]
+        return out
+
+    def _open(self) -> None:
+        cuda = self._torch.cuda
+        self._devices = int(cuda.device_count())
+        why_not = None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the deprecated `pynvml` distribution warns on import
+                nvml = importlib.import_module("pynvml")
+        except ImportError:
+            nvml = None
+        if nvml is not None:
+            try:
+                nvml.nvmlInit()
+            except Exception as exc:  # noqa: BLE001 - no NVIDIA driver library (ROCm), a driver/library mismatch
+                why_not = f"NVML failed to start ({_describe(exc)})"
+            else:
+                self._nvml = nvml
+                self.source = NVML_SOURCE
+                self._handles = [self._handle(i) for i in range(self._devices)]
+                return
+        if callable(getattr(cuda, "device_memory_used", None)):
+            self.source = TORCH_SOURCE
+            self._unattributed = (f"{why_not}; " if why_not else "") + (
+                "torch.cuda.device_memory_used cannot attribute memory to this process "
+                "(pip install 'memgate[nvml]' can)")
+        elif why_not is not None:
+            self.source = NVML_SOURCE
+            self._done = True
+            self._stopped = f"{why_not}: no sample taken."
+        else:
+            self._done = True  # neither source: device_memory is null
+
+    def _handle(self, index: int) -> Any:
+        nvml = self._nvml
+        assert nvml is not None
+        uuid = getattr(self._torch.cuda.get_device_properties(index), "uuid", None)
+        text = str(uuid) if uuid is not None else ""
+        if not text:
+            return self._handle_by_index(index)
+        if text.startswith(("GPU-", "MIG-")):
+            return nvml.nvmlDeviceGetHandleByUUID(text)
+        try:  # torch prints the bare UUID; NVML names a GPU "GPU-<uuid>", a MIG instance "MIG-<uuid>"
+            return nvml.nvmlDeviceGetHandleByUUID("GPU-" + text)
+        except nvml.NVMLError:
+            return nvml.nvmlDeviceGetHandleByUUID("MIG-" + text)
+
+    def _handle_by_index(self, index: int) -> Any:
+        """Without torch's UUID: the device CUDA_VISIBLE_DEVICES names (an index, or a UUID NVML
+        knows); unset, the same index (right only under CUDA_DEVICE_ORDER=PCI_BUS_ID or one GPU)."""
+        nvml = self._nvml
+        assert nvml is not None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return nvml.nvmlDeviceGetHandleByIndex(index)
+        entry = [e.strip() for e in visible.split(",")][index]
+        return nvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit() else nvml.nvmlDeviceGetHandleByUUID(entry)
+
+    def _take(self) -> None:
+        cuda = self._torch.cuda
+        for i in range(self._devices):
+            t_ns = time.time_ns()
+            own = None
+            if self._nvml is not None:
+                handle = self._handles[i]
+                used = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                if self._unattributed is None:
+                    own = self._own_bytes(handle)
+            else:
+                used = int(cuda.device_memory_used(i))
+            self._samples.append({"device": f"cuda:{i}", "t_ns": t_ns, "used_bytes": used, "process_bytes": own})
+
+    def _own_bytes(self, handle: Any) -> int | None:
+        """This process's bytes on the device (0 where NVML does not list it); None where NVML cannot
+        attribute them, with the reason in ``_unattributed``."""
+        assert self._nvml is not None
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as exc:  # noqa: BLE001 - an old driver without the call: the device's figure stands
+            self._unattributed = f"NVML could not list the device's processes ({_describe(exc)})"
+            return None
+        pid = os.getpid()
+        mine = [p for p in processes if getattr(p, "pid", None) == pid]
+        if any(getattr(p, "usedGpuMemory", None) is None for p in mine):
+            self._unattributed = ("NVML could not attribute memory to this process (it reports no usedGpuMemory "
+                                  "for it, as in some containers)")
+            return None
+        if mine:
+            self._pid_seen = True
+        return sum(int(p.usedGpuMemory) for p in mine)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def drop_step(path: Path, number: int) -> int:

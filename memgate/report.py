@@ -129,7 +129,7 @@ def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
     return [fmt.format(*r).rstrip() for r in [header, tuple("-" * w for w in widths), *rows]]
 
 
-_SIZE_ROWS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "step_growth_bytes",
+_SIZE_ROWS = ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "step_growth_bytes",
               "leaked_bytes", "leak_undetermined_bytes", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
               "largest_free_block_bytes")
 _RATIO_ROWS = ("fragmentation", "external_fragmentation", "free_block_fragmentation")

@@ -19,6 +19,7 @@ create a side-effect file that must never appear) and pickle memory bombs.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import json
 import pickle
@@ -165,6 +166,14 @@ def snapshot_file(tmp: Path) -> Path:
 
 def kineto_file(tmp: Path, *, gz: bool = False) -> Path:
     return write_trace(small_trace(ge=False), _mkdir(tmp / "kineto"), KinetoOptions(gz=gz))
+
+
+def recording_dir(tmp: Path, *, trace: Trace | None = None) -> Path:
+    """A snapshot beside a Kineto trace of the same run (one recording, one profile)."""
+    root = _mkdir(tmp / "rec")
+    write_snapshot(small_trace(ge=False), root, SnapshotOptions())
+    write_trace(trace or small_trace(ge=False), root, KinetoOptions())
+    return root
 
 
 def timeline_file(tmp: Path) -> Path:
@@ -1370,3 +1379,12 @@ def writable(path: Path) -> None:
         if not p.is_symlink():
             p.chmod(p.stat().st_mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if p.is_dir() else 0))
 
+
+
+@case("recording-of-two-runs", "torch_recording")
+def recording_of_two_runs(tmp: Path) -> Expect:
+    """A trace of another run beside the snapshot: their peaks disagree, an error naming both files."""
+    base = small_trace(ge=False)
+    other = dataclasses.replace(base, blocks=tuple(dataclasses.replace(b, size=b.size * 2) for b in base.blocks))
+    root = recording_dir(tmp, trace=other)
+    return Expect(root, root / "snapshot.pickle", None, "device_traces", ("trace.pt.trace.json", "disagree"))

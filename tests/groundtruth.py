@@ -182,8 +182,10 @@ def expected_metrics(trace: Trace, warmup_steps: int = 1, *, separate_allocators
     if len(counted) > leak_horizon_steps and trace.blocks:
         decided = len(counted) - leak_horizon_steps
         leaked = undetermined = 0
+        last_end = max(s[2] for s in counted)
         for b in trace.blocks:
-            if b.t_free is None and b.t_alloc is not None:
+            # live when the last counted step ends (freed after it, it was held through every step)
+            if (b.t_free is None or b.t_free > last_end) and b.t_alloc is not None:
                 # the counted step it was allocated in; at a boundary two steps share, the later one
                 holders = [i for i, s in enumerate(counted) if s[1] <= b.t_alloc <= s[2]]
                 if holders:

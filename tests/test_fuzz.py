@@ -33,6 +33,7 @@ from corpus import (
     ms_profile,
     msprof_db,
     npu_profile,
+    recording_dir,
     snapshot_file,
     timeline_file,
     torch_db,
@@ -110,6 +111,7 @@ SEED_MAKERS: dict[str, tuple[str, Callable[[Path], Path]]] = {
     "memscope_csv": ("msmemscope", mm_csv),
     "memscope_db": ("msmemscope", mm_db),
     "timeline_raw": ("torch_memory_timeline_raw", lambda tmp: _raw_timeline(tmp)),
+    "recording": ("torch_recording", recording_dir),
 }
 
 

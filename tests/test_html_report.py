@@ -409,7 +409,8 @@ def test_snapshot_pool_state_rows() -> None:
     assert rows["largest_free_block_bytes"][:2] == ["512.00 MiB", "536870912 B"]
     assert rows["reserved_at_dump_bytes"][1] == f"{metrics['reserved_at_dump_bytes']} B"
     assert rows["allocated_at_dump_bytes"][1:] == [f"{metrics['allocated_at_dump_bytes']} B", "",
-                                                   "sizes as requested, the basis of peak_allocated_bytes"]
+                                                   ("the allocator&#x27;s block sizes, as "
+                                                    "torch.cuda.memory_allocated() counts them")]
     value = metrics["free_block_fragmentation"]
     assert rows["free_block_fragmentation"][:2] == [f"{value:.4f} ({value:.2%})", repr(value)]
     assert rows["fragmentation"][2] == "allocator" and rows["external_fragmentation"][2] == "allocator"

@@ -9,8 +9,11 @@ here over the real samples and every input the corpus builds.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -40,14 +43,28 @@ print(json.dumps({"rc": rc, "modules": sorted(sys.modules)}), file=sys.stderr)
 """
 
 
-def imported_by(*args: str | Path) -> set[str]:
-    """The modules a fresh interpreter holds after ``memgate ARGS`` (its exit code checked)."""
+# What the interpreter holds before memgate is imported: site, .pth files or a sitecustomize of the
+# environment may import anything (even numpy); only what memgate adds to that is memgate's doing.
+_BEFORE = 'import json, sys\nprint(json.dumps({"rc": 0, "modules": sorted(sys.modules)}), file=sys.stderr)\n'
+
+
+def _modules_after(code: str, *args: str | Path) -> set[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMGATE_")}
-    done = subprocess.run([sys.executable, "-c", _PROBE, *map(str, args)], check=False, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=False, capture_output=True,
                           text=True, env=env, timeout=120)
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report["rc"] in (0, 1), done.stderr
     return set(report["modules"])
+
+
+@functools.cache
+def _at_start() -> frozenset[str]:
+    return frozenset(_modules_after(_BEFORE))
+
+
+def imported_by(*args: str | Path) -> set[str]:
+    """The modules ``memgate ARGS`` adds to what a fresh interpreter holds (its exit code checked)."""
+    return _modules_after(_PROBE, *args) - _at_start()
 
 
 def top_level(modules: set[str]) -> set[str]:
@@ -157,12 +174,22 @@ def _corpus_inputs(tmp: Path) -> Iterator[Path]:
         yield case.make(where).root
 
 
+def _recording(tmp: Path) -> Path:
+    """A folder the recording loader claims: a Kineto trace and a snapshot side by side (what
+    memgate.record writes), whatever samples/torch_cuda holds."""
+    folder = tmp / "recording"
+    folder.mkdir()
+    shutil.copyfile(TORCH / "cpu_train_profile_memory.json", folder / "torch_trace.json")
+    shutil.copyfile(TORCH / "snapshot_modern_small_cs336.pickle", folder / "cuda_snapshot.pickle")
+    return folder
+
+
 def test_every_claimed_path_passes_its_loaders_name_test(tmp_path: Path) -> None:
     discover.import_loaders()
     module_of = {fmt.name: fmt.load.__module__.rsplit(".", 1)[-1] for fmt in discover.FORMATS}
     assert set(module_of.values()) == {entry[0] for entry in discover.LOADERS}  # every format from a listed loader
     claimed: dict[str, int] = {}
-    for root in [SAMPLES, *_corpus_inputs(tmp_path)]:
+    for root in [SAMPLES, _recording(tmp_path), *_corpus_inputs(tmp_path)]:
         for path in _paths(root):
             for fmt in discover.FORMATS:
                 try:
@@ -175,18 +202,29 @@ def test_every_claimed_path_passes_its_loaders_name_test(tmp_path: Path) -> None
     assert set(claimed) == set(module_of), f"formats never seen claiming: {set(module_of) - set(claimed)}"
 
 
-def test_a_pytest_run_that_gates_nothing_imports_no_core_library(tmp_path: Path) -> None:
-    """pytest loads the plugin on every run: a run without --memgate, markers or fixtures pays for
-    none of the libraries a gate needs."""
+def _pytest_modules(tmp_path: Path, *plugins: str) -> set[str]:
+    """The modules a fresh ``pytest`` of one plain test holds at its end, with only ``plugins`` loaded:
+    other installed plugins (pytest-randomly imports numpy) are not memgate's, so none is autoloaded."""
     (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert 1 + 1 == 2\n")
     probe = ("import json, sys, pytest\n"
-             "rc = pytest.main(['-q', '-p', 'no:cacheprovider', sys.argv[1]])\n"
+             "rc = pytest.main(['-q', '-p', 'no:cacheprovider', *sys.argv[2:], sys.argv[1]])\n"
              "print(json.dumps({'rc': int(rc), 'modules': sorted(sys.modules)}), file=sys.stderr)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMGATE_", "PYTEST_"))}
-    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "test_plain.py")], check=False,
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    args = [str(tmp_path / "test_plain.py")] + [a for name in plugins for a in ("-p", name)]
+    done = subprocess.run([sys.executable, "-c", probe, *args], check=False,
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     report = json.loads(done.stderr.strip().splitlines()[-1])
     assert report["rc"] == 0, done.stdout
-    modules = set(report["modules"])
-    assert "memgate.plugin" in modules  # the plugin was loaded ...
-    assert not top_level(modules) & set(HEAVY)  # ... and imported none of them
+    return set(report["modules"])
+
+
+def test_a_pytest_run_that_gates_nothing_imports_no_core_library(tmp_path: Path) -> None:
+    """pytest loads the plugin on every run: a run without --memgate, markers or fixtures pays for
+    none of the libraries a gate needs."""
+    (entry,) = importlib.metadata.entry_points(group="pytest11", name="memgate")
+    assert entry.value == "memgate.plugin"  # what pytest autoloads, loaded by name below
+    without = _pytest_modules(tmp_path)
+    modules = _pytest_modules(tmp_path, "memgate.plugin")
+    assert "memgate.plugin" in modules and "memgate.plugin" not in without  # the plugin was loaded ...
+    assert not top_level(modules - without) & set(HEAVY)  # ... and imported none of them

@@ -17,7 +17,7 @@ import pytest
 from memgate.discover import discover, load
 from memgate.loaders import kineto
 from memgate.metrics import profile_metrics
-from memgate.record import TRACE_NAME, drop_step, record
+from memgate.record import RECORDING_MANIFEST, TRACE_NAME, drop_step, record
 
 NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
 
@@ -96,7 +96,7 @@ def test_record_outside_pytest_writes_a_trace_memgate_reads(tmp_path: Path) -> N
             model(x).sum().backward()
             kept.append(torch.empty(LEAK, dtype=torch.uint8))
             rec.step()
-    assert rec.files == [tmp_path / "prof" / TRACE_NAME]
+    assert rec.files == [tmp_path / "prof" / TRACE_NAME, tmp_path / "prof" / RECORDING_MANIFEST]
     assert rec.stop() == rec.files  # idempotent
     trace = json.loads((tmp_path / "prof" / TRACE_NAME).read_text())
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))

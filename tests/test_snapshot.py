@@ -3,7 +3,9 @@
 Expected values are derived in the tests from the raw pickles with a restricted unpickler written
 here and plain loops (the memory viewer's reconstruction: live-by-trace allocations plus, as the
 baseline, frees without an alloc and final ``active_allocated`` blocks no alloc accounts for) —
-never copied from memgate's output.
+never copied from memgate's output. Sizes: the requested ones for the requested peak (what the viewer
+plots), the allocator's blocks for the rest, by a replay of the caching allocator's rules written here
+(:func:`block_replay`) and checked against the blocks the allocator itself wrote in the final segments.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import copyreg
+import importlib
 import io
 import json
 import pickle
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ from writers.snapshot import (
     expected_block_count,
     on_microsecond_grid,
     recoverable_ops,
-    write_snapshot,
+    render,
 )
 
 from memgate import cli
@@ -73,8 +77,9 @@ def _requested(block: dict[str, Any]) -> int:
     return int(block["size"])
 
 
-def _final_active(data: dict[str, Any], dev: int) -> dict[int, int]:
-    """address → requested size of every active_allocated block of the device's final segments."""
+def _final_active(data: dict[str, Any], dev: int, *, blocks: bool = False) -> dict[int, int]:
+    """address → requested size (``blocks``: the allocator's block size) of every active_allocated block of
+    the device's final segments."""
     out = {}
     for seg in data["segments"]:
         if seg["device"] != dev:
@@ -83,7 +88,7 @@ def _final_active(data: dict[str, Any], dev: int) -> dict[int, int]:
         for block in seg["blocks"]:
             where = block.get("address", addr)
             if block["state"] == "active_allocated":
-                out[where] = _requested(block)
+                out[where] = block["size"] if blocks else _requested(block)
             addr += block["size"]
     return out
 
@@ -95,49 +100,204 @@ def _in_time_order(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return moving
 
 
-def reference(data: dict[str, Any], dev: int) -> dict[str, Any]:
-    """Peak allocated / reserved, block count and ops, by the memory viewer's reconstruction."""
+# The caching allocator's rules (c10/cuda/CUDACachingAllocator.cpp), written out here: what
+# torch.cuda.memory_allocated() counts is the block each request got, not the request.
+_MIB = 1 << 20  # kSmallSize: a rounded request up to it comes from the small pool (2 MiB segments)
+
+
+def torch_round(size: int, divisions: list[int]) -> int:
+    """round_size: below 512 B → 512; up to a multiple of 512; with roundup_power2_divisions ``n`` > 1 for
+    the size's interval ([1 MiB, 2 MiB) is interval 0, and everything below it too), up to the next of
+    ``n`` equal parts of the size's power-of-two range (a power of two stays)."""
+    if size < 512:
+        return 512
+    log2 = size.bit_length() - 1
+    n = divisions[min(max(log2 - 20, 0), len(divisions) - 1)]
+    if n > 1 and size > 512 * n:
+        if size & (size - 1) == 0:
+            return size
+        part = (1 << log2) >> (n.bit_length() - 1)
+        return -(-size // part) * part if part else 2 << log2
+    return -(-size // 512) * 512
+
+
+def _allocator_rules(data: dict[str, Any]) -> tuple[list[int], int, bool]:
+    """(divisions per interval, max_split_size, expandable) from the snapshot's allocator_settings."""
+    settings = data.get("allocator_settings") or {}
+    divisions = [0] * 16
+    for mib, n in (settings.get("roundup_power2_divisions") or {}).items():  # keyed by the interval's start in MiB
+        divisions[int(mib).bit_length() - 1] = n
+    split = settings.get("max_split_size")
+    expandable = settings.get("expandable_segments") is True or any(s.get("is_expandable") for s in data["segments"])
+    return divisions, split if isinstance(split, int) and split > 0 else 1 << 62, expandable
+
+
+def block_replay(data: dict[str, Any], dev: int) -> list[tuple[dict[str, Any], int | None]]:
+    """(entry, the allocator block it allocates or frees; None for other entries) of the device's trace in
+    time order. A request rounded to at most 1 MiB, or in expandable segments, gets its rounded size; a
+    larger one gets the free block that starts at its address in the large pool, less the rest when that
+    rest is over 1 MiB and the request is below max_split_size. The large pool is replayed from the
+    window's start: the final segments, less those the trace allocates, plus those it frees, occupied by
+    the blocks that no trace alloc accounts for (their final size) and free elsewhere; a block freed at
+    free_completed merges with its free neighbours."""
+    divisions, max_split, expandable = _allocator_rules(data)
     traces = data.get("device_traces") or []
     entries = _in_time_order(list(traces[dev]) if dev < len(traces) else [])
-    live: dict[int, int] = {}
-    early = 0
-    blocks = 0
+    allocated_here = {e["addr"] for e in entries if e["action"] == "alloc"}
+    segments = {s["address"]: s for s in data["segments"] if s["device"] == dev}
+    for e in reversed(entries):
+        if e["action"] == "segment_alloc":
+            segments.pop(e["addr"], None)
+        elif e["action"] == "segment_free":
+            segments[e["addr"]] = {"address": e["addr"], "total_size": e["size"], "blocks": []}
+    layout: dict[int, dict[int, list[Any]]] = {}  # large segment → block start → [size, free]
+    for start, seg in segments.items():
+        kind = seg.get("segment_type")
+        if seg.get("is_expandable") or (kind == "small" if kind else seg["total_size"] <= 2 * _MIB):
+            continue
+        blocks, cursor = {}, start
+        for b in seg["blocks"]:
+            at = b.get("address", cursor)
+            if b["state"].startswith("active") and at not in allocated_here:
+                blocks[at] = [b["size"], False]
+            cursor += b["size"]
+        cursor = start
+        for at in sorted(blocks):  # the gaps between them are free blocks
+            if at > cursor:
+                blocks[cursor] = [at - cursor, True]
+            cursor = at + blocks[at][0]
+        if cursor < start + seg["total_size"]:
+            blocks[cursor] = [start + seg["total_size"] - cursor, True]
+        layout[start] = blocks
+
+    def segment_of(addr: int) -> dict[int, list[Any]] | None:
+        for start, blocks in layout.items():
+            if start <= addr < start + sum(size for size, _ in blocks.values()):
+                return blocks
+        return None
+
+    out: list[tuple[dict[str, Any], int | None]] = []
+    held: dict[int, int] = {}
+    for e in entries:
+        action, addr = e["action"], e["addr"]
+        block: int | None = None
+        if action == "alloc":
+            block = torch_round(e["size"], divisions)
+            if block > _MIB and not expandable:
+                blocks = segment_of(addr)
+                assert blocks is not None and blocks.get(addr, [0, False])[1], f"no free block at {addr:#x}"
+                whole = blocks[addr][0]
+                assert whole >= block, (whole, block)
+                if block < max_split and whole - block > _MIB:
+                    blocks[addr + block] = [whole - block, True]
+                else:
+                    block = whole
+                blocks[addr] = [block, False]
+            held[addr] = block
+        elif action in ("free_requested", "free_completed", "free"):
+            if addr not in held:  # allocated before the window: its extent is known only in the small pool
+                block = torch_round(e["size"], divisions)
+                assert block <= _MIB or expandable, "a large block from before the window: replay the whole history"
+                held[addr] = block
+            block = held[addr]
+            if action != "free_requested":
+                del held[addr]
+                blocks = segment_of(addr)
+                if blocks is not None and addr in blocks and not blocks[addr][1]:
+                    blocks[addr][1] = True
+                    starts = sorted(blocks)
+                    i = starts.index(addr)
+                    if i + 1 < len(starts) and blocks[starts[i + 1]][1]:
+                        blocks[addr][0] += blocks.pop(starts[i + 1])[0]
+                    if i > 0 and blocks[starts[i - 1]][1]:
+                        blocks[starts[i - 1]][0] += blocks.pop(addr)[0]
+        elif action == "segment_alloc" and e["size"] > 2 * _MIB and not expandable:
+            layout[addr] = {addr: [e["size"], True]}
+        elif action == "segment_free":
+            layout.pop(addr, None)
+        out.append((e, block))
+    return out
+
+
+def _op(entry: dict[str, Any]) -> str | None:
+    for frame in entry.get("frames", []):
+        name = frame["name"]
+        if name.startswith("at::_ops::") and ("::call(" in name or "::redispatch(" in name):
+            return "aten::" + name[len("at::_ops::"):].split("::")[0]
+    return None
+
+
+def _levels(data: dict[str, Any], dev: int) -> dict[str, Any]:
+    """The device's levels at the window's start and after each entry of :func:`block_replay`:
+    ``allocated`` in the allocator's blocks (the blocks live through the window at their final size),
+    ``requested`` by the memory viewer's reconstruction (the requested sizes), ``reserved`` rebuilt from
+    the final segments; ``at_peak``: the blocks live when ``allocated`` first peaks; the block count and ops
+    (largest block)."""
+    replayed = block_replay(data, dev)
+    opened: set[int] = set()
+    early: dict[int, tuple[int, int]] = {}  # address → (block, requested) of the frees without an alloc
+    count = 0
     ops: dict[str, int] = {}
-    for e in entries:
+    for e, block in replayed:
         if e["action"] == "alloc":
-            live[e["addr"]] = e["size"]
-            blocks += 1
-            for frame in e.get("frames", []):
-                name = frame["name"]
-                if name.startswith("at::_ops::") and ("::call(" in name or "::redispatch(" in name):
-                    op = "aten::" + name[len("at::_ops::"):].split("::")[0]
-                    ops[op] = max(ops.get(op, 0), e["size"])
-                    break
+            opened.add(e["addr"])
+            count += 1
+            if (op := _op(e)) is not None:
+                ops[op] = max(ops.get(op, 0), block)
         elif e["action"] in ("free_requested", "free"):
-            if e["addr"] in live:
-                del live[e["addr"]]
+            if e["addr"] in opened:
+                opened.remove(e["addr"])
             else:
-                early += e["size"]
-                blocks += 1
-    final = _final_active(data, dev)
-    live_through = {a: s for a, s in final.items() if a not in live}
-    level = early + sum(live_through.values())
-    peak = level
-    for e in entries:
-        if e["action"] == "alloc":
-            level += e["size"]
-        elif e["action"] in ("free_requested", "free"):
-            level -= e["size"]
-        peak = max(peak, level)
+                early[e["addr"]] = (block, e["size"])
+                count += 1
+    final, final_blocks = _final_active(data, dev), _final_active(data, dev, blocks=True)
+    through = [a for a in final if a not in opened]
+    requested = sum(r for _, r in early.values()) + sum(final[a] for a in through)
+    holders = {("early", a): b for a, (b, _) in early.items()}
+    holders.update({("through", a): final_blocks[a] for a in through})
     total = sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
-    sign = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-    reserved = total - sum(sign.get(e["action"], 0) * e["size"] for e in entries)
-    peak_reserved = reserved
-    for e in entries:
-        reserved += sign.get(e["action"], 0) * e["size"]
-        peak_reserved = max(peak_reserved, reserved)
-    return {"peak_allocated_bytes": peak, "peak_reserved_bytes": peak_reserved,
-            "blocks": blocks + len(live_through), "ops": ops, "end_allocated": level}
+    sign_of = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    reserved = total - sum(sign_of.get(e["action"], 0) * e["size"] for e, _ in replayed)
+    level = sum(holders.values())
+    out: dict[str, Any] = {"allocated": [level], "requested": [requested], "reserved": [reserved],
+                           "at_peak": sorted(holders.values()), "blocks": count + len(through), "ops": ops}
+    key_of: dict[int, Any] = {a: ("early", a) for a in early}
+    best = level
+    for n, (e, block) in enumerate(replayed):
+        action, addr = e["action"], e["addr"]
+        if action == "alloc":
+            key_of[addr] = ("trace", n)
+            holders[key_of[addr]] = block
+            level += block
+            requested += e["size"]
+        elif action in ("free_requested", "free"):
+            del holders[key_of.pop(addr)]
+            level -= block
+            requested -= e["size"]
+        reserved += sign_of.get(action, 0) * e["size"]
+        if level > best:
+            best, out["at_peak"] = level, sorted(holders.values())
+        out["allocated"].append(level)
+        out["requested"].append(requested)
+        out["reserved"].append(reserved)
+    return out
+
+
+def reference(data: dict[str, Any], dev: int) -> dict[str, Any]:
+    """Peaks, block count, ops, the level at the end and the blocks live at the (first) allocated peak:
+    ``peak_requested_bytes`` and ``end_requested`` by the memory viewer's reconstruction (the requested
+    sizes), the others in the allocator's blocks (:func:`_levels`)."""
+    levels = _levels(data, dev)
+    return {"peak_allocated_bytes": max(levels["allocated"]), "peak_requested_bytes": max(levels["requested"]),
+            "peak_reserved_bytes": max(levels["reserved"]), "blocks": levels["blocks"], "ops": levels["ops"],
+            "end_allocated": levels["allocated"][-1], "end_requested": levels["requested"][-1],
+            "at_peak": levels["at_peak"]}
+
+
+def _allocator_written(data: dict[str, Any]) -> bool:
+    """Whether the final blocks are the caching allocator's (multiples of 512 B); _profile_to_snapshot
+    (kineto_cpu_profile_to_snapshot.pickle) writes the requested sizes of a CPU profile instead."""
+    return all(b["size"] % 512 == 0 for s in data["segments"] for b in s["blocks"])
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
@@ -169,7 +329,9 @@ def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path: Path) -> None:
     assert not target.exists()
     err = info.value
     assert err.file == str(path) and "refused to load" in err.message
-    assert err.found in ("builtins.open", "io.open")
+    # the global as this Python's pickler names open(): io.open to 3.11, _io.open from 3.12
+    assert err.found == f"{open.__module__}.{open.__qualname__}"
+    assert getattr(importlib.import_module(open.__module__), open.__qualname__) is open
     assert err.column is not None and err.column.startswith("byte ")
 
 
@@ -456,14 +618,21 @@ def test_real_sample_metrics_equal_the_viewer_reconstruction(path: Path) -> None
         ref = reference(data, dev)
         assert m.component == "allocator"
         if has_history(data):
+            # the viewer plots the requested bytes: memgate keeps that peak beside the allocator's
+            assert m.values["peak_requested_bytes"] == ref["peak_requested_bytes"]
             assert m.values["peak_allocated_bytes"] == ref["peak_allocated_bytes"]
             assert m.values["peak_reserved_bytes"] == ref["peak_reserved_bytes"]
+            top = [b["size"] for b in m.values["top_at_peak"]]  # the largest blocks live at the peak
+            assert top and top == sorted(ref["at_peak"], reverse=True)[:len(top)]
         else:  # only the state at dump time: no peak to gate on, and the message says how to record one
             assert_no_history(m)
         assert len(model.blocks) == ref["blocks"]
         assert m.values["op_max_block_bytes"] == ref["ops"]
         frame = model.series["allocator"].frame.to_pandas()
-        assert int(frame["allocated"].iloc[-1]) == ref["end_allocated"] == sum(_final_active(data, dev).values())
+        assert int(frame["allocated"].iloc[-1]) == ref["end_allocated"]
+        assert ref["end_requested"] == sum(_final_active(data, dev).values())
+        if _allocator_written(data):  # the replay ends where the allocator's own final blocks say
+            assert ref["end_allocated"] == sum(_final_active(data, dev, blocks=True).values())
         assert int(frame["reserved"].iloc[-1]) == sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
         assert frame["t_ns"].is_monotonic_increasing
 
@@ -504,7 +673,7 @@ def test_legacy_addresses_are_derived_from_the_segment(tmp_path: Path) -> None:
     assert len(model.blocks) == len(live) == 460
     frame = model.blocks.to_pandas()
     assert frame["t_alloc"].isna().all() and frame["t_free"].isna().all()
-    assert sorted(frame["size"].tolist()) == sorted(_requested(b) for b in live)
+    assert sorted(frame["size"].tolist()) == sorted(b["size"] for b in live)  # the allocator's blocks
     with_stack = [b for b in live if b.get("history") and b["history"][0].get("frames")]
     owners = {f"{f['filename']}:{f['line']}:{f['name']}" for b in with_stack for f in b["history"][0]["frames"][:1]}
     assert with_stack and set(frame["owner"].dropna()) <= owners
@@ -535,7 +704,7 @@ def test_bare_list_of_segments(tmp_path: Path) -> None:
     [m] = profile_metrics(profile)
     assert_no_history(m)  # a bare list of segments is the final state only
     frame = model.series["allocator"].frame.to_pandas()
-    assert int(frame["allocated"].iloc[-1]) == sum(_final_active(data, 0).values())
+    assert int(frame["allocated"].iloc[-1]) == sum(_final_active(data, 0, blocks=True).values())
     assert int(frame["reserved"].iloc[-1]) == sum(s["total_size"] for s in data["segments"])
 
 
@@ -544,11 +713,16 @@ def test_no_trace_multidevice_expandable() -> None:
     metrics = {m.device: m for m in profile_metrics(snapshot.load(MULTI))}
     assert set(metrics) == {"cuda:0", "cuda:1"}
     profile = snapshot.load(MULTI)
+    divisions, _, expandable = _allocator_rules(data)
+    assert expandable
     for dev, model in zip((0, 1), profile.devices):
         m = metrics[f"cuda:{dev}"]
         assert_no_history(m)
         frame = model.series["allocator"].frame.to_pandas()
-        assert int(frame["allocated"].iloc[-1]) == sum(_final_active(data, dev).values())
+        # in expandable segments a block is its rounded request (4704 B → 5120 B): the final blocks agree
+        requested, blocks = _final_active(data, dev), _final_active(data, dev, blocks=True)
+        assert blocks == {a: torch_round(size, divisions) for a, size in requested.items()}
+        assert int(frame["allocated"].iloc[-1]) == sum(blocks.values())
         assert int(frame["reserved"].iloc[-1]) == sum(s["total_size"] for s in data["segments"] if s["device"] == dev)
 
 
@@ -562,31 +736,42 @@ def test_front_inserted_entries_are_put_back_in_time_order(tmp_path: Path) -> No
     data["allocator_settings"] = {"PYTORCH_NPU_ALLOC_CONF": ""}
     path = tmp_path / "npu.pickle"
     path.write_bytes(pickle.dumps(data))
-    [shuffled] = profile_metrics(snapshot.load(path))
+    profile = snapshot.load(path)
+    [shuffled] = profile_metrics(profile)
     [original] = profile_metrics(snapshot.load(EORNN))
     assert shuffled.device == "npu:0"
-    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "op_max_block_bytes"):
-        assert shuffled.values[key] == original.values[key]
+    # a free_completed moved before its free_requested (one µs) frees the same block: the allocated
+    # series still ends at the blocks the final segments hold
+    frame = profile.devices[0].series["allocator"].frame.to_pandas()
+    assert int(frame["allocated"].iloc[-1]) == sum(_final_active(data, 0, blocks=True).values())
+    for key in ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "op_max_block_bytes"):
+        assert shuffled.values[key] == original.values[key], key
     assert shuffled.peak_t_ns == original.peak_t_ns
 
 
 @pytest.mark.parametrize("drop", [1, 500, 2999])
 def test_ring_buffer_truncation_frees_without_allocs(tmp_path: Path, drop: int) -> None:
-    """Cutting the oldest entries (what the ring buffer does) leaves frees without allocs: pre-window blocks."""
+    """Cutting the oldest entries (what the ring buffer does) leaves frees without allocs: pre-window blocks.
+    The cut file does not say how large their blocks were; the whole history's replay does, and its levels
+    over the window are the truth. A cut between a free_requested and its free_completed is detectable:
+    the peaks are then not measurable."""
     data = raw(EORNN)
-    data["device_traces"][0] = data["device_traces"][0][drop:]
+    entries = data["device_traces"][0]
+    assert [e["time_us"] for e in entries] == sorted(e["time_us"] for e in entries)  # file order is time order
+    whole = _levels(data, 0)  # level k: after the first k entries that are no marker
+    first = sum(e["action"] not in ("snapshot", "oom") for e in entries[:drop])
+    block_of = {id(e): b for e, b in block_replay(data, 0)}
+    data["device_traces"][0] = kept = entries[drop:]
     path = tmp_path / "ring.pickle"
     path.write_bytes(pickle.dumps(data))
     profile = snapshot.load(path)
     [model] = profile.devices
     [m] = profile_metrics(profile)
-    ref = reference(data, 0)
-    assert m.values["peak_allocated_bytes"] == ref["peak_allocated_bytes"]
-    assert m.values["peak_reserved_bytes"] == ref["peak_reserved_bytes"]
-    assert len(model.blocks) == ref["blocks"]
     live: set[int] = set()
     frees_without_alloc = []
-    for e in data["device_traces"][0]:
+    split = False  # an address whose first entry kept is a free_completed
+    seen: set[int] = set()
+    for e in kept:
         if e["action"] == "alloc":
             live.add(e["addr"])
         elif e["action"] == "free_requested":
@@ -594,10 +779,23 @@ def test_ring_buffer_truncation_frees_without_allocs(tmp_path: Path, drop: int) 
                 live.remove(e["addr"])
             else:
                 frees_without_alloc.append(e)
+        elif e["action"] == "free_completed":
+            split |= e["addr"] not in seen
+        seen.add(e["addr"])
+    assert split == (drop == 2999)  # the cuts chosen: before an alloc, a free_requested, a free_completed
+    if split:
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+            assert m.values[key] is None and "ring buffer" in m.missing[key], key
+    else:
+        assert m.values["peak_allocated_bytes"] == max(whole["allocated"][first:])
+        assert m.values["peak_requested_bytes"] == max(whole["requested"][first:])
+        assert m.values["peak_reserved_bytes"] == max(whole["reserved"][first:])
     frame = model.blocks.to_pandas()
     early = frame[frame["t_alloc"].isna() & frame["t_free"].notna()]
     assert len(early) == len(frees_without_alloc) == profile.metadata["devices"]["cuda:0"]["pre_window_frees"]
-    assert sorted(early["size"].tolist()) == sorted(e["size"] for e in frees_without_alloc)
+    # each at the block the whole history gave it (4587520 B for a 4194304 B request, the rest unsplit)
+    assert sorted(early["size"].tolist()) == sorted(block_of[id(e)] for e in frees_without_alloc)
+    assert any(block_of[id(e)] > torch_round(e["size"], [0] * 16) for e in frees_without_alloc) == (drop > 1)
     assert sorted(early["t_free"].tolist()) == sorted(e["time_us"] * 1000 for e in frees_without_alloc)
 
 
@@ -615,9 +813,33 @@ def test_profiler_step_annotations_are_steps(tmp_path: Path) -> None:
     assert profile.steps.to_pandas()["step"].tolist() == list(range(10, 16))
     assert profile.steps.to_pandas()["t_start"].tolist() == [c * 1000 for c in cuts[:6]]
     assert profile.steps.to_pandas()["t_end"].tolist() == [(c - 1) * 1000 for c in cuts[1:]]
+    assert "steps_by_optimizer" not in profile.metadata  # ProfilerStep#N, where there are any, are the steps
     [m] = profile_metrics(profile)
     assert isinstance(m.values["step_growth_bytes"], int)
     assert m.values["leaked_bytes"] is not None and m.values["leak_undetermined_bytes"] is not None
+
+
+def test_optimizer_step_annotations_are_steps_without_profiler_steps(tmp_path: Path) -> None:
+    """_record_memory_history without torch.profiler: the optimizer's own ``Optimizer.step#...``
+    annotations mark the steps, step n ending where optimizer step n ends (the first starting at the
+    history's first entry); a second optimizer's (a GAN's) add none."""
+    data = raw(EORNN)
+    times = sorted(e["time_us"] for e in data["device_traces"][0])
+    ends = [times[k * (len(times) - 1) // 6] for k in range(1, 7)]
+    data["external_annotations"] = [
+        {"name": name, "stage": stage, "device": 0, "time_us": t}
+        for end in ends for name, shift in (("Optimizer.step#SGD.step", 0), ("Optimizer.step#Adam.step", 1))
+        for stage, t in (("START", end - 50 + shift), ("END", end + shift))]
+    path = tmp_path / "optimizer.pickle"
+    path.write_bytes(pickle.dumps(data))
+    profile = snapshot.load(path)
+    steps = profile.steps.to_pandas()
+    assert steps["step"].tolist() == list(range(6))
+    assert steps["t_end"].tolist() == [t * 1000 for t in ends]
+    assert steps["t_start"].tolist() == [times[0] * 1000] + [t * 1000 for t in ends[:-1]]
+    assert profile.metadata["steps_by_optimizer"] == "Optimizer.step#SGD.step"
+    [m] = profile_metrics(profile)
+    assert isinstance(m.values["step_growth_bytes"], int)
 
 
 def test_cli_inspect_json_on_a_snapshot() -> None:
@@ -630,7 +852,9 @@ def test_cli_inspect_json_on_a_snapshot() -> None:
     ref = reference(raw(MODERN), 0)
     assert entry["format"] == "torch_snapshot"
     assert dev["metrics"]["peak_allocated_bytes"] == ref["peak_allocated_bytes"]
+    assert dev["metrics"]["peak_requested_bytes"] == ref["peak_requested_bytes"] < ref["peak_allocated_bytes"]
     assert dev["metrics"]["peak_reserved_bytes"] == ref["peak_reserved_bytes"]
+    assert dev["metrics"]["allocated_at_dump_bytes"] == sum(_final_active(raw(MODERN), 0, blocks=True).values())
 
 
 # ---- properties: a ground-truth trace written as a snapshot reads back to its own metrics ----------
@@ -641,15 +865,62 @@ def _options() -> st.SearchStrategy[SnapshotOptions]:
                      front_workspace=st.booleans(), protocol=st.integers(2, 5), markers=st.booleans())
 
 
+def _as_blocks(trace: Trace) -> Trace:
+    """The trace with every block at what the allocator hands out for its request: the files written here
+    have expandable segments (legacy: blocks outside its one segment), where a block is its rounded request."""
+    return replace(trace, hidden_baseline=-(-trace.hidden_baseline // 512) * 512,
+                   blocks=tuple(replace(b, size=torch_round(b.size, [0] * 16)) for b in trace.blocks))
+
+
+def _with_requests(blocks: dict[str, Any], requested: dict[str, Any]) -> dict[str, Any]:
+    """``blocks`` (a trace rendered at its blocks) with the requested sizes of ``requested`` (the same trace
+    rendered as requested): its segments and reserve are an allocator's, its entries record the requests.
+    The legacy writer keeps the blocks freed in the window outside its one segment, which no large pool
+    does: that segment is marked expandable (a block is then its rounded request, no layout to replay)."""
+    for segment in blocks["segments"]:
+        segment.setdefault("is_expandable", True)
+    moves = ("alloc", "free_requested", "free_completed", "free")
+    for mine, theirs in zip(blocks["device_traces"], requested["device_traces"], strict=True):
+        # the same events in the same order (segment_map entries aside): each entry gets its request back
+        for e, r in zip([e for e in mine if e["action"] in moves], [r for r in theirs if r["action"] in moves],
+                        strict=True):
+            assert e["action"] == r["action"] and e["size"] == torch_round(r["size"], [0] * 16)
+            e["size"] = r["size"]
+    for segment, other in zip(blocks["segments"], requested["segments"], strict=True):
+        for b, r in zip([b for b in segment["blocks"] if b["state"] != "inactive"],
+                        [r for r in other["blocks"] if r["state"] != "inactive"], strict=True):
+            b["requested_size"] = r["requested_size"]
+            if b.get("history"):
+                b["history"][0]["real_size"] = r["history"][0]["real_size"]
+    return blocks
+
+
+def _live_past_the_steps(trace: Trace, warmup_steps: int = 1) -> Trace:
+    """The trace with the blocks freed after the last counted step never freed. memgate's leak is a block
+    live when that step ends (metrics._leaked: a test's locals freed as its function returns were held
+    through every step all the same); groundtruth.expected_metrics counts the blocks never freed."""
+    counted = sorted(trace.steps)[warmup_steps:]
+    if not counted:
+        return trace
+    last = max(end for _, _, end in counted)
+    return replace(trace, blocks=tuple(replace(b, t_free=None) if b.t_free is not None and b.t_free > last else b
+                                       for b in trace.blocks))
+
+
 @given(trace=traces(max_blocks=20), opts=_options())
 def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: SnapshotOptions) -> None:
     """Exact: sizes are bytes and the trace is moved onto a µs grid (time_us resolution), which keeps
-    the order of instants and hence every metric. Eras without time_us have no steps."""
+    the order of instants and hence every metric. Eras without time_us have no steps. The file records
+    the trace's requests over the segments of their blocks (``_as_blocks``): the figures are the blocks',
+    the requested peak the requests'."""
     grid = on_microsecond_grid(trace)
-    expected = expected_metrics(grid)
-    assert expected == expected_metrics(trace)  # the grid changes no metric
+    expected_requested = expected_metrics(grid)
+    assert expected_requested == expected_metrics(trace)  # the grid changes no metric
+    blocks = _as_blocks(grid)
+    expected = expected_metrics(blocks)
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_snapshot(grid, Path(tmp), opts)
+        path = Path(tmp) / "snapshot.pickle"
+        path.write_bytes(pickle.dumps(_with_requests(render(blocks, opts), render(grid, opts)), protocol=opts.protocol))
         [found] = discover(path)
         assert found.format.name == "torch_snapshot"
         profile = load(found)
@@ -657,24 +928,24 @@ def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: Snapsho
     [model] = profile.devices
     assert m.device == f"{opts.device}:{trace.device_id}"
     assert m.values["peak_allocated_bytes"] == expected["peak_allocated_bytes"]
+    assert m.values["peak_requested_bytes"] == expected_requested["peak_allocated_bytes"]
     assert m.values["peak_reserved_bytes"] == expected["peak_reserved_bytes"]
     assert m.values["fragmentation"] == expected["fragmentation"]
-    assert m.values["op_max_block_bytes"] == recoverable_ops(grid)
-    assert len(model.blocks) == expected_block_count(grid)
+    assert m.values["op_max_block_bytes"] == recoverable_ops(blocks)
+    assert len(model.blocks) == expected_block_count(blocks)
     frame = model.series["allocator"].frame.to_pandas()
-    assert int(frame["allocated"].iloc[0]) == grid.pre_window_bytes()
+    assert int(frame["allocated"].iloc[0]) == blocks.pre_window_bytes()
     # Every free completes at once here: active only lags allocated between the two entries.
     assert (frame["active"] >= frame["allocated"]).all()
     assert frame["active"].max() == expected["peak_allocated_bytes"]
     assert frame["active"].iloc[-1] == frame["allocated"].iloc[-1]
     if opts.era == "modern":
         assert m.values["step_growth_bytes"] == expected["step_growth_bytes"]
-        assert m.values["leaked_bytes"] == expected["leaked_bytes"]
+        assert m.values["leaked_bytes"] == expected_metrics(_live_past_the_steps(blocks))["leaked_bytes"]
         assert sorted(map(tuple, profile.steps.to_pandas().astype("int64").to_numpy().tolist())) == sorted(grid.steps)
     else:
         assert len(profile.steps) == 0 and m.values["step_growth_bytes"] is None
         assert profile.metadata["time_base"] == "trace_index"
-
 
 
 # ---- the pool at the dump (DeviceModel.dump_state) -----------------------------------------------
@@ -682,8 +953,9 @@ def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: Snapsho
 
 def pool_reference(data: dict[str, Any], dev: int) -> dict[str, int]:
     """The device's pool as its final segments record it, by plain loops over the raw pickle:
-    active_allocated blocks by requested size (active_pending_free ones were freed by the program),
-    reserved = the segments' total_size, free = inactive blocks by their block size."""
+    active_allocated blocks by their block size, as torch.cuda.memory_allocated() sums them
+    (active_pending_free ones were freed by the program), reserved = the segments' total_size,
+    free = inactive blocks by their block size."""
     allocated = reserved = free_bytes = largest = 0
     for seg in data["segments"]:
         if seg["device"] != dev:
@@ -691,7 +963,7 @@ def pool_reference(data: dict[str, Any], dev: int) -> dict[str, int]:
         reserved += seg["total_size"]
         for block in seg["blocks"]:
             if block["state"] == "active_allocated":
-                allocated += _requested(block)
+                allocated += block["size"]
             elif block["state"] == "inactive":
                 free_bytes += block["size"]
                 largest = max(largest, block["size"])
@@ -723,15 +995,23 @@ def test_real_sample_dump_state_equals_the_segments(path: Path) -> None:
     for dev, model in zip(_devices(data), profile.devices):
         assert _pool(model) == pool_reference(data, dev), model.device
         assert model.dump_state is not None
-        assert model.dump_state.size_basis == "requested" == profile.metadata["size_basis"]
+        assert model.dump_state.size_basis == "rounded" == profile.metadata["size_basis"]
         assert model.dump_state.source == str(path)
         assert 0 <= model.dump_state.largest_free_block <= model.dump_state.free_bytes
         assert model.dump_state.allocated + model.dump_state.free_bytes <= model.dump_state.reserved
 
 
-@pytest.mark.parametrize("path", [p for p in PICKLES if has_history(_as_dict(raw(p)))], ids=lambda p: p.name)
+# A file whose final blocks are no allocator's (kineto_cpu_profile_to_snapshot.pickle: 4 B, 40 B blocks)
+# ends its allocated series at its open allocations rounded (512 B for 4 B) but its pool at the blocks as
+# written: two bases, reported to be decided in memgate (strict: this fails once they agree).
+_NOT_THE_ALLOCATORS = pytest.mark.xfail(strict=True, reason="final blocks not the allocator's: series and pool differ")
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, id=p.name, marks=() if _allocator_written(_as_dict(raw(p))) else _NOT_THE_ALLOCATORS)
+    for p in PICKLES if has_history(_as_dict(raw(p)))])
 def test_dump_state_ends_the_series_where_there_is_history(path: Path) -> None:
-    """The pool at the dump is where the allocated and reserved series end: the same basis."""
+    """The pool at the dump is where the allocated and reserved series end: the same basis (the blocks)."""
     for model in snapshot.load(path).devices:
         frame = model.series["allocator"].frame.to_pandas()
         assert model.dump_state is not None
@@ -759,8 +1039,9 @@ def _segment(device: int, address: int, blocks: list[dict[str, Any]]) -> dict[st
     for block in blocks:
         block["address"] = at
         at += block["size"]
+    # the small pool's segments are 2 MiB, the large pool's larger
     return {"device": device, "address": address, "total_size": at - address, "stream": 0,
-            "segment_type": "large", "blocks": blocks}
+            "segment_type": "small" if at - address <= 2 << 20 else "large", "blocks": blocks}
 
 
 def _write(tmp_path: Path, data: Any, name: str = "snap.pickle") -> Path:
@@ -775,9 +1056,10 @@ def test_dump_state_without_free_blocks(tmp_path: Path) -> None:
             "device_traces": []}
     [model] = snapshot.load(_write(tmp_path, data)).devices
     assert model.dump_state is not None
-    assert (model.dump_state.allocated, model.dump_state.reserved) == (1000, 1536)
+    # the block of the 1000 B request (as torch.cuda.memory_allocated() counts it); the pending free is not allocated
+    assert (model.dump_state.allocated, model.dump_state.reserved) == (1024, 1536)
     assert (model.dump_state.largest_free_block, model.dump_state.free_bytes) == (0, 0)
-    assert int(model.series["allocator"].frame.to_pandas()["allocated"].iloc[-1]) == 1000  # the pending free is not allocated
+    assert int(model.series["allocator"].frame.to_pandas()["allocated"].iloc[-1]) == 1024
 
 
 def test_dump_state_of_a_segment_all_free(tmp_path: Path) -> None:
@@ -805,8 +1087,8 @@ def test_dump_state_per_device(tmp_path: Path) -> None:
     profile = snapshot.load(_write(tmp_path, data))
     states = {m.device: _pool(m) for m in profile.devices}
     assert states == {
-        "cuda:0": {"allocated": 4000, "reserved": 14336, "free_bytes": 10240, "largest_free_block": 8192},
-        "cuda:1": {"allocated": 3000, "reserved": 4096 + 16384, "free_bytes": 17408, "largest_free_block": 16384},
+        "cuda:0": {"allocated": 4096, "reserved": 14336, "free_bytes": 10240, "largest_free_block": 8192},
+        "cuda:1": {"allocated": 3072, "reserved": 4096 + 16384, "free_bytes": 17408, "largest_free_block": 16384},
         "cuda:2": {"allocated": 0, "reserved": 0, "free_bytes": 0, "largest_free_block": 0},
     }
     for dev, model in enumerate(profile.devices):
@@ -814,11 +1096,22 @@ def test_dump_state_per_device(tmp_path: Path) -> None:
 
 
 def test_legacy_history_blocks_count_their_real_size(tmp_path: Path) -> None:
+    """A legacy block (no requested_size) was requested at its history's real_size: that is its share of
+    the requested peak; allocated counts its block, like every other."""
     block = {"size": 1536, "state": "active_allocated", "history": [{"addr": 1 << 20, "real_size": 1500}]}
     data = {"segments": [{"device": 0, "address": 1 << 20, "total_size": 2048, "stream": 0, "segment_type": "small",
                           "blocks": [block, {"size": 512, "state": "inactive"}]}], "device_traces": []}
     [model] = snapshot.load(_write(tmp_path, data)).devices
-    assert _pool(model) == {"allocated": 1500, "reserved": 2048, "free_bytes": 512, "largest_free_block": 512}
+    assert _pool(model) == {"allocated": 1536, "reserved": 2048, "free_bytes": 512, "largest_free_block": 512}
+    # with a history (legacy era: the single 'free' action, no time_us): 500 B requested in the free 512 B
+    at = (1 << 20) + 1536
+    data["device_traces"] = [[{"action": "alloc", "addr": at, "size": 500, "stream": 0},
+                              {"action": "free", "addr": at, "size": 500, "stream": 0}]]
+    profile = snapshot.load(_write(tmp_path, data))
+    [m] = profile_metrics(profile)
+    assert m.values["peak_requested_bytes"] == 1500 + 500
+    assert m.values["peak_allocated_bytes"] == 1536 + 512
+    assert sorted(profile.devices[0].blocks.to_pandas()["size"].tolist()) == [512, 1536]
 
 
 # ---- torch_npu snapshots: device label ------------------------------------------------------------

@@ -37,7 +37,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain, compress, islice, repeat
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 from memgate import discover, fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
+from memgate.loaders import block_sizes
 from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
 from memgate.model import DeviceModel, PoolState, Profile, Series, check_bytes, empty_steps, step_number
 from memgate.readers import limits, safepickle
@@ -61,7 +62,7 @@ FORMAT = "torch_snapshot"
 SCHEMA = "torch_snapshot"
 SUFFIXES = (".pickle", ".pkl")
 COMPONENT = "allocator"
-SIZE_BASIS = "requested"  # the trace's alloc/free sizes, what the memory viewer plots
+SIZE_BASIS = "rounded"  # the allocator's block sizes, what torch.cuda.memory_allocated() counts
 STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)$")  # also read by RE2 (Arrow), where $ is the end
 # Metrics that need the allocation history (peaks, growth of reserved or per step, leaks, the peak's
 # holders): not measurable from a snapshot without one. A one-sample series would otherwise read as
@@ -72,6 +73,7 @@ HISTORY_METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation
 ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom", "annotate", "user_defined", "workspace_snapshot")
 _A = {name: i for i, name in enumerate(ACTIONS)}
+EMPTY = "empty snapshot: no segments and no device traces"  # a dump from a process that never used the device
 # Actions that move a counter; only these need an address, a size and (in the time_us era) a time.
 _MEMORY_ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
                    "segment_map", "segment_unmap")
@@ -158,6 +160,8 @@ class _Segments:
     frames: list[Any]  # per block, the frames of its allocation ([] when unknown)
     seg_device: np.ndarray  # per segment
     seg_total: np.ndarray  # per segment
+    seg_address: np.ndarray  # per segment
+    seg_replayable: np.ndarray  # per segment: a large-pool segment that is not expandable (block_sizes)
     where: list[str]  # per block, its JSON path
 
 
@@ -200,11 +204,14 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profil
     t_origin = min((int(p.t_ns[0]) for p in parsed if len(p.t_ns)), default=0) if time_base == "time_us" else 0
 
     npu = _is_npu(snapshot)
+    settings = block_sizes.Settings.of(snapshot.get("allocator_settings"))
+    if any(isinstance(s, dict) and s.get("is_expandable") is True for s in snapshot["segments"]):
+        settings = replace(settings, expandable=True)
     devices = sorted({int(d) for d in segments.seg_device} | {p.device for p in parsed if p.n})
     if not devices:
         devices = list(range(len(traces)))
     if not devices:  # torch dumps at least the segments the allocator holds, or a trace per device
-        raise InputError("empty snapshot: no segments and no device traces", file=path, column="segments",
+        raise InputError(EMPTY, file=path, column="segments",
                          expected="a snapshot dumped with torch.cuda.memory._dump_snapshot() after "
                                   "_record_memory_history()", found="[]")
     models = []
@@ -212,33 +219,43 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profil
     by_dev = {p.device: p for p in parsed}
     for dev in devices:
         trace = by_dev.get(dev) or _parse_trace(path, dev, [], schema)
-        model, facts = _device_model(dev, trace, segments, npu, t_origin, path, every_frame)
+        model, facts = _device_model(dev, trace, segments, npu, t_origin, path, settings, every_frame)
         models.append(model)
         notes[model.device] = facts
 
     steps, steps_source = empty_steps(), None
-    step_note = None
+    step_note = by_optimizer_name = None
     if ann:
-        steps = _steps(path, ann)
+        steps, by_optimizer = _steps(path, ann, t_origin)
         if len(steps) and time_base != "time_us":
             step_note = "ProfilerStep annotations ignored: the trace has no time_us to place them on"
             steps = empty_steps()
         elif len(steps):
             steps_source = f"{path} (external_annotations)"
+            if by_optimizer:
+                by_optimizer_name = by_optimizer
+                step_note = (f"steps from the {by_optimizer} annotations (the snapshot has no ProfilerStep#N ones): "
+                             "step n ends where optimizer step n ends, the first starts at the history's first entry")
     metadata: dict[str, Any] = {
         "era": era,
         "time_base": {"time_us": "time_us", "none": "none"}.get(time_base, "trace_index"),
         "size_basis": SIZE_BASIS,
         "devices": notes,
     }
-    settings = snapshot.get("allocator_settings")
-    if isinstance(settings, dict):
-        conf = {k: v for k, v in settings.items()
+    raw_settings = snapshot.get("allocator_settings")
+    if isinstance(raw_settings, dict):
+        conf = {k: v for k, v in raw_settings.items()
                 if isinstance(k, str) and k.endswith("ALLOC_CONF") and isinstance(v, (str, int, float, bool))}
         if conf:
             metadata["alloc_conf"] = conf
     if step_note:
         metadata["steps_note"] = step_note
+    if by_optimizer_name:
+        metadata["steps_by_optimizer"] = by_optimizer_name
+    cut = next((f"{label}: {facts['history_truncated']}" for label, facts in notes.items()
+                if facts.get("history_truncated")), None)
+    if cut:
+        metadata["not_measurable"] = truncated_window(cut)
     markers = ("snapshot", "workspace_snapshot")  # mark the dump, record no allocation
     if not any(isinstance(e, dict) and e.get("action") not in markers for t in traces for e in t):
         # Only the final state: no history to find a peak, a growth or a leak in. The pool state at
@@ -327,8 +344,20 @@ def _read_segments(path: Path, segments: Sequence[Any], schema: dict[str, Any]) 
     return _Segments(
         device=np.repeat(seg_device, counts), stream=np.repeat(seg_stream, counts), address=address, size=size,
         requested=requested, active=active, allocated=allocated, inactive=inactive, frames=frames,
-        seg_device=seg_device, seg_total=seg_total, where=where,
+        seg_device=seg_device, seg_total=seg_total, seg_address=seg_address,
+        seg_replayable=_replayable(segments, seg_total), where=where,
     )
+
+
+def _replayable(segments: Sequence[Any], totals: np.ndarray) -> np.ndarray:
+    """Per segment, whether its layout is replayed for block sizes: the large pool (``segment_type``, or a
+    size above the small pool's 2 MiB where older files omit it), not an expandable segment."""
+    kinds = [s.get("segment_type") for s in segments]
+    large = np.fromiter((k == "large" if isinstance(k, str) else t > block_sizes.SMALL_SEGMENT
+                         for k, t in zip(kinds, totals.tolist())), dtype=bool, count=len(segments))
+    expandable = np.fromiter((s.get("is_expandable") is True for s in segments), dtype=bool, count=len(segments))
+    replayable: np.ndarray = large & ~expandable
+    return replayable
 
 
 def _ints(arr: pa.Array | None, n: int, fill: int | None = None) -> np.ndarray:
@@ -407,7 +436,8 @@ def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str,
 
 
 def _device_model(
-    dev: int, trace: _Trace, segs: _Segments, npu: bool, t_origin: int, path: Path, every_frame: bool = False
+    dev: int, trace: _Trace, segs: _Segments, npu: bool, t_origin: int, path: Path,
+    settings: block_sizes.Settings, every_frame: bool = False,
 ) -> tuple[DeviceModel, dict[str, Any]]:
     label = f"{'npu' if npu else 'cuda'}:{dev}"
     code = trace.code
@@ -439,9 +469,25 @@ def _device_model(
     if every_frame:  # `memgate validate`: the frames no metric reads are checked too
         _op_owner_each(*_frames_at(path, trace, np.setdiff1d(np.arange(trace.n), allocs, assume_unique=True)))
         _ops_of_frames(path, segs, np.setdiff1d(np.flatnonzero(mine), live_through, assume_unique=True))
+    # The allocator's block behind every alloc/free (what torch.cuda.memory_allocated() counts).
+    sizes = trace.size
+    check_bytes(sizes, path, f"device_traces[{trace.device}] size", summed=True)
+    seg_rows = np.flatnonzero(segs.seg_device == dev)
+    replay = block_sizes.block_sizes(
+        code, trace.addr, sizes, alloc=_A["alloc"], frees=(_A["free_requested"], _A["free"]),
+        completes=(_A["free_completed"], _A["free"]), seg_alloc=_A["segment_alloc"], seg_free=_A["segment_free"],
+        early=early_frees,
+        final_segments=list(zip(segs.seg_address[seg_rows].tolist(), segs.seg_total[seg_rows].tolist(),
+                                segs.seg_replayable[seg_rows].tolist())),
+        live_blocks=list(zip(segs.address[live_through].tolist(), segs.size[live_through].tolist())),
+        settings=settings)
+    block = replay.block
+    # A free is of the block its alloc got (a re-sort may put a free_completed before its free_requested)
+    paired = np.flatnonzero(is_free & (partner >= 0))
+    block[paired] = block[partner[paired]]
     n_alloc, n_early, n_live = len(allocs), len(early_frees), len(live_through)
     frees_at = partner[allocs]
-    size = np.concatenate([trace.size[allocs], trace.size[early_frees], segs.requested[live_through]])
+    size = np.concatenate([block[allocs], block[early_frees], segs.size[live_through]])
     not_here = n_early + n_live
     t_alloc = Ints.of(np.concatenate([t[allocs], np.zeros(not_here, np.int64)]),
                       np.concatenate([np.zeros(n_alloc, bool), np.ones(not_here, bool)]))
@@ -461,16 +507,18 @@ def _device_model(
     })
 
     # Series: deltas per entry, levels rebuilt backwards from the final segments.
-    sizes = trace.size
-    check_bytes(sizes, path, f"device_traces[{trace.device}] size", summed=True)
-    d_alloc = np.where(is_alloc, sizes, 0) - np.where(is_free, sizes, 0)
-    d_active = np.where(is_alloc, sizes, 0) - np.where(is_done, sizes, 0)
+    d_alloc = np.where(is_alloc, block, 0) - np.where(is_free, block, 0)
+    d_active = np.where(is_alloc, block, 0) - np.where(is_done, block, 0)
     grow = _GROWS[code]
     shrink = _SHRINKS[code]
     d_reserved = np.where(grow, sizes, 0) - np.where(shrink, sizes, 0)
-    start_alloc = int(trace.size[early_frees].sum() + segs.requested[live_through].sum())
-    start_active = int(segs.requested[mine & segs.active].sum()) - int(d_active.sum())
+    start_alloc = int(block[early_frees].sum() + segs.size[live_through].sum())
+    start_active = int(segs.size[mine & segs.active].sum()) - int(d_active.sum())
     start_reserved = int(segs.seg_total[segs.seg_device == dev].sum()) - int(d_reserved.sum())
+    # The same level in the bytes the program requested (the rounding overhead is the difference).
+    d_requested = np.where(is_alloc, sizes, 0) - np.where(is_free, sizes, 0)
+    start_requested = int(sizes[early_frees].sum() + segs.requested[live_through].sum())
+    requested_peak = start_requested + max(int(np.cumsum(d_requested).max()) if trace.n else 0, 0)
     changed = np.flatnonzero((d_alloc != 0) | (d_active != 0) | (d_reserved != 0))
     # The window start: the first entry's time; 0 on the trace-index clock; the profile's first time
     # for a device whose trace moves nothing.
@@ -502,6 +550,15 @@ def _device_model(
     }
     if missing_in_segments:
         facts["open_allocs_without_segment_block"] = missing_in_segments
+    truncated = _lost_free_requests(trace)
+    if truncated:
+        facts["history_truncated"] = (
+            f"{truncated} free_completed entr{'y' if truncated == 1 else 'ies'} without the free_requested before "
+            "it: the history's ring buffer filled and dropped its oldest entries")
+    if replay.unplaced:
+        facts["blocks_at_rounded_size"] = (f"{replay.unplaced} allocation(s) could not be placed in the replayed "
+                                           "segment layout: counted at their rounded size, which may be below "
+                                           "the block the allocator handed out")
     for column, start in (("active", start_active), ("reserved", start_reserved)):
         if start < 0:  # the trace moves more than the final state holds: the file is inconsistent
             series[column] = Ints.absent(len(series["t_ns"]))
@@ -513,8 +570,27 @@ def _device_model(
         blocks=blocks,
         blocks_source=str(path),
         dump_state=_pool_state(segs, mine, segs.seg_device == dev, path),
+        requested_peak=requested_peak if trace.n else None,
     )
     return model, facts
+
+
+def _lost_free_requests(trace: _Trace) -> int:
+    """Addresses whose first free entry is a ``free_completed``: its ``free_requested`` (always recorded
+    first) was dropped from the front of a ring buffer that filled (``max_entries``)."""
+    code = trace.code
+    frees = np.flatnonzero((code == _A["free_requested"]) | (code == _A["free_completed"]))
+    if not len(frees):
+        return 0
+    _, first = np.unique(trace.addr[frees], return_index=True)
+    return int((code[frees[first]] == _A["free_completed"]).sum())
+
+
+def truncated_window(reason: str) -> dict[str, str]:
+    """The figures a history that lost its oldest entries covers only in part, each with how to record it all."""
+    why = (f"{reason}: this figure would cover only the entries kept; record the whole window with a larger "
+           "_record_memory_history(max_entries=...) (memgate.record: Recorder(max_entries=...))")
+    return dict.fromkeys(HISTORY_METRICS, why)
 
 
 def _check_within_reserved(path: Path, trace: _Trace, series: dict[str, Ints], changed: np.ndarray, every: bool,
@@ -551,15 +627,14 @@ def _repeated(path: Path, trace: _Trace, k: int) -> InputError:
 def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, path: Path) -> PoolState:
     """The device's pool at the dump, from the final segments alone (so with or without history).
 
-    ``allocated`` counts ``active_allocated`` blocks by requested size, as the allocated series does:
-    an ``active_pending_free`` block was freed by the program (``free_requested``, where the series
-    and ``torch.cuda.memory_allocated`` drop) and only waits for its stream's events before reuse.
-    Free blocks count by their block size: theirs is what the pool can hand out (their
-    ``requested_size`` is stale).
+    ``allocated`` sums the ``active_allocated`` blocks' sizes, as ``torch.cuda.memory_allocated()`` does:
+    an ``active_pending_free`` block was freed by the program (``free_requested``, where that counter
+    drops) and only waits for its stream's events before reuse. Free blocks count by their size too:
+    theirs is what the pool can hand out (their ``requested_size`` is stale).
     """
     free = segs.size[mine & segs.inactive]
     return PoolState(
-        allocated=int(segs.requested[mine & segs.allocated].sum()),
+        allocated=int(segs.size[mine & segs.allocated].sum()),
         reserved=int(segs.seg_total[mine_segments].sum()),
         largest_free_block=int(free.max()) if len(free) else 0,
         free_bytes=int(free.sum()),
@@ -719,8 +794,16 @@ def _role(frame: Any, path: Path | None, where: str) -> _Role:
     return op, owner, fallback
 
 
-def _steps(path: Path, ann: dict[str, pa.Array | None]) -> Table:
-    """One row per ``ProfilerStep#N`` (by N): its earliest START and latest END annotation."""
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+
+
+def _steps(path: Path, ann: dict[str, pa.Array | None], t_first: int) -> tuple[Table, str | None]:
+    """One row per ``ProfilerStep#N`` (by N): its earliest START and latest END annotation.
+
+    Without any (``_record_memory_history`` without torch.profiler), the optimizer's own annotations
+    (``Optimizer.step#AdamW.step``, one START/END per ``optimizer.step()``) mark the steps: step n runs
+    from the end of optimizer step n-1 (the first from ``t_first``, the history's first entry) to the
+    end of optimizer step n. Returns (steps, the optimizer annotation's name or None)."""
     names, stages = ann["name"], ann["stage"]
     assert names is not None and stages is not None  # required by the schema
     number = pc.extract_regex(names, STEP_NAME.pattern.replace("([0-9]+)", "(?P<n>[0-9]+)"))
@@ -737,10 +820,23 @@ def _steps(path: Path, ann: dict[str, pa.Array | None]) -> Table:
         elif stage == "END":
             ends[n] = max(t, ends.get(n, t))
     if not starts and not ends:
-        return empty_steps()
+        return _optimizer_steps(names.to_pylist(), stages.to_pylist(), times.tolist(), t_first)
     steps = sorted(starts.keys() | ends.keys())
     return Table({"step": Ints.of(steps), "t_start": Ints.of_optional(starts.get(n) for n in steps),
-                  "t_end": Ints.of_optional(ends.get(n) for n in steps)})
+                  "t_end": Ints.of_optional(ends.get(n) for n in steps)}), None
+
+
+def _optimizer_steps(names: list[Any], stages: list[Any], times: list[int], t_first: int) -> tuple[Table, str | None]:
+    """Steps bounded by the ends of one optimizer's ``Optimizer.step#...`` annotations (see :func:`_steps`);
+    with several optimizers, the first one's (a GAN's two optimizers step once each per training step)."""
+    first = next((n for n in names if isinstance(n, str) and _OPTIMIZER_STEP.match(n)), None)
+    if first is None:
+        return empty_steps(), None
+    ends = sorted(t for n, stage, t in zip(names, stages, times) if n == first and stage == "END")
+    if not ends:
+        return empty_steps(), None
+    begins = [min(t_first, ends[0]), *ends[:-1]]
+    return Table({"step": Ints.of(range(len(ends))), "t_start": Ints.of(begins), "t_end": Ints.of(ends)}), first
 
 
 def _is_npu(snapshot: dict[str, Any]) -> bool:

@@ -1,0 +1,238 @@
+"""The caching allocator's block sizes behind a snapshot's trace (torch's CUDA allocator; torch_npu's copy).
+
+A snapshot's trace entries carry the size the program *requested*; ``torch.cuda.memory_allocated()``,
+``max_memory_allocated()`` and Kineto's ``Total Allocated`` count the *block* the allocator handed out:
+
+- every request is rounded: below 512 B to 512 B, else up to a multiple of 512 B, or with
+  ``roundup_power2_divisions`` to the next of N equal divisions of its power-of-two interval;
+- a block is carved from the start of a free block; the rest is split off as a new free block only
+  when it is worth it: in the small pool (requests of at most 1 MiB, 2 MiB segments) and in
+  expandable segments when at least 512 B remain, in the large pool when more than 1 MiB remains and
+  the rounded size is below ``max_split_size``. Otherwise the block keeps the whole free block
+  (a 3149824 B request in a fresh 20 MiB segment's last 4177920 B gets all of it).
+
+The first rule is arithmetic (:func:`rounded`). The second needs the layout of each large segment at
+the moment of the request: :func:`block_sizes` replays the large-pool entries over the segments
+(free blocks coalesce with free neighbours at ``free_completed``, as the allocator merges them), starting
+from the layout at the window's start: the final segments, less the segments the trace allocates, plus
+the ones it frees, holding the blocks live through the window (their sizes are in the final segments)
+and those freed in the window but allocated before it (their extent follows the same rule from the
+room the start layout leaves them).
+
+Where the replay cannot place an allocation (an address that is no free block's start in the replayed
+layout: a trace that lost entries), that block is counted at its rounded size and the number of such
+blocks is reported, never hidden.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MIN_BLOCK = 512  # kMinBlockSize: every block is a multiple of it
+SMALL_SIZE = 1 << 20  # kSmallSize: requests up to it are served by the small pool; larger rests are split off
+SMALL_SEGMENT = 2 << 20  # kSmallBuffer: the small pool's segment size (large-pool segments are larger)
+_INTERVALS = 16  # roundup_power2_divisions intervals: [1 MiB, 2 MiB), [2, 4), ... up to 32 GiB and above
+_NO_LIMIT = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The allocator settings a snapshot records (``allocator_settings``); defaults are torch's."""
+
+    divisions: tuple[int, ...] = (0,) * _INTERVALS
+    max_split_size: int = _NO_LIMIT
+    expandable: bool = False
+
+    @classmethod
+    def of(cls, raw: Any) -> Settings:
+        """From a snapshot's ``allocator_settings`` (absent or partial in older files: torch's defaults)."""
+        if not isinstance(raw, dict):
+            return cls()
+        divisions = [0] * _INTERVALS
+        given = raw.get("roundup_power2_divisions")
+        if isinstance(given, dict):  # {"1": d, "2": d, ..., "32768": d}: each interval's start in MiB
+            for key, value in given.items():
+                mib = int(key) if isinstance(key, str) and key.isdigit() else None
+                if mib and mib & (mib - 1) == 0 and type(value) is int and value >= 0:
+                    divisions[min(mib.bit_length() - 1, _INTERVALS - 1)] = value
+        elif isinstance(given, (list, tuple)):
+            for i, value in enumerate(given[:_INTERVALS]):
+                if type(value) is int and value >= 0:
+                    divisions[i] = value
+        split = raw.get("max_split_size")
+        max_split = split if type(split) is int and split > 0 else _NO_LIMIT
+        return cls(tuple(divisions), max_split, raw.get("expandable_segments") is True)
+
+
+def rounded(requested: np.ndarray, settings: Settings) -> np.ndarray:
+    """The allocator's ``round_size`` of each requested size (int64 in, int64 out)."""
+    req = requested.astype(np.int64, copy=False)
+    out = np.maximum(-(-req // MIN_BLOCK) * MIN_BLOCK, MIN_BLOCK)
+    table = np.asarray(settings.divisions, dtype=np.int64)
+    if not (table > 1).any():
+        return out
+    log2 = np.zeros(len(req), dtype=np.int64)
+    positive = req > 0
+    log2[positive] = np.floor(np.log2(req[positive].astype(np.float64))).astype(np.int64)
+    # float log2 can be one off near powers of two: correct it exactly
+    log2 -= (np.left_shift(1, log2) > req) & positive
+    log2 += (np.left_shift(1, log2 + 1) <= req) & positive
+    divisions = table[np.clip(log2 - 20, 0, _INTERVALS - 1)]
+    use = (divisions > 1) & (req > MIN_BLOCK * divisions) & positive & ((req & (req - 1)) != 0)
+    if not use.any():
+        return out
+    floor2 = np.left_shift(1, log2[use])
+    step = np.right_shift(floor2, np.floor(np.log2(divisions[use].astype(np.float64))).astype(np.int64))
+    r = req[use]
+    safe = np.maximum(step, 1)
+    up = np.where(step == 0, floor2 << 1, np.where(r % safe == 0, r, (r // safe) * safe + safe))
+    out[use] = up
+    return out
+
+
+@dataclass
+class _Segment:
+    start: int
+    end: int
+    starts: list[int] = field(default_factory=list)  # block starts, sorted
+    size: dict[int, int] = field(default_factory=dict)
+    free: dict[int, bool] = field(default_factory=dict)
+
+    def put(self, start: int, size: int, free: bool) -> None:
+        if start not in self.size:
+            bisect.insort(self.starts, start)
+        self.size[start], self.free[start] = size, free
+
+    def drop(self, start: int) -> None:
+        self.starts.pop(bisect.bisect_left(self.starts, start))
+        del self.size[start], self.free[start]
+
+    def release(self, start: int) -> None:
+        """The block at ``start`` becomes free and merges with free neighbours (the allocator's free_block)."""
+        self.free[start] = True
+        i = bisect.bisect_left(self.starts, start)
+        if i + 1 < len(self.starts) and self.free[self.starts[i + 1]]:
+            nxt = self.starts[i + 1]
+            self.size[start] += self.size[nxt]
+            self.drop(nxt)
+        if i > 0 and self.free[self.starts[i - 1]]:
+            prev = self.starts[i - 1]
+            self.size[prev] += self.size[start]
+            self.drop(start)
+
+
+def _kept(free_size: int, size: int, settings: Settings) -> int:
+    """The block a large-pool request of rounded ``size`` gets from a free block of ``free_size``."""
+    rest = free_size - size
+    return size if size < settings.max_split_size and rest > SMALL_SIZE else free_size
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """Per trace entry, the allocator block it allocates or frees (0 for segment and marker entries)."""
+
+    block: np.ndarray  # int64
+    unplaced: int  # allocations the replay could not place (counted at their rounded size)
+
+
+def block_sizes(code: np.ndarray, addr: np.ndarray, requested: np.ndarray, *, alloc: int, frees: tuple[int, ...],
+                completes: tuple[int, ...], seg_alloc: int, seg_free: int, early: np.ndarray,
+                final_segments: list[tuple[int, int, bool]], live_blocks: list[tuple[int, int]],
+                settings: Settings) -> Replayed:
+    """The block size behind every alloc/free entry of one device's trace (in time order).
+
+    ``early``: the free entries of blocks allocated before the window; ``final_segments``: (address,
+    total size, replayable) of the device's final segments (replayable: a large-pool segment that is not
+    expandable); ``live_blocks``: (address, size) of the final allocated blocks live through the window.
+    """
+    block = rounded(requested, settings)
+    moves = np.isin(code, (alloc, *frees, *completes))
+    block[~moves] = 0
+    if settings.expandable:  # every rest of at least 512 B is split off: the rounded size is the block
+        return Replayed(block, 0)
+    large_seg = (np.isin(code, (seg_alloc, seg_free))) & (requested > SMALL_SEGMENT)
+    large = (moves & (block > SMALL_SIZE)) | large_seg
+    if not large.any():
+        return Replayed(block, 0)
+    # The large segments at the window's start: the final ones, undone through the trace backwards.
+    segments: dict[int, tuple[int, bool]] = {a: (s, ok) for a, s, ok in final_segments if s > SMALL_SEGMENT}
+    at = np.flatnonzero(large_seg)
+    for k in at[::-1].tolist():
+        if code[k] == seg_alloc:
+            segments.pop(int(addr[k]), None)
+        else:
+            segments[int(addr[k])] = (int(requested[k]), True)
+    layout: dict[int, _Segment] = {a: _Segment(a, a + s) for a, (s, ok) in segments.items() if ok}
+    order = sorted(layout)
+
+    def find(address: int) -> _Segment | None:
+        i = bisect.bisect_right(order, address) - 1
+        seg = layout[order[i]] if i >= 0 else None
+        return seg if seg is not None and address < seg.end else None
+
+    # Occupied at the start: the blocks live through the window, and those freed in it (allocated before).
+    taken: list[tuple[int, int, int]] = []  # (address, rounded size, early entry or -1)
+    taken.extend((a, s, -1) for a, s in live_blocks)
+    early_large = early[large[early]] if len(early) else early
+    taken.extend((int(addr[k]), int(block[k]), int(k)) for k in early_large.tolist())
+    taken.sort()
+    for n, (a, s, k) in enumerate(taken):
+        seg = find(a)
+        if seg is None:
+            continue
+        room = (taken[n + 1][0] if n + 1 < len(taken) and taken[n + 1][0] < seg.end else seg.end) - a
+        size = s if k < 0 else _kept(max(room, s), s, settings)
+        if k >= 0:
+            block[k] = size
+        seg.put(a, size, False)
+    for seg in layout.values():  # the gaps are free blocks
+        cursor = seg.start
+        for start in list(seg.starts):
+            if start > cursor:
+                seg.put(cursor, start - cursor, True)
+            cursor = max(cursor, start + seg.size[start])
+        if cursor < seg.end:
+            seg.put(cursor, seg.end - cursor, True)
+
+    live: dict[int, int] = {int(addr[k]): int(block[k]) for k in early_large.tolist()}
+    unplaced = 0
+    frees_set, completes_set = set(frees), set(completes)
+    at_large = np.flatnonzero(large)
+    out = block[at_large].tolist()  # Python ints: the loop below reads and writes each entry once
+    for j, (c, a, size, req) in enumerate(zip(code[at_large].tolist(), addr[at_large].tolist(), out,
+                                              requested[at_large].tolist())):
+        if c == alloc:
+            seg = find(a)
+            if seg is not None and seg.free.get(a) and seg.size[a] >= size:
+                whole = seg.size[a]
+                size = _kept(whole, size, settings)
+                if whole > size:
+                    seg.put(a + size, whole - size, True)
+                seg.put(a, size, False)
+            else:
+                unplaced += 1
+            out[j] = size
+            live[a] = size
+        elif c == seg_alloc:
+            seg = _Segment(a, a + req)
+            seg.put(a, req, True)
+            layout[a] = seg
+            bisect.insort(order, a)
+        elif c == seg_free:
+            if layout.pop(a, None) is not None:
+                order.remove(a)
+        else:
+            out[j] = live.get(a, size)
+            if c in completes_set:
+                live.pop(a, None)
+                seg = find(a)
+                if seg is not None and a in seg.size and not seg.free[a]:
+                    seg.release(a)
+            elif c not in frees_set:  # pragma: no cover - codes are alloc, frees, completes or segments
+                raise AssertionError(c)
+    block[at_large] = out
+    return Replayed(block, unplaced)

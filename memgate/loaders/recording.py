@@ -1,0 +1,250 @@
+"""A recording: the files of one torch run read as one profile (a snapshot beside a Kineto trace).
+
+``memgate_record`` and :mod:`memgate.record` write ``torch_trace.json``, a ``cuda_snapshot.pickle``
+(``npu_snapshot.pickle``) where a GPU (NPU) is, and ``memgate_recording.json`` (what was recorded, the
+process's device memory per step); a user's own ``torch.profiler`` trace with a snapshot dumped from
+the same process is the same pair. Gated as two profiles, every check would have two rows, and they
+could disagree (the snapshot and the trace count different windows and steps). Here they are one
+profile, each figure taken from the file that records it exactly:
+
+- a device the snapshot records with history: the snapshot's blocks and series (the allocator's block
+  sizes, its pool at the dump, frames), its steps being its own ``ProfilerStep#N`` annotations (the
+  snapshot's clock) for the step numbers the trace has (the recorder drops the last, empty step from
+  the trace);
+- the CPU, and a device the snapshot has no history for: the trace's figures;
+- a device the snapshot lists without any allocation in the window (segments cached by earlier
+  work): no figures, no row (a CPU test on a GPU host is judged on its CPU figures alone);
+- the process's device memory the recorder sampled (NVML): the device's ``APP`` series.
+
+The figures both files record are cross-checked: over the trace's window, the snapshot's peak
+allocated and reserved must be the trace's, to the byte (both count the allocator's blocks); a
+disagreement is an error naming both files. The profile's steps are the trace's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memgate import discover
+from memgate.errors import InputError
+from memgate.loaders import kineto, snapshot
+from memgate.model import APP_COMPONENT, DeviceModel, Profile, Series
+from memgate.readers import limits
+from memgate.schemas import load_schema
+from memgate.table import Ints, Table
+
+FORMAT = "torch_recording"
+MANIFEST = "memgate_recording.json"  # memgate.record.RECORDING_MANIFEST (record imports torch lazily; kept apart)
+_MAX_MANIFEST_BYTES = 64 << 20  # a manifest holds a few samples per step: far below this
+# Clock skew allowed between the snapshot's time_us and the trace's timestamps at the window's edges
+# (the two clocks of one process agree within tens of microseconds in every recording seen).
+_EDGE_NS = 2_000_000
+
+
+def _members(path: Path) -> tuple[list[Path], list[Path]]:
+    """(Kineto traces, snapshots) directly inside ``path``, by content as their loaders claim them."""
+    traces: list[Path] = []
+    snapshots: list[Path] = []
+    with os.scandir(path) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            file = Path(entry.path)
+            if not entry.is_file():
+                continue
+            if snapshot.claims(file):
+                snapshots.append(file)
+            elif kineto.claims(file):
+                traces.append(file)
+    return traces, snapshots
+
+
+def claims(path: Path) -> bool:
+    """A directory holding one Kineto trace and one or two snapshots (a CUDA and an NPU one) side by side."""
+    if not path.is_dir():
+        return False
+    try:
+        traces, snapshots = _members(path)
+    except OSError:
+        return False
+    return len(traces) == 1 and 1 <= len(snapshots) <= 2
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The recorder's manifest in ``path``, validated against its schema; None where there is none."""
+    file = path / MANIFEST
+    if not file.is_file():
+        return None
+    limits.check_file_size(file, limit=_MAX_MANIFEST_BYTES, why="a manifest holds a few samples per step")
+    try:
+        doc = json.loads(file.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        line = getattr(exc, "lineno", None)
+        raise InputError(f"not valid JSON: {getattr(exc, 'msg', exc)}", file=file, line=line,
+                         column=None if line is None else f"column {getattr(exc, 'colno', 0)}",
+                         expected="the JSON manifest memgate.record writes") from None
+    import jsonschema  # here: only a manifest is checked with it
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(load_schema("recording")).iter_errors(doc))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise InputError(f"not a memgate recording manifest: {error.message}", file=file, column=where,
+                         expected="the manifest memgate.record writes (schemas/recording.schema.json)")
+    return dict(doc)
+
+
+def load(path: Path) -> Profile:
+    traces, snapshots = _members(path)
+    if len(traces) != 1 or not 1 <= len(snapshots) <= 2:
+        raise InputError("not one recording: expected one Kineto trace and its snapshot side by side", file=path,
+                         expected="one *.json trace and one or two snapshot pickles",
+                         found=f"{len(traces)} trace(s), {len(snapshots)} snapshot(s)")
+    manifest = read_manifest(path)
+    trace_file = traces[0]
+    trace = kineto.load(trace_file)
+    devices: dict[str, DeviceModel] = {d.device: d for d in trace.devices}
+    taken_from = {label: trace_file.name for label in devices}
+    notes: list[str] = []
+    truncated: dict[str, str] = {}
+    snapshot_meta: dict[str, Any] = {}
+    for file in snapshots:
+        try:
+            snap = snapshot.load(file)
+        except InputError as exc:
+            if exc.message != snapshot.EMPTY:
+                raise
+            # dumped by a process that never allocated on the device (a CPU test on a GPU host): no row
+            notes.append(f"{file.name} is empty: nothing was allocated on its device while recording")
+            continue
+        snapshot_meta[file.name] = {k: v for k, v in snap.metadata.items() if k != "not_measurable"}
+        if snap.metadata.get("time_base") not in ("time_us", "none"):  # none: no history to place
+            raise InputError("a snapshot without time_us cannot be reconciled with a trace: its history has no "
+                             "clock to place it in the trace's window", file=file, column="device_traces",
+                             expected="a snapshot of torch >= 2.2 (trace entries with time_us)",
+                             found=f"time base {snap.metadata.get('time_base')}")
+        facts = snap.metadata.get("devices") or {}
+        cap = _max_entries(manifest, file.name)
+        for device in snap.devices:
+            entries = (facts.get(device.device) or {}).get("trace_entries") or 0
+            if not entries:
+                if device.device not in devices:
+                    notes.append(f"{device.device}: nothing was allocated on it while {file.name} recorded "
+                                 "(segments cached from earlier work only): no figures for it")
+                continue
+            before = devices.get(device.device)
+            cut = (facts.get(device.device) or {}).get("history_truncated") or (
+                f"{entries} entries, the max_entries={cap} the recorder asked for" if cap and entries >= cap else None)
+            if cut:
+                if before is None:
+                    truncated.update(snapshot.truncated_window(f"{file.name} {device.device}: {cut}"))
+                    devices[device.device] = device
+                else:  # the trace records the whole window: its figures, and the snapshot's pool at the dump
+                    devices[device.device] = replace(before, dump_state=device.dump_state)
+                    notes.append(f"{device.device}: {file.name} kept only the last part of its history ({cut}): "
+                                 f"the figures come from {trace_file.name}, the pool at the dump from the snapshot; "
+                                 "record with a larger max_entries for the snapshot's blocks and frames")
+                taken_from[device.device] = trace_file.name if before is not None else file.name
+                continue
+            if before is not None:
+                _cross_check(device, before, file, trace_file)
+            if snap.metadata.get("steps_by_optimizer") is None:
+                device = replace(device, steps=_steps_of_trace(snap.steps, trace.steps))
+            devices[device.device] = device
+            taken_from[device.device] = file.name
+    if manifest is not None:
+        devices = _with_device_memory(devices, manifest, path / MANIFEST)
+    metadata: dict[str, Any] = {
+        **trace.metadata,
+        "files": {"trace": trace_file.name, "snapshots": [f.name for f in snapshots],
+                  **({"manifest": MANIFEST} if manifest is not None else {})},
+        "figures_from": dict(sorted(taken_from.items())),
+        "snapshots": snapshot_meta,
+    }
+    memory = (manifest or {}).get("device_memory")
+    if isinstance(memory, dict):
+        metadata["device_memory"] = {k: v for k, v in memory.items() if k != "samples"}
+    if notes:
+        metadata["notes"] = [*metadata.get("notes", []), *notes]
+    if truncated:
+        metadata["not_measurable"] = truncated
+    return Profile(path=str(path), format=FORMAT, rank=trace.rank, devices=tuple(devices.values()),
+                   steps=trace.steps, steps_source=trace.steps_source, metadata=metadata)
+
+
+def _levels(device: DeviceModel, column: str) -> tuple[np.ndarray, np.ndarray]:
+    series = device.series.get(snapshot.COMPONENT)
+    if series is None:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    values = series.frame.ints(column)
+    present = values.present()
+    return series.frame.ints("t_ns").values[present], values.values[present]
+
+
+def _cross_check(snap: DeviceModel, trace: DeviceModel, snap_file: Path, trace_file: Path) -> None:
+    """The snapshot's peak allocated and reserved over the trace's window are the trace's, to the byte."""
+    for column in ("allocated", "reserved"):
+        t_trace, v_trace = _levels(trace, column)
+        t_snap, v_snap = _levels(snap, column)
+        if not len(v_trace) or not len(v_snap):
+            continue
+        lo, hi = int(t_trace.min()), int(t_trace.max())
+        peak = int(v_trace.max())
+        outer = v_snap[(t_snap >= lo - _EDGE_NS) & (t_snap <= hi + _EDGE_NS)]
+        inner = v_snap[(t_snap >= lo + _EDGE_NS) & (t_snap <= hi - _EDGE_NS)]
+        if len(outer) and peak in outer and (not len(inner) or int(inner.max()) <= peak):
+            continue
+        found = int(outer.max()) if len(outer) else None
+        raise InputError(
+            f"{snap.device}: {snap_file.name} and {trace_file.name} disagree on the peak {column} over the trace's "
+            "window: they are not one recording (another run or process?)", file=snap_file,
+            column=f"device_traces ({snap.device})",
+            expected=f"peak {column} {peak} bytes, as {trace_file} records it",
+            found="no history inside the trace's window" if found is None else f"{found} bytes")
+
+
+def _steps_of_trace(snap_steps: Table, trace_steps: Table) -> Table | None:
+    """The snapshot's own steps (its clock) for the step numbers the trace has; None: the trace's."""
+    if not len(snap_steps) or not len(trace_steps):
+        return None
+    wanted = trace_steps.ints("step").known()
+    keep = np.isin(snap_steps.ints("step").values, wanted) & snap_steps.ints("step").present()
+    if int(keep.sum()) != len(np.unique(wanted)):
+        return None  # the annotations miss some of the trace's steps: the trace's clock for all of them
+    return snap_steps.take(keep)
+
+
+def _with_device_memory(devices: dict[str, DeviceModel], manifest: dict[str, Any],
+                        file: Path) -> dict[str, DeviceModel]:
+    """Each sampled device's process memory as its ``APP`` series (reserved = bytes in use on the device)."""
+    memory = manifest.get("device_memory")
+    if not isinstance(memory, dict):
+        return devices
+    by_device: dict[str, list[tuple[int, int]]] = {}
+    for sample in memory.get("samples") or []:
+        by_device.setdefault(sample["device"], []).append((sample["t_ns"], sample["used_bytes"]))
+    out = dict(devices)
+    for label, samples in by_device.items():
+        model = out.get(label)
+        if model is None:
+            continue  # sampled, but nothing allocated on it while recording: no row
+        samples.sort()
+        n = len(samples)
+        frame = Table({"t_ns": Ints.of([t for t, _ in samples]), "allocated": Ints.absent(n),
+                       "reserved": Ints.of([b for _, b in samples]), "active": Ints.absent(n)})
+        out[label] = replace(model, series={**model.series, APP_COMPONENT: Series(APP_COMPONENT, frame, str(file))})
+    return out
+
+
+def _max_entries(manifest: dict[str, Any] | None, name: str) -> int | None:
+    """The ``max_entries`` the recorder gave ``_record_memory_history`` for snapshot ``name``."""
+    for entry in (manifest or {}).get("snapshots") or []:
+        if entry.get("file") == name and isinstance(entry.get("max_entries"), int):
+            return int(entry["max_entries"])
+    return None
+
+
+discover.register(discover.Format(FORMAT, claims, load, rank_hint=lambda path: None))
