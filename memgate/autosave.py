@@ -33,11 +33,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from memgate.compare import baseline_from_entries, comparable_key
+from memgate.compare import RUN_LAYOUT, baseline_from_entries, comparable_key
 from memgate.errors import ConfigError
 from memgate.report import write_json_atomic
 
-LAYOUT = 1
+LAYOUT = RUN_LAYOUT  # memgate_run.layout, checked on read (memgate.compare.load_baseline)
 LAYOUT_DIR = f"v{LAYOUT}"
 _RUN_FILE = re.compile(r"\A(?P<number>[0-9]{4,})_(?P<commit>[0-9a-f]{4,40}|nogit)(?P<dirty>-dirty)?\.json\Z")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+]+")

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 from memgate import __version__
 from memgate.budgets import MetricCache
 from memgate.discover import Found, load
-from memgate.errors import ConfigError
+from memgate.errors import ConfigError, InputError
 from memgate.lazy import arrow_without_pandas, lazy_module
 from memgate.metrics import DeviceMetrics, MetricOptions
-from memgate.model import DeviceModel, PoolState, Profile, ProfileInfo, Series
+from memgate.model import MAX_BYTES, DeviceModel, PoolState, Profile, ProfileInfo, Series, check_byte_ranges
 from memgate.table import Ints, Table, Texts
 
 if TYPE_CHECKING:
@@ -146,6 +146,7 @@ _DOWNSTREAM = frozenset({
     "__init__.py", "__main__.py", "cache.py", "cli.py", "plugin.py", "session.py", "budgets.py", "metrics.py",
     "reconcile.py", "report.py", "html_report.py", "compare.py", "ci.py", "record.py", "lttb.py", "sizes.py",
     "autosave.py", "identity.py", "toml_lines.py", "schemas/budgets.schema.json", "schemas/report.schema.json",
+    "schemas/baseline.schema.json",
 })
 
 
@@ -240,6 +241,50 @@ class _Corrupt(Exception):
     """An entry that does not verify."""
 
 
+def _refuse_constant(text: str) -> Any:
+    raise _Corrupt(f"{text} in a cache file (memgate never writes it)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value - value != 0:
+        raise _Corrupt(f"number {text[:20]} past the float range in a cache file")
+    return value
+
+
+def _strict_json(raw: bytes) -> Any:
+    """A cache file's JSON: NaN, Infinity and out-of-range floats raise _Corrupt (the entry is a miss)."""
+    try:
+        return json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite)
+    except RecursionError:
+        raise _Corrupt("nested too deep") from None
+
+
+def _check_info(info: Any) -> None:
+    """A manifest's ProfileInfo as memgate writes it: text, a JSON object, steps of int64 or null."""
+    if not isinstance(info, dict) or not all(isinstance(info.get(k), str) for k in ("path", "format", "rank")) \
+            or not isinstance(info.get("metadata"), dict) or not isinstance(info.get("steps"), list):
+        raise _Corrupt("info is not a ProfileInfo")
+    for step in info["steps"]:
+        if not isinstance(step, dict) or not all(
+                v is None or (type(v) is int and -(2**63) <= v < 2**63) for v in step.values()):
+            raise _Corrupt("a step is not int64 numbers")
+
+
+def _check_devices(devices: Any) -> None:
+    """Stored metric results as a JSON report holds them (schemas/report.schema.json: types, byte
+    counts within 2**56, ratios within [0, 1]); else _Corrupt."""
+    from memgate.compare import schema_error
+
+    if not isinstance(devices, list):
+        raise _Corrupt("devices is not a list")
+    report = {"memgate_version": __version__, "budgets": [],
+              "profiles": [{"path": "", "format": "", "rank": "", "devices": devices}]}
+    error = schema_error(report, "report", file="cache", what="cached result")
+    if error is not None:
+        raise _Corrupt(error.one_line())
+
+
 def _exact_json(value: Any) -> str:
     """JSON text that loads back equal to ``value`` (no tuple→list, no NaN, no str keys from ints)."""
     try:
@@ -322,15 +367,27 @@ def _deserialize(entry: Path, doc: dict[str, Any]) -> Profile:
             requested_peak=d.get("requested_peak"),
             steps=None if d.get("steps") is None else _read_table(entry, d["steps"]),
         ))
-    return Profile(
+    for name in ("path", "format", "rank"):
+        if not isinstance(doc[name], str):
+            raise _Corrupt(f"{name} is not text")
+    profile = Profile(
         path=doc["path"],
         format=doc["format"],
         rank=doc["rank"],
         devices=tuple(devices),
         steps=_read_table(entry, doc["steps"]),
         steps_source=doc["steps_source"],
-        metadata=json.loads(doc["metadata"]),
+        metadata=_strict_json(doc["metadata"].encode("utf-8")),
     )
+    for device in profile.devices:  # what a fresh load checks, a read back checks too
+        peak = device.requested_peak
+        if peak is not None and (type(peak) is not int or not 0 <= peak <= MAX_BYTES):
+            raise _Corrupt("requested_peak is not a byte count")
+    try:
+        check_byte_ranges(profile)
+    except InputError as exc:
+        raise _Corrupt(exc.one_line()) from None
+    return profile
 
 
 # ---- the cache ------------------------------------------------------------------------------------
@@ -375,7 +432,8 @@ class ProfileCache:
         entry = self.entry_dir(key)
         try:
             return _deserialize(entry, doc["profile"])
-        except (_Corrupt, ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowException):
+        except (_Corrupt, ValueError, KeyError, TypeError, IndexError, AttributeError, OSError, RecursionError,
+                pa.ArrowException):
             self._discard(entry)
             return None
 
@@ -391,10 +449,11 @@ class ProfileCache:
         except OSError:
             return None
         try:
-            doc = json.loads(raw)
+            doc = _strict_json(raw)
             if not isinstance(doc, dict) or doc.get("layout") != CACHE_LAYOUT or doc.get("key") != key \
-                    or doc.get("format") != found.format.name or not isinstance(doc.get("info"), dict):
+                    or doc.get("format") != found.format.name or not isinstance(doc.get("profile"), dict):
                 raise _Corrupt("manifest does not match")
+            _check_info(doc.get("info"))
             return doc
         except (_Corrupt, ValueError):
             self._discard(entry)
@@ -513,14 +572,15 @@ class ResultStore:
     def get(self, options: MetricOptions) -> list[DeviceMetrics] | None:
         path = self._path(options)
         try:
-            doc = json.loads(path.read_bytes())
+            doc = _strict_json(path.read_bytes())
             if doc["key"] != self.key or doc["metrics_code"] != metrics_fingerprint() \
                     or doc["options"] != options.as_json():
                 raise _Corrupt("result of another request")
+            _check_devices(doc["devices"])  # a tampered result is computed again, never reported
             return [DeviceMetrics.from_json(d) for d in doc["devices"]]
         except FileNotFoundError:
             return None
-        except (_Corrupt, ValueError, KeyError, TypeError, AttributeError, OSError):
+        except (_Corrupt, ValueError, KeyError, TypeError, AttributeError, IndexError, OSError, RecursionError):
             path.unlink(missing_ok=True)
             return None
 

@@ -82,7 +82,7 @@ def _loading_options(p: argparse.ArgumentParser) -> None:
 
 
 def _inspect_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help=PATH_HELP)
+    p.add_argument("path", nargs="+", help=PATH_HELP + " (several: each in turn, e.g. a shell glob)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of text")
     p.add_argument("--warmup-steps", type=int, default=1, metavar="N",
                    help="timed steps dropped before step_growth and leaked are measured (default 1)")
@@ -217,14 +217,28 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.leak_horizon_steps < 1:
         raise ConfigError(f"invalid --leak-horizon-steps {args.leak_horizon_steps}", expected="an integer >= 1")
     options = MetricOptions(warmup_steps=args.warmup_steps, leak_horizon_steps=args.leak_horizon_steps)
-    results = _run(args, args.path, options=options)
+    paths = list(dict.fromkeys(args.path))
+    if len(paths) == 1:
+        results = _run(args, paths[0], options=options)
+        bad: list[MemgateError] = []
+    else:  # each path in turn: one that is no profile is said, the others still inspected
+        results, bad = [], []
+        for path in paths:
+            try:
+                results.extend(_run(args, path, options=options))
+            except MemgateError as failure:
+                bad.append(failure)
     entries = [r.entry for r in results if r.entry is not None]
     if args.json:
-        print(json.dumps(build_report(entries, [], _report_errors(results)), indent=2))
+        errors = _report_errors(results) + [{"profile": e.file, "error": e.one_line()} for e in bad]
+        print(json.dumps(build_report(entries, [], errors), indent=2))
     else:
         for entry in entries:
             _say(inspect_text(entry))
-    return _exit_status(results)
+    for line in (e.one_line() for e in bad):
+        print(f"memgate: error: {line}", file=sys.stderr)
+    status = _exit_status(results)
+    return EXIT_BAD_INPUT if bad else status
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -292,16 +306,12 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
-    """Profile entries of a run: a JSON report or baseline file as saved, else the profiles under PATH."""
-    import json
-
-    from memgate.compare import baseline_entries, load_baseline, looks_like_memgate_json
+    """Profile entries of a run: a JSON report or baseline file as saved (validated: untrusted input),
+    else the profiles under PATH."""
+    from memgate.compare import load_entries, looks_like_memgate_json
 
     if looks_like_memgate_json(Path(path)):
-        data = json.loads(Path(path).read_text("utf-8"))
-        if isinstance(data.get("profiles"), list):
-            return list(data["profiles"])
-        return baseline_entries(load_baseline(path))
+        return load_entries(path)
     results = _run(args, path)
     for r in results:
         if r.error is not None:

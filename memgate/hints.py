@@ -44,6 +44,8 @@ def record_more_steps(fmt: str, metadata: Mapping[str, Any], needed: int, warmup
         "cann": ("a CANN msprof profile has no step records: profile the run with torch_npu.profiler or "
                  f"MindSpore's profiler ({schedule}) or msMemScope (msmemscope.step() per step) instead"),
     }
+    if fmt == "mindspore" and (why := _mindspore_no_steps(metadata)):
+        return why  # no step is written at all: fewer warm-up steps would not help
     if fmt == "ascend_db":
         fmt = "cann" if metadata.get("export") == "msprof db" else "torch_npu"
     if fmt == "torch_recording":  # a snapshot beside a trace: the trace's steps count
@@ -68,6 +70,31 @@ def no_memory_data(fmt: str, metadata: Mapping[str, Any]) -> str:
         "cann": "msprof --sys-hardware-mem=on (or the framework profiler with profile_memory=True)",
     }.get(fmt, "a profiler that records memory")
     return f"no allocator series and no blocks (record with {how})"
+
+
+MINDSPORE_CPU_TARGET = "CPU"
+MINDSPORE_TRACKER_LAYOUT = "memory tracker memory_block.csv"
+
+
+def _mindspore_no_steps(metadata: Mapping[str, Any]) -> str | None:
+    """Where a MindSpore profile cannot hold steps whatever the profiler was asked: say so, not how to."""
+    if metadata.get("target") == MINDSPORE_CPU_TARGET:
+        return ("MindSpore writes no step marker on the CPU target (neither mindspore.Profiler nor "
+                "mindspore.profiler.profile with a schedule and prof.step() leaves one in any file): step figures "
+                "need a profile of an Ascend or GPU run, or another recorder that marks steps")
+    if metadata.get("layout") == MINDSPORE_TRACKER_LAYOUT:
+        return ("the memory tracker's memory_block.csv has no steps (its clock is an event counter, not time): "
+                "profile the run with mindspore.Profiler(profile_memory=True, schedule=...) and prof.step() once "
+                "per training step on Ascend or GPU for step figures")
+    return None
+
+
+def mindspore_tracker_cpu_pool() -> str:
+    """Why a memory_block.csv holding only its header measures nothing (the CPU target's tracker output)."""
+    return ("memory_block.csv holds no block: MindSpore's memory tracker skips every block of its CPU pool (a "
+            "CPU-target run writes the header alone); a tracker run on Ascend or GPU writes them, and on the CPU "
+            "target mindspore.Profiler(profile_memory=True) records the CPU pool's totals in "
+            "FRAMEWORK/cpu_ms_memory_record_{rank}.txt")
 
 
 def no_kineto_memory_events() -> tuple[str, str]:

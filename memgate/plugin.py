@@ -868,6 +868,7 @@ class _Reporter:
         self.entries: dict[str, dict[str, Any]] = {}  # --memgate profiles, by path
         self.marker_entries: dict[str, dict[str, Any]] = {}  # marked tests' profiles, by path
         self.errors: list[dict[str, Any]] = []
+        self.late_errors: list[str] = []  # found at the session's end (an unreadable baseline to ratchet)
         self.counts: dict[str, int] = {}  # memgate's tests, counted as pytest counts them
         self.kept: list[str] = []
         self.saved: list[Path] = []
@@ -911,6 +912,8 @@ class _Reporter:
         return path.as_posix()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for line in self.late_errors:
+            terminalreporter.write_line(printable(line), red=True)
         if self.outcomes:
             terminalreporter.section("memgate")
             for line in summary_table(self._sorted_outcomes()):
@@ -956,7 +959,7 @@ class _Reporter:
                 terminalreporter.write_line(printable(line))
 
     @pytest.hookimpl(tryfirst=True)  # before pytest may remove the temporary folders recordings are in
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         s = self.settings
         outcomes, entries = self._sorted_outcomes(), self._entries()
         if s.json_path is not None:
@@ -964,9 +967,14 @@ class _Reporter:
         if s.save_baseline is not None and entries:
             commit, dirty = git_commit(Path(self.config.rootpath))
             baseline = baseline_from_entries(entries, commit=commit, dirty=dirty)
-            if s.ratchet and s.save_baseline.exists():
-                baseline = ratchet(load_baseline(s.save_baseline), baseline)
-            write_json_atomic(s.save_baseline, baseline)
+            try:
+                if s.ratchet and s.save_baseline.exists():
+                    baseline = ratchet(load_baseline(s.save_baseline), baseline)
+                write_json_atomic(s.save_baseline, baseline)
+            except MemgateError as exc:  # a baseline that cannot be read is kept as it is, and said
+                self.late_errors.append(f"memgate: error: {exc.one_line()} (the baseline was not rewritten)")
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.USAGE_ERROR
         if s.autosave and entries:
             commit, dirty = git_commit(Path(self.config.rootpath))
             self.saved = save_run(s.storage, entries, commit=commit, dirty=dirty)

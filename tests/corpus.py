@@ -1388,3 +1388,75 @@ def recording_of_two_runs(tmp: Path) -> Expect:
     other = dataclasses.replace(base, blocks=tuple(dataclasses.replace(b, size=b.size * 2) for b in base.blocks))
     root = recording_dir(tmp, trace=other)
     return Expect(root, root / "snapshot.pickle", None, "device_traces", ("trace.pt.trace.json", "disagree"))
+
+
+# =================================================================================================
+# MindSpore 2.10: the real memory tracker header (tests/data/samples/mindspore), rows as mem_tracker.cc writes them
+# =================================================================================================
+
+MS210 = SAMPLES / "mindspore"
+MS210_TRACKER = MS210 / "ms210_memtracker_cpu_graph" / "memory_block.csv"
+MS210_CPU_RECORD = next((MS210 / "ms210_cpu_graph_old").glob("*_ascend_ms")) / "FRAMEWORK" / "cpu_ms_memory_record_0.txt"
+MS_NEVER_FREED = str((1 << 63) - 1)
+# Rows as MemoryTrackerEnabled::DumpMemoryBlock streams them (one counter for tasks, allocations and frees;
+# pointers as std::ostream prints them; bools 0/1; file_name..python_stack empty for a block no tensor was
+# bound to, user_tasks "{t1-t2}"), each cell followed by a comma. Sizes in bytes.
+MS210_STACK = "File:/work/train.py;Line:41;Function:train_step|File:/work/train.py;Line:30;Function:construct|"
+MS210_ROWS = (
+    ("2", MS_NEVER_FREED, "0x12c0a0000000", "0", "DefaultAscendMemoryPool", "524288", "524288", "524288",
+     "mindspore/ccsrc/backend/ms_backend/runtime/actors/base/data_prepare_actor.cc", "72", "Weight", "1",
+     "1_Default/data-0", "Default/data-0", "", "{3-5}", "5", MS210_STACK, "1", "0"),
+    ("4", "7", "0x12c0a0080000", "0", "DefaultAscendMemoryPool", "131072", "655360", "655360",
+     "mindspore/ccsrc/backend/ms_backend/runtime/actors/base/kernel_actor.cc", "133", "Kernel", "3",
+     "3_Default/MatMul-op0", "Default/MatMul-op0", "kernel_graph0", "{5}", "5", MS210_STACK, "0", "0"),
+    ("6", "8", "0x12c0a00a0000", "1", "DefaultAscendMemoryPool", "512", "655872", "655872",
+     "", "", "", "", "", "", "", "", "", "", "0", "1"),
+    ("9", "10", "0", "0", "Ascend", "2097152", "0", "655872", "", "", "", "", "", "", "", "", "", "", "0", "0"),
+)
+
+
+def ms210_memory_block(folder: Path, rows: Sequence[Sequence[str]] = MS210_ROWS) -> Path:
+    """The 2.10 sample's memory_block.csv (its header byte for byte) with ``rows`` under it."""
+    path = _mkdir(folder) / "memory_block.csv"
+    body = b"".join(",".join(r).encode() + b",\n" for r in rows)
+    path.write_bytes(MS210_TRACKER.read_bytes() + body)
+    return path
+
+
+@case("ms210-memory-block-cut-mid-row", "mindspore")
+def ms210_block_cut(tmp: Path) -> Expect:
+    path = ms210_memory_block(tmp / "rank_0")
+    cut_mid_line(path, 3)
+    return Expect(path, path, 3, None, ("truncated",))
+
+
+@case("ms210-memory-block-bad-size", "mindspore")
+def ms210_block_bad_size(tmp: Path) -> Expect:
+    path = ms210_memory_block(tmp / "rank_0")
+    data = lines_of(path)
+    cells = data[2].split(b",")
+    cells[5] = b"131072.5"  # size is a size_t: digits only
+    data[2] = b",".join(cells)
+    path.write_bytes(b"".join(data))
+    return Expect(path, path, 3, "size", ("131072.5",))
+
+
+@case("ms210-memory-block-missing-column", "mindspore")
+def ms210_block_missing_column(tmp: Path) -> Expect:
+    """is_small dropped from the header and every row: no known header generation matches."""
+    path = ms210_memory_block(tmp / "rank_0")
+    out = []
+    for line in lines_of(path):
+        cells = line.rstrip(b"\n").split(b",")
+        out.append(b",".join(cells[:19] + cells[20:]) + b"\n")
+    path.write_bytes(b"".join(out))
+    return Expect(path, path, 1, "is_small", ("missing column",))
+
+
+@case("ms210-cpu-record-bad-size", "mindspore")
+def ms210_cpu_record_bad_cell(tmp: Path) -> Expect:
+    """The CPU target's FRAMEWORK/cpu_ms_memory_record_0.txt with a negative Total Allocated."""
+    root = copy_sample(MS210_CPU_RECORD.parent.parent, tmp / MS210_CPU_RECORD.parent.parent.name)
+    path = root / "FRAMEWORK" / MS210_CPU_RECORD.name
+    line = set_cell(path, 5, "Total Allocated(Byte)", "-512")
+    return Expect(root, path, line, "Total Allocated(Byte)", ("-512",))

@@ -112,6 +112,7 @@ SEED_MAKERS: dict[str, tuple[str, Callable[[Path], Path]]] = {
     "memscope_db": ("msmemscope", mm_db),
     "timeline_raw": ("torch_memory_timeline_raw", lambda tmp: _raw_timeline(tmp)),
     "recording": ("torch_recording", recording_dir),
+    "ms210_tracker": ("mindspore", lambda tmp: __import__("corpus").ms210_memory_block(tmp / "rank_0")),
 }
 
 
@@ -560,3 +561,81 @@ def _same_number(a: bytes, b: bytes) -> bool:
         return float(a) == float(b) and a != b"null"
     except ValueError:
         return False
+
+
+# ---- baselines, saved runs and JSON reports read back (issue 27): mutated, only MemgateError ------
+
+_RUN_FILE_SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_level1_rank0"
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """A real JSON report of a sample, the baseline and the saved run memgate makes of it."""
+    import contextlib
+
+    from memgate.autosave import save_run
+    from memgate.cli import main
+    from memgate.compare import baseline_from_entries
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["inspect", str(_RUN_FILE_SAMPLE), "--json"]) == 0
+    report = json.loads(out.getvalue())
+    entries = report["profiles"]
+    (run,) = save_run(tmp_path_factory.mktemp("runs"), entries, commit="c" * 40, dirty=False)
+    return {"report": json.dumps(report, indent=1).encode(),
+            "baseline": json.dumps(baseline_from_entries(entries, commit="c" * 40), indent=1).encode(),
+            "saved_run": run.read_bytes()}
+
+
+_JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                         max_size=3), max_leaves=6)
+
+
+def _replace_a_value(doc: Any, data: st.DataObject) -> Any:
+    """``doc`` with one value somewhere (drawn path) replaced by an arbitrary JSON value."""
+    node: Any = doc
+    parent: Any = None
+    key: Any = None
+    for _ in range(data.draw(st.integers(0, 8), label="depth")):
+        if isinstance(node, dict) and node:
+            parent, key = node, data.draw(st.sampled_from(sorted(node)), label="key")
+        elif isinstance(node, list) and node:
+            parent, key = node, data.draw(st.integers(0, len(node) - 1), label="index")
+        else:
+            break
+        node = parent[key]
+    value = data.draw(_JSON_VALUES, label="value")
+    if parent is None:
+        return value
+    parent[key] = value
+    return doc
+
+
+@pytest.mark.parametrize("name", ["report", "baseline", "saved_run"])
+@fuzz_settings(ci=40, dev=12)
+@given(data=st.data())
+def test_mutated_run_files_only_raise_memgate_errors(run_files: dict[str, bytes], name: str, data: st.DataObject,
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    from decimal import Decimal
+
+    from memgate.compare import diff_entries, load_entries, suggest_toml
+
+    original = run_files[name]
+    if data.draw(st.booleans(), label="structural"):
+        mutated = json.dumps(_replace_a_value(json.loads(original), data), allow_nan=True).encode()
+    else:
+        mutated = data.draw(mutations(original), label="mutated")
+    folder = tmp_path_factory.mktemp("run")
+    path, unchanged = folder / f"{name}.json", folder / "good.json"
+    path.write_bytes(mutated)
+    unchanged.write_bytes(original)
+    good = load_entries(unchanged)
+    try:
+        entries = load_entries(path)
+        suggest_toml(entries, Decimal(10))
+        diff_entries(good, entries)
+        diff_entries(entries, good)
+    except MemgateError:
+        pass

@@ -11,16 +11,29 @@ decimal: exact for multiples of 512 B below 8 GiB, else within the bound stated 
 
 from __future__ import annotations
 
+import csv
 import json
+import pickle
 import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
+import pandas as pd
 import pytest
 from groundtruth import Block, Trace, expected_metrics, live_blocks_at, peak_moment
-from helpers import PTA21_L1, copy_sample, join_row, one_stderr_line, read_lines, run_cli, split_row, write_lines
+from helpers import (
+    PTA21_L1,
+    SAMPLES,
+    copy_sample,
+    join_row,
+    one_stderr_line,
+    read_lines,
+    run_cli,
+    split_row,
+    write_lines,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import secondary_examples, traces
@@ -499,3 +512,166 @@ def test_a_tracker_dump_of_two_windows_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="do not overlap in time") as info:
         load(discover(path)[0])
     assert info.value.file == str(path)
+
+
+# ---- MindSpore 2.10 as it writes (tests/data/samples/mindspore, PROVENANCE.md) ------------------------
+
+MS210 = SAMPLES / "mindspore"
+MS210_PROFILE = next((MS210 / "ms210_cpu_graph_old").glob("*_ascend_ms"))
+MS210_CPU_RECORD = MS210_PROFILE / "FRAMEWORK" / "cpu_ms_memory_record_0.txt"
+MS210_TRACKER = MS210 / "ms210_memtracker_cpu_graph" / "memory_block.csv"
+
+
+def _raw_columns(path: Path) -> dict[str, list[str]]:
+    """The file's cells by column, read with the csv module (the trailing comma's nameless column dropped)."""
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    header = rows[0]
+    return {name: [r[i] for r in rows[1:]] for i, name in enumerate(header) if name}
+
+
+def test_ms210_cpu_target_profile_is_cpu_with_the_record_peaks() -> None:
+    raw = _raw_columns(MS210_CPU_RECORD)
+    allocated = [int(v) for v in raw["Total Allocated(Byte)"]]
+    reserved = [int(v) for v in raw["Total Reserved(Byte)"]]
+    assert (max(allocated), max(reserved), len(allocated)) == (680448, 1073741824, 183)  # PROVENANCE.md
+    profile, m = _one(MS210 / "ms210_cpu_graph_old")
+    assert m.device == "cpu"  # the CPU pool, though the folder is named *_ascend_ms
+    assert m.values["peak_allocated_bytes"] == max(allocated)
+    assert m.values["peak_reserved_bytes"] == max(reserved)
+    assert m.peak_t_ns == int(raw["Timestamp(ns)"][allocated.index(max(allocated))]) == 1795846802590065666
+    assert profile.metadata["target"] == "CPU"
+    assert "KB/1000" not in profile.metadata["units"]  # no memory_record.csv was read: no note of its units
+    why = m.missing["step_growth_bytes"]
+    assert "no step marker on the CPU target" in why and "Ascend or GPU" in why
+    assert "prof.step() once per training step" not in why and "lower warmup_steps" not in why
+
+
+def test_ms210_cpu_record_alone_is_cpu_whatever_its_folder_is_called(tmp_path: Path) -> None:
+    root = copy_sample(MS210_PROFILE, tmp_path / "renamed")  # not *_ascend_ms
+    record = root / "FRAMEWORK" / MS210_CPU_RECORD.name
+    found = discover(root)
+    assert [(f.path, f.format.name) for f in found] == [(root, "mindspore")]  # not torch_npu's trace_view.json
+    for profile in (load(found[0]), mindspore.load(record)):  # the folder, and the file given alone
+        (m,) = profile_metrics(profile)
+        assert (m.device, m.values["peak_allocated_bytes"], m.values["peak_reserved_bytes"]) == (
+            "cpu", 680448, 1073741824)
+        assert "no step marker on the CPU target" in m.missing["step_growth_bytes"]
+
+
+def test_an_ascend_profile_with_a_cpu_record_stays_npu(tmp_path: Path) -> None:
+    """profiler_info and the NPU files name the device: the cpu_ms_memory_record is the NPU's allocator."""
+    prof = write_profile(_small_trace(device_id=2), tmp_path, MsOptions(rank=4, memory_record=False))
+    (prof / "ASCEND_PROFILER_OUTPUT" / "operator_memory.csv").unlink()
+    (prof / "ASCEND_PROFILER_OUTPUT" / "npu_module_mem.csv").unlink()
+    profile, m = _one(tmp_path)
+    assert m.device == "npu:4" and "target" not in profile.metadata  # profiler_info: not the CPU target
+
+
+@pytest.mark.parametrize("given", ["file", "folder"])
+def test_ms210_tracker_header_alone_is_a_cpu_profile_that_measures_nothing(given: str) -> None:
+    data = MS210_TRACKER.read_bytes()
+    assert data.count(b"\n") == 1 and data.endswith(b",\n")  # the real file: its header, a trailing comma
+    root = MS210_TRACKER if given == "file" else MS210_TRACKER.parent
+    found = discover(root)
+    assert [(f.path, f.format.name) for f in found] == [(MS210_TRACKER, "mindspore")]
+    profile = load(found[0])
+    assert profile.metadata["header"] == "2.10" and len(profile.devices[0].blocks) == 0
+    (m,) = profile_metrics(profile)
+    assert m.device == "cpu"
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes", "leaked_bytes"):
+        assert m.values[key] is None, key  # never a silent 0
+        assert "skips every block of its CPU pool" in m.missing[key], key
+
+
+def test_ms210_tracker_inspect_cli() -> None:
+    results = [run_cli(["inspect", path]) for path in (MS210 / "ms210_cpu_graph_old", MS210_TRACKER.parent)]
+    assert [r.rc for r in results] == [0, 0], [r.stderr for r in results]
+    assert "  cpu  " in results[0].stdout and "(680448 B)" in results[0].stdout
+    assert "(1073741824 B)" in results[0].stdout
+    assert "  cpu  " in results[1].stdout and "CPU pool" in results[1].stdout
+
+
+def _ms210_rows(tmp_path: Path) -> Path:
+    import corpus  # the rows as mem_tracker.cc writes them, under the sample's header
+
+    return corpus.ms210_memory_block(tmp_path / "rank_5")
+
+
+def test_ms210_tracker_rows_as_the_writer_streams_them(tmp_path: Path) -> None:
+    path = _ms210_rows(tmp_path)
+    raw = _raw_columns(path)
+    found = discover(tmp_path)
+    assert [(f.path, f.format.name) for f in found] == [(path, "mindspore")]
+    profile = load(found[0])
+    (m,) = profile_metrics(profile)
+    assert (profile.rank, m.device, profile.metadata["header"]) == ("5", "npu:5", "2.10")
+    blocks = profile.devices[0].blocks.to_pandas()
+    never = str((1 << 63) - 1)
+    assert blocks["size"].tolist() == [int(v) for v in raw["size"]]
+    assert blocks["t_alloc"].tolist() == [int(v) for v in raw["start_time_stamp"]]
+    assert [None if v is pd.NA else int(v) for v in blocks["t_free"]] == [
+        None if v == never else int(v) for v in raw["end_time_stamp"]]
+    assert [None if v is pd.NA else v for v in blocks["op"]] == [v or None for v in raw["node_name"]]
+    assert [None if v is pd.NA else v for v in blocks["owner"]] == [
+        s or (f"{f}:{n}" if f else None) for s, f, n in zip(raw["python_stack"], raw["file_name"], raw["line_num"])]
+    assert blocks["component"].tolist() == raw["pool_type"]
+    assert blocks["stream"].tolist() == raw["stream_id"]
+    # the running sum of the block sizes on the tracker's counter, computed here from the raw cells
+    events = sorted([(int(s), 1, int(z)) for s, z in zip(raw["start_time_stamp"], raw["size"])]
+                    + [(int(e), -1, int(z)) for e, z in zip(raw["end_time_stamp"], raw["size"]) if e != never])
+    level, peak = 0, 0
+    for _, sign, size in events:
+        level += sign * size
+        peak = max(peak, level)
+    assert m.values["peak_allocated_bytes"] == peak
+    assert profile.metadata["tracker_actual_peak_bytes"] == max(int(v) for v in raw["actual_peak_memory"])
+    assert profile.metadata["tracker_used_peak_bytes"] == max(int(v) for v in raw["actual_used_memory"])
+    assert profile.metadata["persistent_blocks"] == raw["is_persistent"].count("1")
+    assert m.values["step_growth_bytes"] is None and "event counter" in m.missing["step_growth_bytes"]
+    validator = jsonschema.Draft202012Validator(load_schema("mindspore.memory_block"))
+    for row in rows_as_dicts(read_csv(path, load_schema("mindspore.memory_block"))):
+        assert not list(validator.iter_errors(row)), row
+
+
+def test_ms210_tracker_row_with_a_bad_cell_names_it(tmp_path: Path) -> None:
+    path = _ms210_rows(tmp_path)
+    lines = read_lines(path)
+    fields, eol = split_row(lines[3])
+    fields[19] = "true"  # is_small: std::ostream prints a bool as 0 or 1
+    lines[3] = join_row(fields, eol)
+    write_lines(path, lines)
+    with pytest.raises(InputError) as err:
+        load(discover(tmp_path)[0])
+    assert (err.value.file, err.value.line, err.value.column, err.value.found) == (str(path), 4, "is_small", "'true'")
+
+
+# ---- torch_npu snapshots: the npu label (snapshot.py's _is_npu; kept here, beside the other Ascend labels) ----
+
+
+def _npu_snapshot(tmp_path: Path, entries: int, npu_at: int, shared: bool) -> Path:
+    """A torch_npu snapshot whose only torch_npu frame is in entry ``npu_at`` of a long trace."""
+    user = [{"name": "step", "filename": "/work/train.py", "line": 3},
+            {"name": "forward", "filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py", "line": 9}]
+    npu = {"name": "empty", "filename": "/usr/local/lib/python3.9/site-packages/torch_npu/npu/memory.py", "line": 1}
+    trace = []
+    for i in range(entries):
+        frames = [f if shared else dict(f) for f in user] + ([npu] if i == npu_at else [])
+        trace.append({"action": "alloc", "addr": (1 << 20) + 512 * i, "size": 512, "stream": 0, "frames": frames})
+    blocks = [{"address": (1 << 20) + 512 * i, "size": 512, "requested_size": 512, "state": "active_allocated"}
+              for i in range(entries)]
+    data = {"segments": [{"device": 0, "address": 1 << 20, "total_size": 512 * entries, "stream": 0,
+                          "segment_type": "large", "blocks": blocks}], "device_traces": [trace]}
+    path = tmp_path / "npu_snapshot.pickle"
+    path.write_bytes(pickle.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_torch_npu_frames_past_the_first_thousand_entries_label_npu(tmp_path: Path, shared: bool) -> None:
+    from memgate.loaders import snapshot
+
+    path = _npu_snapshot(tmp_path, 3000, 2500, shared)
+    assert [d.device for d in snapshot.load(path).devices] == ["npu:0"]
+    path = _npu_snapshot(tmp_path, 3000, -1, shared)  # no torch_npu frame at all: torch.cuda's
+    assert [d.device for d in snapshot.load(path).devices] == ["cuda:0"]

@@ -187,7 +187,7 @@ def test_schema_and_inspect_show_owners(tmp_path: Path) -> None:
     schema = load_schema("report")
     Draft202012Validator.check_schema(schema)
     metrics_schema = schema["properties"]["profiles"]["items"]["properties"]["devices"]["items"]["properties"]["metrics"]
-    Draft202012Validator(metrics_schema).validate(m.values)
+    Draft202012Validator({**metrics_schema, "$defs": schema["$defs"]}).validate(m.values)  # its $refs resolve there
     entry = {"path": "trace.json", "format": "kineto", "rank": "0", "devices": [m.as_json()]}
     text = "\n".join(inspect_text(entry))
     assert f"owners at peak: M_0/Encoder_0 {format_size(2000)}, M_0/Encoder_0/Linear_0 {format_size(1000)}" in text

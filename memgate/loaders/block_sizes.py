@@ -46,6 +46,9 @@ class Settings:
     divisions: tuple[int, ...] = (0,) * _INTERVALS
     max_split_size: int = _NO_LIMIT
     expandable: bool = False
+    # False for a snapshot no caching allocator wrote (torch's _profile_to_snapshot of a CPU profile:
+    # blocks of 4 B and 40 B): its sizes are the blocks, nothing is rounded or replayed
+    caching: bool = True
 
     @classmethod
     def of(cls, raw: Any) -> Settings:
@@ -149,8 +152,10 @@ def block_sizes(code: np.ndarray, addr: np.ndarray, requested: np.ndarray, *, al
     total size, replayable) of the device's final segments (replayable: a large-pool segment that is not
     expandable); ``live_blocks``: (address, size) of the final allocated blocks live through the window.
     """
-    block = rounded(requested, settings)
     moves = np.isin(code, (alloc, *frees, *completes))
+    if not settings.caching:
+        return Replayed(np.where(moves, requested, 0).astype(np.int64), 0)
+    block = rounded(requested, settings)
     block[~moves] = 0
     if settings.expandable:  # every rest of at least 512 B is split off: the rounded size is the block
         return Replayed(block, 0)

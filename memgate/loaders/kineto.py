@@ -592,13 +592,21 @@ def _capacities(path: Path, props: list[dict[str, Any]], devices: list[DeviceMod
     """Each GPU's memory as the trace records it: ``deviceProperties[].totalGlobalMem`` by ``id``.
     A value that is no device index or no byte count a device can hold is an error (a "92%" budget
     of 2**80 bytes would pass anything)."""
-    by_id = {}
+    by_id: dict[int, int] = {}
+    listed_at: dict[int, int] = {}
     for i, p in enumerate(props):
         device_id = _header_int(path, p.get("id"), f"deviceProperties[{i}].id", 0, MAX_RANK, "a device index")
         total = _header_int(path, p.get("totalGlobalMem"), f"deviceProperties[{i}].totalGlobalMem", 0, MAX_BYTES,
                             "the device's memory in bytes")
         if device_id is not None and total is not None:
+            if device_id in by_id and by_id[device_id] != total:  # which one a "50%" budget means: unknowable
+                raise InputError(f"device {device_id} is listed twice in deviceProperties with two capacities",
+                                 file=path, column=f"deviceProperties[{i}].totalGlobalMem",
+                                 expected=f"{by_id[device_id]} bytes, as deviceProperties[{listed_at[device_id]}] "
+                                          "lists it (one GPU has one memory size)",
+                                 found=f"{total} bytes")
             by_id[device_id] = total
+            listed_at.setdefault(device_id, i)
     capacity = {}
     for device in devices:
         kind, _, number = device.device.partition(":")

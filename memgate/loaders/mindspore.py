@@ -23,10 +23,26 @@ What is read, and how it maps onto the model:
   line; Duration empty if never freed; ``Device`` is a pool name; sizes are ``float32 / 1024``
   printed with one decimal, so each value is within ±51.2 B plus float32 rounding (2**-24 relative),
   exact for multiples of 512 B below 8 GiB; totals in KB or, later, binary MB — pinned per header).
-- ``rank_N/memory_block.csv`` (memory tracker): start/end are the tracker's *logical* event counter,
+- ``rank_N/memory_block.csv`` (memory tracker, ``MS_ALLOC_CONF="memory_tracker:True"``; writer
+  ``mem_tracker.cc``, ``MemoryTrackerEnabled::DumpMemoryBlock``). Three headers: without and with
+  ``last_user_task``, and 2.10's, which adds ``actual_used_memory``, ``is_persistent`` and ``is_small``.
+  Every cell is streamed as is and followed by a comma (no quoting, a trailing comma on every line).
+  start/end are the tracker's *logical* event counter (int64, one tick per task, allocation and free),
   not time. They are kept as ``t_alloc``/``t_free`` (order preserved, so peaks and holders at the
   peak are right; no steps, so growth/leak budgets are not measurable); ``end == INT64_MAX`` = never
-  freed; ``InSideSomas`` rows (start −1) are parts of a Somas block already counted and are dropped.
+  freed; ``InSideSomas`` rows (start −1, older trackers) are parts of a Somas block already counted and
+  are dropped. ``size`` is bytes; ``pool_type`` (the pool's name: DefaultAscendMemoryPool, Ascend for GE
+  feature memory, ...) is the block's component; op = node_name (else task_name) of the producing
+  task; owner = its python_stack, else the C++ ``file_name:line_num`` that asked for the memory.
+  Series: ``actual_used_memory`` / ``actual_peak_memory`` are the pool's in-use bytes and peak read
+  at each *allocation* only (nothing at frees), so they are kept as cross-checks
+  (``tracker_used_peak_bytes``, ``tracker_actual_peak_bytes``); the allocated series is the blocks'
+  running sum on the logical clock; there is no reserved series. The writer skips every block of
+  the ``CPU`` pool: a CPU-target run writes the header alone, which loads as a ``cpu`` device with no
+  blocks whose metrics are not measurable, saying why.
+- CPU target (``ms.set_device("CPU")``): the profiler writes only ``FRAMEWORK/cpu_ms_memory_record_*.txt``
+  (MindSpore's CPU pool), no NPU file, no ``PROF_*`` folder and no profiler_info: the device is
+  ``cpu`` whatever the folder is called (``*_ascend_ms``), and it has no step marker.
 
 One ``*_ascend_ms`` directory is one rank and one NPU. The writer labels MindSpore and APP rows
 ``NPU:{rank_id}`` but GE rows, operator_memory and npu_module_mem with the physical device id, so all
@@ -42,7 +58,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memgate import discover
+from memgate import discover, hints
 from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.torch_npu import info_rank, rank_notes, read_profiler_info
@@ -60,7 +76,7 @@ from memgate.model import (
     untimed_steps,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import CsvTable, read_header
+from memgate.readers.csvtable import CsvTable, match_header, read_header
 from memgate.readers.limits import read_csv
 from memgate.schemas import load_schema
 from memgate.table import Table
@@ -82,6 +98,8 @@ _TRACKER_OP = re.compile(r"^operator_memory_([0-9]+)\.csv$")
 _CPU_RECORD = re.compile(r"^cpu_ms_memory_record_([0-9]+)\.txt$")
 _RANK_DIR = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 _NPU = re.compile(r"^NPU:([0-9]+)$")
+CPU_DEVICE = "cpu"
+TRACKER_LAYOUT = "memory tracker memory_block.csv"
 
 
 # ---- detection ---------------------------------------------------------------------------------
@@ -96,17 +114,30 @@ def _header_is(path: Path, schema: str) -> bool:
     return any(header == cols for cols in load_schema(schema)["x-memgate-headers"].values())
 
 
+def _header_starts(path: Path, first: list[str]) -> bool:
+    try:
+        return read_header(path)[:len(first)] == first
+    except (MemgateError, OSError):
+        return False
+
+
 def output_dir(profile_dir: Path) -> Path:
     inner = profile_dir / OUTPUT_DIR
     return inner if inner.is_dir() else profile_dir
 
 
 def claims(path: Path) -> bool:
-    """A ``*_ascend_ms`` dir, a dir whose memory_record.csv has the MindSpore header, or a tracker file."""
+    """A ``*_ascend_ms`` dir, a dir whose memory_record.csv has the MindSpore header or whose FRAMEWORK/ holds a
+    cpu_ms_memory_record (a renamed one), or a tracker file."""
     try:
         if path.is_dir():
             if path.name.endswith(DIR_SUFFIX):
                 return True
+            framework = path / FRAMEWORK_DIR
+            if framework.is_dir() and any(
+                    _CPU_RECORD.match(f.name) and _header_is(f, "mindspore.cpu_ms_memory_record")
+                    for f in framework.iterdir()):
+                return True  # a renamed *_ascend_ms folder: only MindSpore writes cpu_ms_memory_record
             record = output_dir(path) / "memory_record.csv"
             return record.is_file() and _header_is(record, "mindspore.memory_record")
         if not path.is_file():
@@ -114,7 +145,8 @@ def claims(path: Path) -> bool:
         if _TRACKER_OP.match(path.name):
             return _header_is(path, "mindspore.tracker_operator_memory")
         if path.name == "memory_block.csv":
-            return _header_is(path, "mindspore.memory_block")
+            # the tracker's first two columns: a header that then lacks or adds one is named column by column
+            return _header_starts(path, ["start_time_stamp", "end_time_stamp"])
         if m := _CPU_RECORD.match(path.name):
             # Standalone only: next to operator_memory_{rank}.csv it belongs to that profile.
             return not (path.parent / f"operator_memory_{m.group(1)}.csv").exists() and _header_is(
@@ -222,17 +254,44 @@ def _load_dir(profile_dir: Path) -> Profile:
             steps, steps_source = numbered, str(trace_time)
 
     rank = rank_of(profile_dir, info, cpu_record)
+    cpu = cpu_target(profile_dir, info) and not parts.physical and parts.rank_label is None
     device = DeviceModel(
-        device=parts.device(rank),
+        device=CPU_DEVICE if cpu else parts.device(rank),
         series=parts.series,
         blocks=parts.blocks,
         blocks_source=parts.blocks_source,
         sum_components={FRAMEWORK_SERIES: (MS_COMPONENT, "GE")} if FRAMEWORK_SERIES in parts.series else {},
     )
-    metadata = _metadata(info, profile_dir)
+    metadata = _metadata(info, profile_dir, parts, cpu)
     metadata["cross_file"] = cross_file_facts([device], profile_dir, steps, steps_source)
     return Profile(path=str(profile_dir), format=FORMAT, rank=rank, devices=(device,), steps=steps,
                    steps_source=steps_source, metadata=metadata)
+
+
+# Files only an Ascend (or GPU) run leaves in a profile: MindSpore on the CPU target writes none of them.
+_DEVICE_FILES = ("memory_record.csv", "operator_memory.csv", "npu_module_mem.csv", "static_op_mem.csv",
+                 "kernel_details.csv", "step_trace_time.csv")
+
+
+def cpu_target(profile_dir: Path, info: dict[str, Any]) -> bool:
+    """Was this profile recorded on MindSpore's CPU target (``ms.set_device("CPU")``)?
+
+    There the profiler writes FRAMEWORK/ (``cpu_ms_memory_record_{rank}.txt`` holds the CPU pool) and a
+    trace_view.json without memory counters, in a folder still named ``*_ascend_ms``; it writes no
+    profiler_info, no ``PROF_*`` (CANN) folder, no .db and none of :data:`_DEVICE_FILES`.
+    """
+    if info:
+        return False
+    out = output_dir(profile_dir)
+    for folder in {profile_dir, out}:
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            name = entry.name
+            if (name.startswith("PROF_") and entry.is_dir()) or name.endswith(".db") or name in _DEVICE_FILES \
+                    or name.startswith("profiler_info") or _TRACKER_OP.match(name):
+                return False
+    return True
 
 
 def _find_cpu_record(profile_dir: Path) -> Path | None:
@@ -436,15 +495,30 @@ def _load_tracker_dump(path: Path) -> Profile:
     record = path.parent / f"cpu_ms_memory_record_{m.group(1)}.txt"
     if record.exists():
         series[MS_COMPONENT] = Series(MS_COMPONENT, read_cpu_memory_record(record), str(record))
-    device = DeviceModel(device=f"npu:{rank}", series=series, blocks=blocks, blocks_source=blocks_source)
-    return Profile(path=str(path), format=FORMAT, rank=rank, devices=(device,),
-                   metadata={"layout": "memory tracker profiling dump (operator_memory_{rank}.csv)",
-                             "cross_file": cross_file_facts([device], path)})
+    # A FRAMEWORK/cpu_ms_memory_record_{rank}.txt alone (its profile folder renamed, so not claimed as
+    # one): the folder around FRAMEWORK says whether it is the CPU target's pool.
+    cpu = (blocks_source is None and path.parent.name == FRAMEWORK_DIR
+           and cpu_target(path.parent.parent, read_profiler_info(path.parent.parent)))
+    device = DeviceModel(device=CPU_DEVICE if cpu else f"npu:{rank}", series=series, blocks=blocks,
+                         blocks_source=blocks_source)
+    metadata: dict[str, Any] = {
+        "layout": ("MindSpore profiler FRAMEWORK/cpu_ms_memory_record_{rank}.txt (CPU target)" if cpu
+                   else "memory tracker profiling dump (operator_memory_{rank}.csv)"),
+        "cross_file": cross_file_facts([device], path)}
+    if cpu:
+        metadata.update(_cpu_facts())
+    return Profile(path=str(path), format=FORMAT, rank=rank, devices=(device,), metadata=metadata)
 
 
 def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
     """Blocks of ``memory_block.csv`` on the tracker's logical clock, and facts about the file."""
-    table = read_csv(path, load_schema("mindspore.memory_block"))
+    schema = load_schema("mindspore.memory_block")
+    if _header_alone(path):
+        variant, _ = match_header(path, read_header(path), schema)
+        return empty_blocks(), {"clock": "logical: the memory tracker's event counter, not time (no steps)",
+                                "in_side_somas_rows_dropped": 0, "tracker_actual_peak_bytes": None,
+                                "header": variant, "header_only": True}
+    table = read_csv(path, schema)
     start = table.ints("start_time_stamp")
     end = table.ints("end_time_stamp")
     inside = (start < 0).to_numpy(dtype=bool)  # InSideSomas: a slice of a Somas block, counted there
@@ -455,6 +529,7 @@ def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
         raise InputError("a block ends before it starts", file=path, line=table.line_of(row), column="end_time_stamp",
                          expected=f"a counter >= start_time_stamp {start.iloc[row]} (or {NEVER_FREED} if never freed)",
                          found=str(end.iloc[row]))
+    pool = convert.text(table.column("pool_type"))
     node = convert.text(table.column("node_name"))
     task = convert.text(table.column("task_name"))
     stack = convert.text(table.column("python_stack"))
@@ -469,17 +544,34 @@ def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
             "op": node.fillna(task),
             "stream": convert.text(table.column("stream_id")),
             "owner": stack.fillna(where),
-            "component": pd.Series(MS_COMPONENT, index=range(table.num_rows), dtype="string"),
+            "component": pool.fillna(MS_COMPONENT),
             "alloc_total": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
     )
-    peaks = table.ints("actual_peak_memory").dropna()
+    peaks = table.ints("actual_peak_memory")[~inside].dropna()
     facts: dict[str, Any] = {
         "clock": "logical: the memory tracker's event counter, not time (no steps)",
         "in_side_somas_rows_dropped": int(inside.sum()),
         "tracker_actual_peak_bytes": int(peaks.max()) if len(peaks) else None,
+        "header": table.variant,
     }
+    if table.has("actual_used_memory"):
+        used = table.ints("actual_used_memory")[~inside].dropna()
+        facts["tracker_used_peak_bytes"] = int(used.max()) if len(used) else None
+    if table.has("is_persistent"):
+        persistent = table.ints("is_persistent")[~inside].fillna(0).to_numpy(dtype=np.int64) == 1
+        facts["persistent_blocks"] = int(persistent.sum())
+    pools = sorted(str(p) for p in pool[~inside].dropna().unique())
+    if pools:
+        facts["pools"] = pools
     return typed_blocks(blocks).take(~inside), facts
+
+
+def _header_alone(path: Path) -> bool:
+    """Does the file hold its header line (ended by a line break) and nothing else?"""
+    with open(path, "rb") as fh:
+        first = fh.readline(1 << 16)
+        return first.endswith(b"\n") and fh.read(1) == b""
 
 
 def _load_memory_block(path: Path) -> Profile:
@@ -489,9 +581,21 @@ def _load_memory_block(path: Path) -> Profile:
         if m := _RANK_DIR.search(part):
             rank = str(int(m.group(1)))
             break
-    device = DeviceModel(device=f"npu:{rank}", blocks=blocks, blocks_source=str(path))
-    return Profile(path=str(path), format=FORMAT, rank=rank, devices=(device,),
-                   metadata={"layout": "memory tracker memory_block.csv", **facts})
+    metadata: dict[str, Any] = {"layout": TRACKER_LAYOUT, **facts}
+    if len(blocks) or facts["in_side_somas_rows_dropped"]:
+        pools = " ".join(facts.get("pools", ())).lower()
+        device = f"cuda:{rank}" if "gpu" in pools and "ascend" not in pools else f"npu:{rank}"
+    else:
+        # The header alone: the tracker writes every block except the CPU pool's, so the run's memory was
+        # all in MindSpore's CPU pool (a CPU-target run), which this file cannot show.
+        device = CPU_DEVICE
+        metadata.update(_cpu_facts())
+        from memgate.metrics import METRIC_KEYS  # the metrics this file cannot give, named one by one
+
+        why = hints.mindspore_tracker_cpu_pool()
+        metadata["not_measurable"] = {key: why for key in METRIC_KEYS}
+    model = DeviceModel(device=device, blocks=blocks, blocks_source=str(path))
+    return Profile(path=str(path), format=FORMAT, rank=rank, devices=(model,), metadata=metadata)
 
 
 # ---- rank and metadata -----------------------------------------------------------------------------
@@ -510,13 +614,34 @@ def rank_of(profile_dir: Path, info: dict[str, Any], cpu_record: Path | None) ->
     return "0"
 
 
-def _metadata(info: dict[str, Any], profile_dir: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = {"units": "memory_record MB = KB/1000 (bytes = MB x 1024000)"}
+def _cpu_facts() -> dict[str, Any]:
+    """What a CPU-target profile is: its ``target`` (read by the hints) and a note for the reader."""
+    return {"target": "CPU",
+            "notes": [("MindSpore CPU target: the memory is MindSpore's CPU memory pool (host memory), labelled cpu; "
+                       "MindSpore writes no step marker on this target")]}
+
+
+def _metadata(info: dict[str, Any], profile_dir: Path, parts: _Parts, cpu: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    sources = {Path(s.source).name for s in parts.series.values()}
+    units = []
+    if "memory_record.csv" in sources:
+        units.append("memory_record MB = KB/1000 (bytes = MB x 1024000)")
+    if "npu_module_mem.csv" in sources:
+        units.append("npu_module_mem KB (bytes = KB x 1024)")
+    if parts.blocks_source is not None and Path(parts.blocks_source).name == "operator_memory.csv":
+        units.append("operator_memory Size KB = bytes/1024, totals MB = bytes/1024^2")
+    if any(_CPU_RECORD.match(name) for name in sources):
+        units.append("cpu_ms_memory_record bytes and ns")
+    if units:
+        meta["units"] = "; ".join(units)
+    if cpu:
+        meta.update(_cpu_facts())
     for key in ("ms_version", "mindspore_version", "cann_version", "rank_id"):
         if key in info and isinstance(info[key], (str, int, float)):
             meta[key] = info[key]
     if notes := rank_notes(profile_dir, info):
-        meta["notes"] = notes
+        meta["notes"] = [*meta.get("notes", []), *notes]
     return meta
 
 

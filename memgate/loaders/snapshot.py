@@ -38,7 +38,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from itertools import chain, compress, islice, repeat
+from itertools import chain, compress, repeat
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)$")  # also read by RE2 (Arrow), 
 # Metrics that need the allocation history (peaks, growth of reserved or per step, leaks, the peak's
 # holders): not measurable from a snapshot without one. A one-sample series would otherwise read as
 # a peak, and as "reserved never grew" (external_fragmentation 0).
-HISTORY_METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation",
+HISTORY_METRICS = ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation",
                    "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "top_at_peak")
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free", "segment_map",
@@ -207,6 +207,9 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profil
     settings = block_sizes.Settings.of(snapshot.get("allocator_settings"))
     if any(isinstance(s, dict) and s.get("is_expandable") is True for s in snapshot["segments"]):
         settings = replace(settings, expandable=True)
+    if ((segments.size % block_sizes.MIN_BLOCK) != 0).any():  # no caching allocator hands out such blocks
+        settings = replace(settings, caching=False)
+    size_basis = SIZE_BASIS if settings.caching else "requested"
     devices = sorted({int(d) for d in segments.seg_device} | {p.device for p in parsed if p.n})
     if not devices:
         devices = list(range(len(traces)))
@@ -239,7 +242,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profil
     metadata: dict[str, Any] = {
         "era": era,
         "time_base": {"time_us": "time_us", "none": "none"}.get(time_base, "trace_index"),
-        "size_basis": SIZE_BASIS,
+        "size_basis": size_basis,
         "devices": notes,
     }
     raw_settings = snapshot.get("allocator_settings")
@@ -559,7 +562,13 @@ def _device_model(
         facts["blocks_at_rounded_size"] = (f"{replay.unplaced} allocation(s) could not be placed in the replayed "
                                            "segment layout: counted at their rounded size, which may be below "
                                            "the block the allocator handed out")
-    for column, start in (("active", start_active), ("reserved", start_reserved)):
+    if start_reserved < 0:  # segments mapped in the trace that the final segments never held
+        raise InputError("the trace maps more segment memory than the final segments hold", file=path,
+                         column=f"device_traces[{trace.device}]",
+                         expected="segment_alloc/segment_map sizes that the final segments (minus frees and unmaps) "
+                                  "account for",
+                         found=f"reserved {start_reserved} bytes (below zero) at the window's start")
+    for column, start in (("active", start_active),):
         if start < 0:  # the trace moves more than the final state holds: the file is inconsistent
             series[column] = Ints.absent(len(series["t_ns"]))
             facts[f"{column}_unavailable"] = (f"the trace changes {column} by more than the final segments hold "
@@ -569,7 +578,8 @@ def _device_model(
         series={COMPONENT: Series(COMPONENT, Table(series), str(path))},
         blocks=blocks,
         blocks_source=str(path),
-        dump_state=_pool_state(segs, mine, segs.seg_device == dev, path),
+        dump_state=_pool_state(segs, mine, segs.seg_device == dev, path,
+                               SIZE_BASIS if settings.caching else "requested"),
         requested_peak=requested_peak if trace.n else None,
     )
     return model, facts
@@ -624,7 +634,8 @@ def _repeated(path: Path, trace: _Trace, k: int) -> InputError:
                            expected="allocs and frees of one address in turn (torch's caching allocator)")
 
 
-def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, path: Path) -> PoolState:
+def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, path: Path,
+                size_basis: str = SIZE_BASIS) -> PoolState:
     """The device's pool at the dump, from the final segments alone (so with or without history).
 
     ``allocated`` sums the ``active_allocated`` blocks' sizes, as ``torch.cuda.memory_allocated()`` does:
@@ -638,7 +649,7 @@ def _pool_state(segs: _Segments, mine: np.ndarray, mine_segments: np.ndarray, pa
         reserved=int(segs.seg_total[mine_segments].sum()),
         largest_free_block=int(free.max()) if len(free) else 0,
         free_bytes=int(free.sum()),
-        size_basis=SIZE_BASIS,
+        size_basis=size_basis,
         source=str(path),
     )
 
@@ -810,6 +821,7 @@ def _steps(path: Path, ann: dict[str, pa.Array | None], t_first: int) -> tuple[T
     times = _ints(ann["time_us"], len(names)) * 1000
     starts: dict[int, int] = {}
     ends: dict[int, int] = {}
+    end_at: dict[int, int] = {}
     for i, (digits, stage, t) in enumerate(zip(pc.struct_field(number, "n").to_pylist(), stages.to_pylist(),
                                                times.tolist())):
         if digits is None:
@@ -817,8 +829,15 @@ def _steps(path: Path, ann: dict[str, pa.Array | None], t_first: int) -> tuple[T
         n = step_number(digits, path, f"external_annotations[{i}].name")
         if stage == "START":
             starts[n] = min(t, starts.get(n, t))
-        elif stage == "END":
-            ends[n] = max(t, ends.get(n, t))
+        elif stage == "END" and t >= ends.get(n, t):
+            ends[n] = t
+            end_at[n] = i
+    for n, end in ends.items():
+        if n in starts and end < starts[n]:  # a step cannot end before it starts
+            raise InputError(f"ProfilerStep#{n} ends before it starts", file=path,
+                             column=f"external_annotations[{end_at[n]}].time_us",
+                             expected=f"an END at or after its START ({starts[n] // 1000} us)",
+                             found=f"{end // 1000} us")
     if not starts and not ends:
         return _optimizer_steps(names.to_pylist(), stages.to_pylist(), times.tolist(), t_first)
     steps = sorted(starts.keys() | ends.keys())
@@ -853,13 +872,16 @@ def _is_npu(snapshot: dict[str, Any]) -> bool:
     heads = [[e for e in t[:_SCAN_ENTRIES] if isinstance(e, dict)] for t in traces]
     if any(e.get("action") == "workspace_snapshot" for head in heads for e in head):
         return True
+    # The frames: the segments' first, then every entry of every trace, until _SCAN_VISITS frames were
+    # read (a torch_npu frame may first show past the first thousand entries, or deep in the segments).
     return _has_npu_frames(chain(
-        (e.get("frames") for head in heads for e in head),
-        islice(_segment_frames(snapshot.get("segments")), _SCAN_ENTRIES)))
+        _segment_frames(snapshot.get("segments")),
+        (e.get("frames") for t in traces for e in t if isinstance(e, dict))))
 
 
-_SCAN_ENTRIES = 1000  # per trace, and blocks and segments in all: torch_npu's frames are in every stack
-_SCAN_FRAMES = 20_000  # distinct frame dicts read at most (torch shares them among entries)
+_SCAN_ENTRIES = 1000  # per trace: workspace entries are inserted at the front
+_SCAN_FRAMES = 20_000  # distinct file names looked at most
+_SCAN_VISITS = 2_000_000  # frame dicts read at most (a fraction of a second), shared ones counted once
 # A path component exactly ``torch_npu`` followed by a separator (POSIX or Windows): a file inside the
 # package (…/site-packages/torch_npu/npu/memory.py) or its sources (…/torch_npu/csrc/…), not a
 # user's ``torch_npu_helper/`` nor a ``torch_npu.py`` script.
@@ -888,6 +910,7 @@ def _has_npu_frames(stacks: Any) -> bool:
     """
     seen_lists: set[int] = set()
     seen: set[int] = set()
+    names: set[str] = set()  # frames not shared by identity (a re-pickled file) still share their file names
     for frames in stacks:
         if not isinstance(frames, (list, tuple)) or id(frames) in seen_lists:
             continue
@@ -897,9 +920,11 @@ def _has_npu_frames(stacks: Any) -> bool:
                 continue
             seen.add(id(frame))
             filename = frame.get("filename") if isinstance(frame, dict) else None
-            if isinstance(filename, str) and "torch_npu" in filename and _NPU_PATH.search(filename):
-                return True
-            if len(seen) >= _SCAN_FRAMES:
+            if isinstance(filename, str) and filename not in names:
+                names.add(filename)
+                if "torch_npu" in filename and _NPU_PATH.search(filename):
+                    return True
+            if len(names) >= _SCAN_FRAMES or len(seen) >= _SCAN_VISITS:
                 return False
     return False
 
