@@ -114,76 +114,103 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     """Build a Budget from a budget-file entry or marker keywords, validating every value.
 
     ``extra_keys``: keys the caller handles itself (a marker's ``profile``): accepted, ignored here.
-    Errors are :class:`BudgetKeyError` naming ``origin`` and the offending key.
+    Errors are :class:`BudgetKeyError` naming ``origin`` and the offending key: every problem of
+    ``raw`` is found, the first raised with the others in its ``also``.
     """
+    problems: list[BudgetKeyError] = []
     known = BUDGET_KEYS | set(extra_keys)
     unknown = sorted(set(raw) - known)
     if unknown:
         guessed = all(closest_key(k, known) for k in unknown)  # "did you mean" says it; else list them all
-        raise BudgetKeyError(unknown_keys_message(unknown, known), key=unknown[0], file=origin,
-                             expected=None if guessed else "one of " + ", ".join(sorted(known)))
+        problems.append(BudgetKeyError(unknown_keys_message(unknown, known), key=unknown[0], file=origin,
+                                       expected=None if guessed else "one of " + ", ".join(sorted(known))))
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name:
-        raise BudgetKeyError("a budget needs a non-empty 'name'", key="name", file=origin)
+        problems.append(BudgetKeyError("a budget needs a non-empty 'name'", key="name", file=origin))
+        name = "budget"
     limits: dict[str, int | float] = {}
     shares: dict[str, float] = {}
     for key, (_, kind) in LIMITS.items():
         if key not in raw:
             continue
         value = raw[key]
-        if kind == "size":
-            share = _parse_share_in(origin, value, f"{name}.{key}", key)
-            if share is not None:
-                shares[key] = share
+        try:
+            if kind == "size":
+                share = _parse_share_in(origin, value, f"{name}.{key}", key)
+                if share is not None:
+                    shares[key] = share
+                else:
+                    limits[key] = _parse_size_in(origin, value, f"{name}.{key}", key)
             else:
-                limits[key] = _parse_size_in(origin, value, f"{name}.{key}", key)
-        else:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
-                                     expected="a ratio between 0 and 1")
-            limits[key] = float(value)
-    caps_raw = raw.get("op_caps", {})
-    if not isinstance(caps_raw, dict):
-        raise BudgetKeyError(f"invalid {name}.op_caps", key="op_caps", file=origin,
-                             expected="a table of op-name glob = size")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                    raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
+                                         expected="a ratio between 0 and 1")
+                limits[key] = float(value)
+        except BudgetKeyError as exc:
+            problems.append(exc)
     caps: dict[str, int] = {}
     owner_caps: dict[str, int] = {}
     for cap_key, parsed in (("op_caps", caps), ("owner_caps", owner_caps)):
         table = raw.get(cap_key, {})
         if not isinstance(table, dict):
-            raise BudgetKeyError(f"invalid {name}.{cap_key}", key=cap_key, file=origin,
-                                 expected=f"a table of {'op-name' if cap_key == 'op_caps' else 'owner'} glob = size")
+            problems.append(BudgetKeyError(
+                f"invalid {name}.{cap_key}", key=cap_key, file=origin,
+                expected=f"a table of {'op-name' if cap_key == 'op_caps' else 'owner'} glob = size"))
+            continue
         for glob, size in table.items():
             what = f"{name}.{cap_key}[{glob!r}]"
-            share = _parse_share_in(origin, size, what, cap_key)
-            if share is not None:
-                shares[f"{cap_key}[{glob}]"] = share
-                parsed[str(glob)] = 0
-            else:
-                parsed[str(glob)] = _parse_size_in(origin, size, what, cap_key)
+            try:
+                share = _parse_share_in(origin, size, what, cap_key)
+                if share is not None:
+                    shares[f"{cap_key}[{glob}]"] = share
+                    parsed[str(glob)] = 0
+                else:
+                    parsed[str(glob)] = _parse_size_in(origin, size, what, cap_key)
+            except BudgetKeyError as exc:
+                problems.append(exc)
     imbalance_raw = raw.get(CROSS_RANK, {})
     if not isinstance(imbalance_raw, dict):
-        raise BudgetKeyError(f"invalid {name}.{CROSS_RANK}", key=CROSS_RANK, file=origin,
-                             expected="a table of metric = ratio, e.g. { peak_allocated = 0.05 }")
+        problems.append(BudgetKeyError(f"invalid {name}.{CROSS_RANK}", key=CROSS_RANK, file=origin,
+                                       expected="a table of metric = ratio, e.g. { peak_allocated = 0.05 }"))
+        imbalance_raw = {}
     imbalance: dict[str, float] = {}
     for metric, ratio in imbalance_raw.items():
         if metric not in LIMITS:
-            raise BudgetKeyError(f"invalid {name}.{CROSS_RANK}: {unknown_keys_message([metric], LIMITS, 'metric')}",
-                                 key=CROSS_RANK, file=origin, expected="one of " + ", ".join(LIMITS))
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-            raise BudgetKeyError(f"invalid {name}.{CROSS_RANK}[{metric!r}] {ratio!r}", key=CROSS_RANK, file=origin,
-                                 expected="a ratio between 0 and 1 (1 - min/max over the ranks)")
-        imbalance[metric] = float(ratio)
-    capacity = (_parse_size_in(origin, raw["device_capacity"], f"{name}.device_capacity", "device_capacity")
-                if "device_capacity" in raw else None)
-    warmup = _steps_count(raw, "warmup_steps", name, origin, default=1, least=0)
-    horizon = _steps_count(raw, "leak_horizon_steps", name, origin, default=default_leak_horizon, least=1)
+            problems.append(BudgetKeyError(
+                f"invalid {name}.{CROSS_RANK}: {unknown_keys_message([metric], LIMITS, 'metric')}",
+                key=CROSS_RANK, file=origin, expected="one of " + ", ".join(LIMITS)))
+        elif isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            problems.append(BudgetKeyError(
+                f"invalid {name}.{CROSS_RANK}[{metric!r}] {ratio!r}", key=CROSS_RANK, file=origin,
+                expected="a ratio between 0 and 1 (1 - min/max over the ranks)"))
+        else:
+            imbalance[metric] = float(ratio)
+    capacity = None
+    warmup, horizon = 1, default_leak_horizon
+    try:
+        capacity = (_parse_size_in(origin, raw["device_capacity"], f"{name}.device_capacity", "device_capacity")
+                    if "device_capacity" in raw else None)
+    except BudgetKeyError as exc:
+        problems.append(exc)
+    try:
+        warmup = _steps_count(raw, "warmup_steps", name, origin, default=1, least=0)
+    except BudgetKeyError as exc:
+        problems.append(exc)
+    try:
+        horizon = _steps_count(raw, "leak_horizon_steps", name, origin, default=default_leak_horizon, least=1)
+    except BudgetKeyError as exc:
+        problems.append(exc)
     for key in ("ranks", "devices", "component"):
         if key in raw and not isinstance(raw[key], str):
-            raise BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin, expected="a string")
-    if not limits and not caps and not shares and not owner_caps and not imbalance:
-        raise BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
-                             expected="at least one of " + ", ".join([*LIMITS, "op_caps", "owner_caps", CROSS_RANK]))
+            problems.append(BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin,
+                                           expected="a string"))
+    # Said of an entry that is otherwise valid: with another error, a limit may be what is misspelled.
+    if not limits and not caps and not shares and not owner_caps and not imbalance and not problems:
+        problems.append(BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
+                                       expected="at least one of " + ", ".join([*LIMITS, "op_caps", "owner_caps", CROSS_RANK])))
+    if problems:
+        problems[0].also = tuple(problems[1:])
+        raise problems[0]
     return Budget(
         name=name,
         limits=limits,
@@ -247,6 +274,8 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
         return locate(path) if locate is not None else None
 
     entries = table.get("budgets", []) if isinstance(table.get("budgets"), list) else []
+    # Every error of the file is found (key path, error), then all are raised at once in file order.
+    found: list[tuple[tuple[str | int, ...], ConfigError]] = []
     # Sizes first: parse_size's message lists the accepted units, the schema's regex would not.
     for index, raw in enumerate(entries):
         if not isinstance(raw, dict):
@@ -264,13 +293,15 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
                 if keys[0] == "device_capacity" or parse_share(value, what=what) is None:
                     parse_size(value, what=what)
             except ConfigError as exc:
-                raise BudgetKeyError(exc.message, key=str(keys[0]), file=origin, line=line("budgets", index, *keys),
-                                     expected=exc.expected, found=exc.found) from None
+                found.append((("budgets", index, *keys), BudgetKeyError(
+                    exc.message, key=str(keys[0]), file=origin, line=line("budgets", index, *keys),
+                    expected=exc.expected, found=exc.found)))
     import jsonschema  # here, not at the top: a budget file is the only thing it checks (~40 ms to import)
 
     validator = jsonschema.Draft202012Validator(load_schema("budgets"))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(table))
-    if error is not None:
+    sized = {path for path, _ in found}
+    for error in validator.iter_errors(table):
+        error = jsonschema.exceptions.best_match([error]) or error  # into a oneOf's alternatives, as before
         path = list(error.absolute_path)
         message = error.message
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
@@ -279,22 +310,44 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
             if extra:
                 path.append(extra[0])
                 message = unknown_keys_message(extra, allowed, "key" if len(path) == 1 else "budget key")
+        elif error.validator == "required" and isinstance(error.instance, dict):
+            path += [k for k in error.validator_value if k not in error.instance][:1]  # the key it lacks
+        if tuple(path) in sized:
+            continue  # the size's own message says it, with the accepted units
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ConfigError(f"invalid budget file at {where}: {message}", file=origin, line=line(*path))
+        found.append((tuple(path), ConfigError(f"invalid budget file at {where}: {message}", file=origin,
+                                               line=line(*path))))
+    reported = {path[:3] for path, _ in found}  # ("budgets", index, key): that key already has its error
     budgets = []
-    for index, raw in enumerate(table.get("budgets", [])):
+    for index, raw in enumerate(entries):
+        if not isinstance(raw, dict):
+            continue
         try:
             budgets.append(budget_from_mapping(raw, origin=origin, default_leak_horizon=default_leak_horizon))
         except BudgetKeyError as exc:
-            at = line("budgets", index, exc.key) if exc.key is not None else line("budgets", index)
-            raise BudgetKeyError(exc.message, key=exc.key, file=origin, line=at, expected=exc.expected,
-                                 found=exc.found) from None
-    names = [b.name for b in budgets]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        second = [i for i, n in enumerate(names) if n == duplicates[0]][1]
-        raise ConfigError(f"duplicate budget name(s) {', '.join(map(repr, duplicates))}", file=origin,
-                          line=line("budgets", second, "name"), expected="unique names")
+            for problem in (exc, *exc.also):
+                assert isinstance(problem, BudgetKeyError)
+                at: tuple[str | int, ...] = ("budgets", index) if problem.key is None else ("budgets", index, problem.key)
+                if problem.key is not None and at in reported:
+                    continue
+                found.append((at, BudgetKeyError(problem.message, key=problem.key, file=origin, line=line(*at),
+                                                 expected=problem.expected, found=problem.found)))
+    first_named: dict[str, int] = {}
+    for index, raw in enumerate(entries):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        if not isinstance(name, str) or not name:
+            continue
+        if name not in first_named:
+            first_named[name] = index
+            continue
+        first = line("budgets", first_named[name], "name")
+        found.append((("budgets", index, "name"), ConfigError(
+            f"duplicate budget name(s) {name!r}", file=origin, line=line("budgets", index, "name"),
+            expected="unique names" + (f" (also at line {first})" if first is not None else ""))))
+    if found:
+        errors = sorted((error for _, error in found), key=lambda e: (e.line is None, e.line or 0))  # stable
+        errors[0].also = tuple(errors[1:])
+        raise errors[0]
     lines: dict[str, dict[str, int]] = {}
     for index, (budget, raw) in enumerate(zip(budgets, table.get("budgets", []))):
         declared = {"": line("budgets", index)}
@@ -364,19 +417,44 @@ class Outcome:
     holders: tuple[dict[str, Any], ...]  # the largest live blocks at the peak of the worst device
     where: str  # the series and file the value came from
     share: float | None = None  # the limit as a share of the device's capacity, where written so
+    live_count: int | None = None  # blocks live at the peak (holders keeps only the largest)
 
     def detail(self, top: int = 5) -> str:
-        """The section under the failure line: top ``top`` holders at the peak, then the source."""
+        """The section under the failure line: ``top`` lines of holders at the peak (identical holders
+        grouped, :func:`holder_groups`), then the source."""
         lines = []
         if self.holders:
-            lines.append(f"top {min(top, len(self.holders))} of {len(self.holders)} live blocks at the peak ({self.device}):")
-            for block in self.holders[:top]:
+            groups = holder_groups(self.holders)[:top]
+            shown = sum(len(g) for g in groups)
+            live = max(self.live_count or 0, len(self.holders))
+            lines.append(f"top {shown} of {live} live blocks at the peak ({self.device}):")
+            for group in groups:
+                block = group[0]
                 what = block.get("op") or block.get("owner") or "(no op)"
+                owner = f"  owner {block['owner']}" if block.get("op") and block.get("owner") else ""
                 stream = f"  stream {block['stream']}" if block.get("stream") else ""
-                lines.append(f"  {format_size(block['size']):>12}  {what}{stream}")
+                sizes = [int(b["size"]) for b in group]
+                if len(group) == 1:
+                    amount = f"{format_size(sizes[0]):>12}"
+                elif len(set(sizes)) == 1:
+                    amount = f"{len(group)} × {format_size(sizes[0])} = {format_size(sum(sizes))}"
+                else:
+                    amount = f"{len(group)} blocks = {format_size(sum(sizes))} (largest {format_size(max(sizes))})"
+                lines.append(f"  {amount}  {what}{owner}{stream}")
                 if block.get("stack"):  # the Python functions running at the allocation, innermost first
                     lines.append(f"  {'':>12}  in {' <- '.join(str(f) for f in block['stack'])}")
         return "\n".join([*map(printable, lines), self.where])  # one line each, whatever a name holds
+
+
+def holder_groups(holders: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The holders at the peak grouped by what they are (op, owner, stack, stream), the group holding
+    the most bytes first (equal totals: the one with the larger block, as ``holders`` lists them, first):
+    one line per group instead of identical lines."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for block in holders:
+        key = (block.get("op"), block.get("owner"), tuple(str(f) for f in block.get("stack") or ()), block.get("stream"))
+        groups.setdefault(key, []).append(block)
+    return sorted(groups.values(), key=lambda g: -sum(int(b["size"]) for b in g))  # stable: ties keep their order
 
 
 class MetricStore(Protocol):
@@ -532,6 +610,7 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         holders=tuple(worst.values.get("top_at_peak") or ()),
         where=source_lines(worst, profile),
         share=budget.shares.get(metric),
+        live_count=worst.values.get("live_at_peak_count"),
     )
 
 

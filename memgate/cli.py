@@ -122,9 +122,13 @@ def _diff_options(p: argparse.ArgumentParser) -> None:
 def _suggest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=RUN_HELP)
     p.add_argument("--headroom", default="10%", metavar="PCT",
-                   help="added to every measured value (default 10%%); sizes are rounded up and never below 1 MiB, "
-                        "ratios never below 0.010 nor at 1 or more (a limit that cannot fail is left out)")
+                   help="added to every measured value (default 10%%); sizes are rounded up, peaks and caps never "
+                        "below 1 MiB, ratios never below 0.010 nor at 1 or more (a limit that cannot fail is left out); "
+                        "growth and leak limits come from the cleanest profile, a measured 0 B stays 0 B")
     p.add_argument("--name", default="default", metavar="NAME", help="budget name (default 'default')")
+    p.add_argument("--form", choices=("pyproject", "toml", "marker"), default="pyproject",
+                   help="pyproject: a [tool.memgate] block (default); toml: a memgate.toml; marker: "
+                        "@pytest.mark.memgate(...) lines, one per marked test of a saved run or report")
 
 
 # Each command: its one-line help and what adds its arguments (after the loading options).
@@ -134,7 +138,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "validate": ("validate every profile file under PATH against its schema", _validate_options),
     "report": ("write the self-contained HTML report and/or a PNG/SVG of the curves", _report_options),
     "diff": ("metric and per-operator deltas between two runs (profiles, JSON reports or baselines)", _diff_options),
-    "suggest": ("print a [tool.memgate] budget block from the measured values plus headroom", _suggest_options),
+    "suggest": ("print budgets (pyproject, memgate.toml or markers) from the measured values plus headroom",
+                _suggest_options),
 }
 
 
@@ -160,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "report": _report}
         return commands[args.command](args)
     except MemgateError as exc:
-        print(f"memgate: error: {exc.one_line()}", file=sys.stderr)
+        for line in exc.lines():  # one error; or a budget file's every error, in file order
+            print(f"memgate: error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
@@ -373,7 +379,7 @@ def _suggest(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage such as 10%") from None
     if headroom < 0:
         raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage >= 0")
-    print(suggest_toml(_entries_of(args, args.path), headroom, name=args.name), end="")
+    print(suggest_toml(_entries_of(args, args.path), headroom, name=args.name, form=args.form), end="")
     return EXIT_OK
 
 

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
 
 class MemgateError(Exception):
-    """Base class: bad input, bad configuration, or a metric that cannot be measured."""
+    """Base class: bad input, bad configuration, or a metric that cannot be measured.
+
+    ``also``: the further errors of the same input, in file order, when one check finds several (a
+    budget file's): this error is the first; :meth:`lines` gives every one-line message."""
+
+    also: tuple[MemgateError, ...] = ()
 
     def __init__(
         self,
@@ -63,6 +68,10 @@ class MemgateError(Exception):
         if self.found is not None:
             text += f", found {_clip(self.found)}"
         return printable(text.replace("\n", " "))
+
+    def lines(self) -> list[str]:
+        """The one-line message of this error and of each in :attr:`also`, in order."""
+        return [self.one_line(), *(e.one_line() for e in self.also)]
 
 
 class InputError(MemgateError):

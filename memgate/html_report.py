@@ -674,12 +674,15 @@ def _pools_table(device_entry: dict[str, Any]) -> str:
                       "reserved at its peak from the first sample"), rows, "pools"))
 
 
+HTML_HOLDERS = 10  # rows of the holders table
+
+
 def _holders_table(device_entry: dict[str, Any], t0: int | None) -> str:
     holders = (device_entry.get("metrics", {}) or {}).get("top_at_peak") or []
     if not holders:
         return '<h4>Top holders at the peak</h4><p class="note">no per-block data at the peak</p>'
     rows = []
-    for i, b in enumerate(holders, 1):
+    for i, b in enumerate(holders[:HTML_HOLDERS], 1):  # the report keeps more, for -v in the terminal
         at = "before the window" if b.get("t_alloc") is None else _when(int(b["t_alloc"]), t0)
         rows.append(
             f'<tr><td class="num">{i}</td>{_size_cell(b.get("size"))}<td class="num exact">{_e(b.get("size"))}</td>'

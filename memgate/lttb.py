@@ -33,6 +33,15 @@ def _check(t: npt.ArrayLike, y: npt.ArrayLike, n_out: int) -> tuple[np.ndarray, 
     return t_arr, y_arr
 
 
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of int indices as int64, linear when they are already in order (numpy's
+    ``unique`` hashes or sorts: a second for a million indices that need neither)."""
+    values = np.asarray(values, dtype=np.int64)
+    if len(values) and (values[1:] >= values[:-1]).all():
+        return values[np.r_[True, values[1:] != values[:-1]]]
+    return np.unique(values)
+
+
 def lttb(t: npt.ArrayLike, y: npt.ArrayLike, n_out: int) -> np.ndarray:
     """Indices (sorted, unique, int64) of at most ``n_out`` samples, plus the argmax if LTTB missed it.
 
@@ -69,8 +78,8 @@ def lttb(t: npt.ArrayLike, y: npt.ArrayLike, n_out: int) -> np.ndarray:
         a = lo + int(np.argmax(area))
         kept[i + 1] = a
     if peak not in (0, n - 1) and not np.any(kept == peak):
-        kept = np.append(kept, peak)
-    return np.asarray(np.unique(kept), dtype=np.int64)
+        kept = np.insert(kept, np.searchsorted(kept, peak), peak)  # kept is in order: keep it so
+    return _sorted_unique(kept)
 
 
 def downsample_steps(t: npt.ArrayLike, y: npt.ArrayLike, n_out: int) -> np.ndarray:
@@ -84,8 +93,9 @@ def downsample_steps(t: npt.ArrayLike, y: npt.ArrayLike, n_out: int) -> np.ndarr
     n = len(y_arr)
     if n <= n_out:
         return np.arange(n, dtype=np.int64)
-    changes = np.flatnonzero(y_arr[1:] != y_arr[:-1]) + 1
-    idx = np.unique(np.concatenate(([0], changes, [n - 1]))).astype(np.int64)
+    changes = np.flatnonzero(y_arr[1:] != y_arr[:-1]) + 1  # ascending, each >= 1: no sort needed
+    last = np.array([] if len(changes) and changes[-1] == n - 1 else [n - 1], dtype=np.int64)
+    idx = np.concatenate((np.zeros(1, dtype=np.int64), changes.astype(np.int64), last))
     if len(idx) <= n_out:
         return idx
     return np.asarray(idx[lttb(t_arr[idx], y_arr[idx], n_out)], dtype=np.int64)

@@ -18,6 +18,7 @@ else:  # imported on first use: pytest loads the plugin, and so this module, on 
     np = lazy_module("numpy", globals(), "np")
 
 TOP_N = 10
+TOP_HOLDERS = 50  # blocks kept in top_at_peak: failure details show 5 holder lines, each -v 5 more
 METRIC_KEYS = (
     "peak_allocated_bytes",
     "peak_requested_bytes",
@@ -273,11 +274,15 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
             missing["op_max_block_bytes"] = "no per-block data (operator_memory / allocation events)"
     at_peak = live_rows(blocks, peak_t, block_components(device, name) or ()) if peak_t is not None else None
     values["top_at_peak"] = top_at(blocks, at_peak) if at_peak is not None else []
+    # how many blocks are live at the peak: top_at_peak keeps only the largest TOP_HOLDERS of them
+    values["live_at_peak_count"] = len(at_peak) if at_peak is not None else None
     values["op_bytes_at_peak"] = bytes_at(blocks, at_peak, "op") if at_peak is not None else {}
     values["owner_bytes_at_peak"] = bytes_at(blocks, at_peak, "owner") if at_peak is not None else {}
     # What the loader knows cannot be measured from this file (e.g. a snapshot without history).
     for key, why in (profile.metadata.get("not_measurable") or {}).items():
         values[key] = [] if key == "top_at_peak" else {} if key in _AT_PEAK_DICTS else None
+        if key == "top_at_peak":
+            values["live_at_peak_count"] = None
         missing[key] = str(why)
         pool_of.pop(key, None)
         notes.pop(key, None)
@@ -587,7 +592,7 @@ def bytes_at(blocks: Table, rows: np.ndarray, column: str, n: int = TOP_N) -> di
     return result
 
 
-def top_at(blocks: Table, rows: np.ndarray, n: int = TOP_N) -> list[dict[str, Any]]:
+def top_at(blocks: Table, rows: np.ndarray, n: int = TOP_HOLDERS) -> list[dict[str, Any]]:
     """The ``n`` largest blocks at ``rows`` (:func:`live_rows` at a moment)."""
     if len(rows) == 0:
         return []

@@ -48,6 +48,7 @@ from memgate.compare import (
     baseline_from_entries,
     comparable_key,
     compare_entry,
+    compare_pair,
     diff_entries,
     diff_text,
     load_baseline,
@@ -57,6 +58,7 @@ from memgate.compare import (
 from memgate.discover import Found, discover, load, rank_hint
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, printable
 from memgate.hints import RECORDED_BY_FIXTURE
+from memgate.identity import NO_TIMESTAMP, RAW, stable_name
 from memgate.metrics import MetricOptions
 from memgate.model import Profile
 from memgate.report import (
@@ -156,7 +158,7 @@ class _Settings:
     @property
     def wants_profiles(self) -> bool:
         """Whether the controller needs every profile's metrics (not only the verdicts)."""
-        return self.autosave or self.compare_id is not None or any(
+        return self.autosave or self.compares or any(
             p is not None for p in (self.json_path, self.save_baseline, self.benchmark_json, self.html_path))
 
 
@@ -254,6 +256,53 @@ def _path_setting(config: pytest.Config, dest: str) -> Path | None:
     return base / str(value) if value else None
 
 
+def _refuse_test_path(config: pytest.Config, value: str, path: Path) -> None:
+    """A ConfigError when ``--memgate``'s value names tests, not profiles: ``pytest --memgate
+    test_train.py`` gives the test file to ``--memgate`` (its PATH is optional, so it takes the next
+    argument) and would gate the file as a profile while every test ran."""
+    patterns = [str(p) for p in config.getini("python_files")]
+    if "::" in value:
+        what = "a test node id"
+    elif path.suffix == ".py":
+        what = "a test file" if any(path.match(p) for p in patterns) else "a Python file"
+    elif path.is_dir() and _holds_test_files(config, path, patterns) and not _holds_profiles(path):
+        what = "a directory of tests with no profile"
+    else:
+        return
+    expected = "a profile directory or file"
+    flag = "--memgate"
+    if config.getoption("memgate") is None:  # from the ini file
+        flag = "memgate (ini)"
+    elif f"--memgate={value}" not in config.invocation_params.args:  # `--memgate VALUE`: the trap
+        expected += ("; --memgate takes the next argument as its PATH: write --memgate=PATH "
+                     "(or put the test path first)")
+    raise ConfigError(f"invalid {flag} {value!r}: {what}, not a profile", expected=expected)
+
+
+def _holds_test_files(config: pytest.Config, folder: Path, patterns: list[str], depth: int = 2) -> bool:
+    """Whether pytest would collect a test file in ``folder`` or ``depth`` levels below it (a glance,
+    not a walk of a whole profile tree)."""
+    skip = [str(p) for p in config.getini("norecursedirs")]
+    try:
+        children = sorted(folder.iterdir())
+    except OSError:
+        return False
+    for child in children:
+        if child.is_file() and any(child.match(p) for p in patterns):
+            return True
+    return depth > 0 and any(
+        _holds_test_files(config, child, patterns, depth - 1) for child in children
+        if child.is_dir() and not child.name.startswith(".") and child.name != "__pycache__"
+        and not any(child.match(p) for p in skip))
+
+
+def _holds_profiles(folder: Path) -> bool:
+    try:
+        return bool(discover(folder))
+    except MemgateError:  # none (or unreadable): the normal path reports what is wrong with a real root
+        return False
+
+
 def _read_settings(config: pytest.Config) -> _Settings:
     settings = _Settings()
     horizon, _ = _setting(config, "memgate_leak_horizon_steps")
@@ -276,6 +325,8 @@ def _read_settings(config: pytest.Config) -> _Settings:
                 raise ConfigError("--memgate has no PATH and the budget file sets no 'profiles'")
             assert settings.budget_file.path is not None
             root, base = settings.budget_file.profiles, Path(settings.budget_file.path).parent
+        else:
+            _refuse_test_path(config, str(root), base / root)
         settings.root = base / root
     settings.json_path = _path_setting(config, "memgate_json")
     settings.baseline_path = _path_setting(config, "memgate_baseline")
@@ -316,8 +367,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     try:
         settings = _read_settings(config)
-    except MemgateError as exc:
-        raise pytest.UsageError(f"memgate: {exc.one_line()}") from None
+    except MemgateError as exc:  # a budget file's every error, one a line in file order
+        raise pytest.UsageError("\n".join(f"memgate: {line}" for line in exc.lines())) from None
     config.stash[STATE] = _State(settings)
     if not _is_worker(config):  # side effects on the controller only
         config.pluginmanager.register(_Reporter(config, settings), "memgate-reporter")
@@ -382,15 +433,23 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def _profile_labels(found: list[Found], root: Path) -> list[str]:
-    """Item-id labels: each profile's path from the --memgate root's parent (unique, readable in JUnit)."""
+    """Item-id labels: each profile's path from the --memgate root's parent (unique, readable in JUnit),
+    the run-varying parts of the writers' names starred as pairing stars them (``host_*.*.pt.trace.json``),
+    so a test keeps its id from run to run; profiles whose starred labels clash keep more of their names
+    (the pid, then everything)."""
     base = root.resolve().parent
-    labels = []
+    raw = []
     for entry in found:
         try:
-            labels.append(entry.path.resolve().relative_to(base).as_posix())
+            raw.append(entry.path.resolve().relative_to(base).as_posix())
         except ValueError:
-            labels.append(entry.path.as_posix())
-    return labels
+            raw.append(entry.path.as_posix())
+    labels = ["/".join(stable_name(part) for part in label.split("/")) for label in raw]
+    for level in (NO_TIMESTAMP, RAW):
+        clashing = {label for label in labels if labels.count(label) > 1}
+        labels = ["/".join(stable_name(part, level) for part in r.split("/")) if label in clashing else label
+                  for r, label in zip(raw, labels)]
+    return labels if len(set(labels)) == len(labels) else raw
 
 
 def _declared_at(item: pytest.Item) -> dict[str, Any]:
@@ -705,6 +764,7 @@ def _gate_marked_test(item: pytest.Item, marker: pytest.Mark, budget: Budget) ->
     item.stash[MARKER_OUTCOMES] = rows
     item.stash[MARKER_PROFILES] = []
     failed: list[Outcome] = []
+    regressions: list[tuple[Regression, str]] = []  # --memgate-compare-fail against the test's history
     errors: list[MemgateError] = []
     try:
         if recorder is not None and recorder.memory_events == 0:
@@ -735,12 +795,58 @@ def _gate_marked_test(item: pytest.Item, marker: pytest.Mark, budget: Budget) ->
             entry = profile_entry(cache.info, cache.get())
             entry["metadata"] = {**entry.get("metadata", {}), "test": item.nodeid}
             item.stash[MARKER_PROFILES].append(entry)
-    if failed:
-        detail = "\n".join([o.message for o in failed[1:]] + [f"memgate: error: {e.one_line()}" for e in errors]
-                           + [failed[0].detail(_detail_top(item.config))])
-        raise BudgetExceeded(failed[0].message, detail)
+            if state.settings.rules:
+                regressions.extend(_compared(item, test_history_entry(entry, len(profiles)), errors))
+    if failed or regressions:
+        messages = [o.message for o in failed] + [r.message for r, _ in regressions]
+        first = failed[0].detail(_detail_top(item.config)) if failed else "\n".join(
+            filter(None, [regressions[0][0].detail, f"baseline: {regressions[0][1]}"]))
+        detail = "\n".join(messages[1:] + [f"memgate: error: {e.one_line()}" for e in errors] + [first])
+        raise BudgetExceeded(messages[0], detail)
     if errors:
         raise errors[0]
+
+
+def test_history_entry(entry: dict[str, Any], profiles_of_test: int = 1) -> dict[str, Any]:
+    """A marked test's profile entry as its history keys it: by the test's node id (its recording lives
+    in a temporary folder whose name changes every run); several profiles of one test by their folder too."""
+    meta = entry.get("metadata") or {}
+    test = str(meta.get("test") or entry["path"])
+    path = test if profiles_of_test <= 1 else f"{test}/{Path(str(entry['path'])).name}"
+    return {**entry, "path": path, "metadata": {**meta, "profile_dir": entry["path"]}}
+
+
+def _compared(item: pytest.Item, entry: dict[str, Any], errors: list[MemgateError]) -> list[tuple[Regression, str]]:
+    """``--memgate-compare-fail`` rules judged on a marked test's profile against its saved run or baseline."""
+    state = item.config.stash[STATE]
+    try:
+        baseline, where = state.baseline_for(entry)
+    except MemgateError as exc:
+        errors.append(exc)
+        return []
+    found: list[tuple[Regression, str]] = []
+    for rule in state.settings.rules:
+        why = where
+        # a test is compared with itself only: by its node id, never with another test of the same rank
+        same = [b for b in baseline_entries(baseline) if b.get("path") == entry["path"]] if baseline is not None else []
+        if same:
+            try:
+                regression = compare_pair(same[0], entry, rule)
+            except MemgateError as exc:
+                errors.append(exc)
+                continue
+            if not regression.passed:
+                found.append((regression, where))
+            continue
+        if baseline is not None:  # the test is new since that run
+            why = f"{item.nodeid} is not in {where}"
+        policy = state.settings.missing_policy
+        if policy == "fail":
+            errors.append(ConfigError(f"{why} (--memgate-baseline-missing=fail)"))
+        elif policy == "warn":
+            warnings.warn(pytest.PytestWarning(f"memgate: {why}; nothing compared for {item.nodeid}"), stacklevel=1)
+        break  # one word per test about a missing baseline, not one per rule
+    return found
 
 
 def _judged(cache: MetricCache, budget: Budget, metric: str) -> Outcome | MemgateError:
@@ -899,6 +1005,17 @@ class _Reporter:
     def _all_entries(self) -> list[dict[str, Any]]:
         return self._entries() + [self.marker_entries[k] for k in sorted(self.marker_entries)]
 
+    def _history_entries(self) -> list[dict[str, Any]]:
+        """What baselines, saved runs, comparisons and benchmark JSON keep: the --memgate profiles and
+        every marked test's profile, keyed by its node id."""
+        per_test: dict[str, int] = {}
+        for entry in self.marker_entries.values():
+            test = str((entry.get("metadata") or {}).get("test"))
+            per_test[test] = per_test.get(test, 0) + 1
+        tests = [test_history_entry(e, per_test[str((e.get("metadata") or {}).get("test"))])
+                 for e in self.marker_entries.values()]
+        return self._entries() + sorted(tests, key=lambda e: str(e["path"]))
+
     def _repository_path(self, file: str) -> str:
         """A declared file relative to the GitHub workspace (else the rootdir), as annotations need."""
         path = Path(file)
@@ -918,7 +1035,7 @@ class _Reporter:
             terminalreporter.section("memgate")
             for line in summary_table(self._sorted_outcomes()):
                 terminalreporter.write_line(printable(line))
-        if self.settings.compare_id is not None and self.entries:
+        if self.settings.compare_id is not None and (self.entries or self.marker_entries):
             self._write_comparison(terminalreporter)
         if os.environ.get("GITHUB_ACTIONS") == "true":
             for line in github_annotations(self._sorted_outcomes(), self.errors, self._repository_path):
@@ -933,13 +1050,14 @@ class _Reporter:
         if self.settings.autosave:  # pytest_sessionfinish (which saves) runs before this summary
             terminalreporter.write_line(
                 f"memgate: run saved to {', '.join(str(p) for p in self.saved)}" if self.saved
-                else "memgate: --memgate-autosave saved nothing (it saves the profiles of --memgate=PATH)")
+                else "memgate: --memgate-autosave saved nothing: no --memgate=PATH profile and no marked test "
+                     "was measured in this run")
 
     def _write_comparison(self, terminalreporter: Any) -> None:
         """Every metric's change against the saved run each profile is compared with."""
         groups: dict[str, list[dict[str, Any]]] = {}
         missing = []
-        for entry in self._entries():
+        for entry in self._history_entries():
             run = find_run(self.settings.storage, comparable_key(entry), self.settings.compare_id or "")
             if run is None:
                 missing.append(missing_run(self.settings.storage, comparable_key(entry), self.settings.compare_id or ""))
@@ -961,9 +1079,12 @@ class _Reporter:
     @pytest.hookimpl(tryfirst=True)  # before pytest may remove the temporary folders recordings are in
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         s = self.settings
-        outcomes, entries = self._sorted_outcomes(), self._entries()
+        outcomes, entries = self._sorted_outcomes(), self._history_entries()
         if s.json_path is not None:
             write_json_atomic(s.json_path, build_report(self._all_entries(), outcomes, self.errors))
+        if s.save_baseline is not None and not entries:
+            self.late_errors.append(f"memgate: warning: --memgate-save-baseline={s.save_baseline} wrote nothing: no "
+                                    "--memgate=PATH profile and no marked test was measured in this run")
         if s.save_baseline is not None and entries:
             commit, dirty = git_commit(Path(self.config.rootpath))
             baseline = baseline_from_entries(entries, commit=commit, dirty=dirty)

@@ -48,6 +48,7 @@ that directory (fixture teardown would be too late).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -55,8 +56,10 @@ import os
 import re
 import sys
 import sysconfig
+import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -136,7 +139,8 @@ class Recorder:
                 schedule=schedule(wait=0, warmup=self.warmup, active=_FOREVER, repeat=1),
                 on_trace_ready=export,
             )
-            self._profiler.__enter__()
+            with _without_profiler_chatter():
+                self._profiler.__enter__()
         self._torch_version = str(torch.__version__)
         self._sampler = DeviceMemorySampler(torch)
         self._sampler.sample()
@@ -160,7 +164,8 @@ class Recorder:
             if self._sampler is not None:
                 self._sampler.sample()
             try:
-                self._profiler.__exit__(None, None, None)
+                with _without_profiler_chatter():
+                    self._profiler.__exit__(None, None, None)
             finally:
                 self._dump_snapshots()
             trace = self.directory / TRACE_NAME
@@ -402,6 +407,32 @@ class DeviceMemorySampler:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_CHATTER = re.compile(rb"^USDT:.*\] profiler_(start|stop)\s*$")  # Kineto's trace points, printed to fd 2
+
+
+@contextlib.contextmanager
+def _without_profiler_chatter() -> Iterator[None]:
+    """Keep Kineto's ``USDT: ... profiler_start/stop`` lines out of stderr (a test's captured output): fd 2
+    goes to a temporary file while the profiler starts or stops; every other line is written back."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no fd 2 to borrow (an embedded interpreter): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = b"".join(line for line in held.read().splitlines(keepends=True) if not _CHATTER.match(line))
+            if kept:
+                os.write(2, kept)
 
 
 def drop_step(path: Path, number: int) -> int:

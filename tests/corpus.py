@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from groundtruth import Block, Trace
 from helpers import PTA21_L0, PTA21_L1, PTA271, SAMPLES, copy_sample, db_exec
@@ -1460,3 +1461,61 @@ def ms210_cpu_record_bad_cell(tmp: Path) -> Expect:
     path = root / "FRAMEWORK" / MS210_CPU_RECORD.name
     line = set_cell(path, 5, "Total Allocated(Byte)", "-512")
     return Expect(root, path, line, "Total Allocated(Byte)", ("-512",))
+
+
+# ---- contradictions between parts of one file (issue: the input boundary, round 3) ------------------
+
+_CUDA = SAMPLES / "torch_cuda"
+
+
+def _edited_snapshot(tmp: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    data = pickle.loads((_CUDA / "h200_record_leak" / "cuda_snapshot.pickle").read_bytes())  # our own sample
+    edit(data)
+    path = _mkdir(tmp / "in") / "cuda_snapshot.pickle"
+    path.write_bytes(pickle.dumps(data))
+    return path
+
+
+@case("snapshot-maps-more-than-it-holds", "torch_snapshot")
+def snapshot_maps_more_than_it_holds(tmp: Path) -> Expect:
+    def edit(data: dict[str, Any]) -> None:
+        trace = data["device_traces"][0]
+        trace.insert(1, {**trace[0], "action": "segment_map", "addr": 1 << 40, "size": 8 << 30})
+
+    path = _edited_snapshot(tmp, edit)
+    return Expect(path, path, None, "device_traces[0]", ("maps more segment memory",))
+
+
+@case("snapshot-step-ends-before-it-starts", "torch_snapshot")
+def snapshot_step_ends_before_it_starts(tmp: Path) -> Expect:
+    at: list[int] = []
+
+    def edit(data: dict[str, Any]) -> None:
+        notes = data["external_annotations"]
+        start = next(a for a in notes if a["name"] == "ProfilerStep#2" and a["stage"] == "START")
+        end = next(a for a in notes if a["name"] == "ProfilerStep#2" and a["stage"] == "END")
+        start["time_us"], end["time_us"] = end["time_us"], start["time_us"]
+        at.append(notes.index(end))
+
+    path = _edited_snapshot(tmp, edit)
+    return Expect(path, path, None, f"external_annotations[{at[0]}].time_us", ("ends before it starts",))
+
+
+@case("kineto-gpu-listed-twice", "kineto")
+def kineto_gpu_listed_twice(tmp: Path) -> Expect:
+    source = next((_CUDA / "h200_trace_leak").glob("*.pt.trace.json"))
+    doc = json.loads(source.read_text())
+    first = doc["deviceProperties"][0]
+    doc["deviceProperties"].append({**first, "totalGlobalMem": first["totalGlobalMem"] // 2})
+    path = _mkdir(tmp / "in") / source.name
+    path.write_text(json.dumps(doc))
+    return Expect(path, path, None, f"deviceProperties[{len(doc['deviceProperties']) - 1}].totalGlobalMem",
+                  ("listed twice",))
+
+
+@case("recording-snapshot-of-another-run", "torch_recording")
+def recording_snapshot_of_another_run(tmp: Path) -> Expect:
+    root = _mkdir(tmp / "rec")
+    shutil.copy(_CUDA / "h200_record_leak" / "torch_trace.json", root / "torch_trace.json")
+    shutil.copy(_CUDA / "h200_record_clean" / "cuda_snapshot.pickle", root / "cuda_snapshot.pickle")
+    return Expect(root, root / "cuda_snapshot.pickle", None, "device_traces", ("torch_trace.json", "disagree"))

@@ -137,7 +137,7 @@ def test_storage_option_and_autosave_without_profiles(project: pytest.Pytester) 
     project.makepyfile(test_x="def test_x():\n    pass\n")
     result = project.runpytest("--memgate-autosave")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["memgate: --memgate-autosave saved nothing (it saves the profiles of --memgate=PATH)"])
+    result.stdout.fnmatch_lines(["memgate: --memgate-autosave saved nothing: no --memgate=PATH profile and no marked test*"])
 
 
 def test_autosave_and_storage_ini_twins(project: pytest.Pytester) -> None:

@@ -130,3 +130,62 @@ def test_budget_file_remembers_where_each_check_is_declared(tmp_path: Path) -> N
     assert budgets.line_of("train", "peak_allocated") == 3
     assert budgets.line_of("eval", "op_caps[cann::*]") == 7
     assert budgets.line_of("train", "leaked") == 1  # not declared: the entry
+
+
+# ---- every error of a file at once, in file order --------------------------------------------------
+
+MANY = '''\
+profile = "prof"                         # 1: unknown top-level key
+[[budgets]]                              # 2
+name = "train"                           # 3
+peak_alocated = "1 GiB"                  # 4: unknown budget key
+op_caps = { "a" = "lots", "b" = "x" }    # 5: two bad sizes on one line
+[[budgets]]                              # 6
+name = "train"                           # 7: duplicate name
+warmup_steps = "1"                       # 8: not an integer
+fragmentation = 1.5                      # 9: above 1
+rank_imbalance = { peak_alocated = 0.1 } # 10: unknown metric
+[[budgets]]                              # 11
+name = "quiet"                           # 12: sets no limit
+'''
+
+
+def test_every_budget_file_error_at_once_in_file_order(tmp_path: Path) -> None:
+    path = _write(tmp_path, MANY)
+    with pytest.raises(ConfigError) as info:
+        load_budget_file(path)
+    lines = info.value.lines()
+    assert [line.split(": ", 1)[0] for line in lines] == [
+        f"{path}:{n}" for n in (1, 4, 5, 5, 7, 8, 9, 10, 11)], "\n".join(lines)
+    messages = [line.split(": ", 1)[1] for line in lines]
+    for message, says in zip(messages, [
+        "unknown key 'profile' (did you mean 'profiles'?)",
+        "unknown budget key 'peak_alocated' (did you mean 'peak_allocated'?)",
+        "invalid train.op_caps['a'] 'lots'",
+        "invalid train.op_caps['b'] 'x'",
+        "duplicate budget name(s) 'train'; expected unique names (also at line 3)",
+        "'1' is not of type 'integer'",
+        "1.5 is greater than the maximum of 1",
+        "invalid train.rank_imbalance: unknown metric 'peak_alocated' (did you mean 'peak_allocated'?)",
+        "budget 'quiet' sets no limit",
+    ], strict=True):
+        assert says in message, (says, message)
+    assert len(set(lines)) == len(lines)  # one error, one line: the schema and the entry's own checks agree
+    # the first is the one-line form a single error had; the rest ride along in file order
+    assert info.value.one_line() == lines[0] and len(info.value.also) == len(lines) - 1
+
+
+def test_one_error_stays_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_budget_file(_write(tmp_path, '[[budgets]]\nname = "a"\nleaked = "1 parsec"\n'))
+    assert info.value.also == () and len(info.value.lines()) == 1 and info.value.line == 3
+
+
+def test_marker_keywords_report_every_bad_key() -> None:
+    from memgate.budgets import BudgetKeyError, budget_from_mapping
+
+    with pytest.raises(BudgetKeyError) as info:
+        budget_from_mapping({"peak_allocated": "lots", "fragmentation": 2, "warmup_steps": -1}, origin="marker",
+                            default_name="t")
+    assert info.value.key == "peak_allocated"  # the first, as before
+    assert [getattr(e, "key", None) for e in info.value.also] == ["fragmentation", "warmup_steps"]

@@ -186,6 +186,21 @@ def test_check_bad_budget_file_exits_2(case: str, tmp_path: Path, capsys: pytest
                      "over sizes.parse_size's (budgets.py, reported)")
 
 
+def test_check_prints_every_budget_file_error_in_file_order(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\nfragmentation = 1.5\n[[budgets]]\nname = "b"\n'
+                                    'leaked = "12 GB!"\npeak_alocated = 1\n')
+    rc, out, err = in_process(["check", PTA21_L1, "--budgets", budgets], capsys)
+    assert rc == 2 and out == "" and "Traceback" not in err
+    lines = err.splitlines()
+    assert all(line.startswith(f"memgate: error: {budgets}:") for line in lines), err
+    assert [line.removeprefix(f"memgate: error: {budgets}:").split(":")[0] for line in lines] == ["3", "5", "6", "7"]
+    assert "fragmentation: 1.5 is greater than the maximum of 1" in lines[0]
+    assert "duplicate budget name(s) 'b'" in lines[1]
+    assert "invalid b.leaked '12 GB!'" in lines[2]
+    assert "unknown budget key 'peak_alocated' (did you mean 'peak_allocated'?)" in lines[3]
+
+
 def test_check_missing_budget_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = in_process(["check", PTA21_L1, "--budgets", tmp_path / "nope.toml"], capsys)
     assert rc == 2

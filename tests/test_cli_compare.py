@@ -234,6 +234,7 @@ def test_suggest_round_trips_on_every_sample(sample: Path, tmp_path: Path, capsy
     """The block loads back through parse_budget_table, every limit can fail, none is 0, and it passes
     `memgate check` on the profile it was suggested from."""
     from memgate.budgets import LIMITS
+    from memgate.compare import NO_FLOOR_KEYS
 
     measured = _measured(sample, capsys)
     text = _suggest(sample, capsys)
@@ -246,6 +247,8 @@ def test_suggest_round_trips_on_every_sample(sample: Path, tmp_path: Path, capsy
         assert limit >= measured[key], key
         if LIMITS[key][1] == "ratio":
             assert 0.010 <= limit < 1.0, (key, limit)
+        elif key in NO_FLOOR_KEYS:  # growth: 0 measured stays 0 B, anything else rounds up to whole MiB
+            assert limit >= MIB or limit == measured[key] == 0, (key, limit)
         else:
             assert limit >= MIB, (key, limit)
     assert all(size >= MIB for size in budget.op_caps.values())
@@ -253,15 +256,14 @@ def test_suggest_round_trips_on_every_sample(sample: Path, tmp_path: Path, capsy
     assert main(["check", str(sample), "--budgets", str(tmp_path / "pyproject.toml")]) == 0, capsys.readouterr()
 
 
-def test_suggest_floors_zero_growth_and_leaks_at_1_mib(capsys: pytest.CaptureFixture[str]) -> None:
+def test_suggest_keeps_zero_growth_and_leaks_at_0_b(capsys: pytest.CaptureFixture[str]) -> None:
     sample = SAMPLES / "torch" / "cpu_train_active6_profile_memory.json"
     measured = _measured(sample, capsys)
     assert (measured["step_growth"], measured["leaked"]) == (0, 0)
     lines = _suggest(sample, capsys).splitlines()
-    assert 'step_growth = "1 MiB"  # measured 0 B; 1 MiB is the smallest suggested size' in lines
-    assert 'leaked = "1 MiB"  # measured 0 B; 1 MiB is the smallest suggested size' in lines
-    assert (f'leak_undetermined = "1 MiB"  # measured {measured["leak_undetermined"] / 1024:.2f} KiB; '
-            "1 MiB is the smallest suggested size") in lines
+    assert 'step_growth = "0 B"  # measured 0 B; no growth measured, none allowed' in lines
+    assert 'leaked = "0 B"  # measured 0 B; no growth measured, none allowed' in lines
+    assert (f'leak_undetermined = "1 MiB"  # measured {measured["leak_undetermined"] / 1024:.2f} KiB') in lines
 
 
 def test_suggest_caps_ratios_below_1_and_floors_them_at_0_010(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,7 @@ from helpers import PTA271
 from memgate.budgets import MetricCache, budget_from_mapping, judge
 from memgate.discover import discover, load
 from memgate.html_report import device_curves, render_html
-from memgate.metrics import profile_metrics
+from memgate.metrics import TOP_HOLDERS, profile_metrics
 from memgate.model import DeviceModel, Profile, ProfileInfo, Series
 from memgate.report import outcome_entry, profile_entry
 from memgate.table import Ints, Table
@@ -124,7 +124,7 @@ def test_step_band_and_curves(page: str) -> None:
 
 def test_holders_and_reconciliation(page: str, sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]]) -> None:
     holders = sample[1]["devices"][0]["metrics"]["top_at_peak"]
-    assert len(holders) == 10
+    assert len(holders) == TOP_HOLDERS  # the report keeps 50; the page shows the 10 largest
     table = page[page.index("<h4>Top holders at the peak</h4>"):]
     table = table[: table.index("</table>")]
     assert table.count("<tr><td") == 10

@@ -130,3 +130,58 @@ def test_downsample_steps_flat_runs_cost_nothing() -> None:
     idx = downsample_steps(t, y, 2000)
     assert idx.tolist() == [0, 250_000, 500_000, 750_000, 999_999]
     assert np.array_equal(_held_values(y, idx), y)
+
+
+def _old_downsample_steps(t: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
+    """downsample_steps as it was before it went linear: np.unique over indices already in order."""
+    n = len(y)
+    if n <= n_out:
+        return np.arange(n, dtype=np.int64)
+    changes = np.flatnonzero(y[1:] != y[:-1]) + 1
+    idx = np.unique(np.concatenate(([0], changes, [n - 1]))).astype(np.int64)
+    if len(idx) <= n_out:
+        return idx
+    return np.asarray(idx[np.unique(lttb(t[idx], y[idx], n_out))], dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_downsample_steps_equals_the_old_implementation(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 4000))
+    y = rng.integers(0, int(rng.integers(1, 8)), n).astype(np.int64) << 20  # few levels: long runs, repeats
+    if seed % 4 == 0:
+        y[-1] = y[-2] + 1  # the last sample is a change point (a duplicate of n - 1 before)
+    t = EPOCH + np.cumsum(rng.integers(0, 1000, n)).astype(np.int64)
+    if seed % 2:
+        t = rng.permutation(t)  # unsorted times: the indices do not depend on them, the result must not change
+    for n_out in (2, 3, int(rng.integers(2, n + 2)), n - 1, n, n + 1):
+        new = downsample_steps(t, y, n_out)
+        assert new.dtype == np.int64
+        assert np.array_equal(new, _old_downsample_steps(t, y, n_out)), (seed, n_out)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sorted_unique_equals_np_unique(seed: int) -> None:
+    from memgate.lttb import _sorted_unique
+
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 50, int(rng.integers(0, 200)))
+    for case in (values, np.sort(values)):
+        got = _sorted_unique(case)
+        assert got.dtype == np.int64 and np.array_equal(got, np.unique(case))
+
+
+def test_downsample_steps_is_linear_on_a_million_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A million change points, already in order: no sort or hash set over them (np.unique took ~1 s
+    # of a report here). Checked by refusing np.unique, not by a clock, so a busy machine cannot flake.
+    rng = np.random.default_rng(0)
+    y = np.cumsum(rng.integers(-100, 101, 1_000_000)).astype(np.int64)
+    t = EPOCH + np.arange(len(y), dtype=np.int64) * 1000
+    expected = _old_downsample_steps(t, y, 2000)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("np.unique over indices already in order")
+
+    monkeypatch.setattr(np, "unique", refuse)
+    idx = downsample_steps(t, y, 2000)
+    assert len(idx) <= 2001 and np.array_equal(idx, expected)  # + the peak when LTTB missed it

@@ -42,7 +42,7 @@ from writers.mindspore import MsOptions, app_samples, write_memory_block, write_
 from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.loaders import mindspore
-from memgate.metrics import TOP_N, profile_metrics
+from memgate.metrics import TOP_HOLDERS, profile_metrics
 from memgate.model import Profile
 from memgate.readers.csvtable import read_csv, rows_as_dicts
 from memgate.schemas import load_schema, schema_names
@@ -121,7 +121,7 @@ def test_metrics_equal_ground_truth(trace: Trace, opts: MsOptions) -> None:
     # Who holds the peak: the largest MindSpore blocks live then (GE and pre-window blocks have no row).
     t = peak_moment(trace)
     live = sorted((b.size for b in live_blocks_at(_only_ms(trace), t) if b.t_alloc is not None), reverse=True)
-    assert [e["size"] for e in m.values["top_at_peak"]] == live[:TOP_N]
+    assert [e["size"] for e in m.values["top_at_peak"]] == live[:TOP_HOLDERS]
     # The sum rows agree with their parts (MindSpore+GE = MindSpore + GE); the blocks' totals give the
     # pre-window baseline (pre-window blocks have no row in MindSpore's file: only without them is it exact).
     times = [t for b in trace.blocks for t in (b.t_alloc, b.t_free) if t is not None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def test_failure_line_and_summary_table(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "*peak_allocated 1.23 GiB exceeds budget 1.00 GiB by 237.04 MiB (+23.1%) — rank 0 npu:0",
         "*top * live blocks at the peak (npu:0):",
-        "*144.00 MiB  aten::mm*",
+        "*3 blocks = 223.63 MiB (largest 144.00 MiB)  aten::mm  stream*",
         "*= memgate =*",
         "rank*budget*metric*measured*limit*result*",
         "0 npu:0*train*peak_allocated*1.23 GiB*1.00 GiB*FAIL*",
@@ -420,6 +421,94 @@ def test_budget_file_error_names_the_line(pytester: pytest.Pytester) -> None:
                                  "'peak_alocated' (did you mean 'peak_allocated'?)")])
 
 
+MANY_ERRORS = """\
+profile = "prof"
+[[budgets]]
+name = "a"
+peak_alocated = "1 GiB"
+
+[[budgets]]
+name = "a"
+peak_reserved = "12 parsecs"
+fragmentation = 1.5
+"""
+
+
+def test_budget_file_errors_are_all_shown_in_file_order(pytester: pytest.Pytester) -> None:
+    path = pytester.makefile(".toml", memgate=MANY_ERRORS)
+    result = pytester.runpytest(f"--memgate={SAMPLE}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        f"ERROR: memgate: {path}:1: invalid budget file at (top level): unknown key 'profile' (did you mean 'profiles'?)",
+        f"memgate: {path}:4: invalid budget file at budgets/0: unknown budget key 'peak_alocated'*",
+        f"memgate: {path}:7: duplicate budget name(s) 'a'; expected unique names (also at line 3)",
+        f"memgate: {path}:8: invalid a.peak_reserved '12 parsecs'*",
+        f"memgate: {path}:9: invalid budget file at budgets/1/fragmentation: 1.5 is greater than the maximum of 1",
+    ], consecutive=True)
+
+
+# ---- --memgate's optional PATH: a test path after it is refused --------------------------------
+
+TRAP = ("*invalid --memgate {value!r}: {what}, not a profile; expected a profile directory or file; "
+        "--memgate takes the next argument as its PATH: write --memgate=PATH (or put the test path first)")
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])
+@pytest.mark.parametrize(("value", "what"), [
+    ("test_train.py", "a test file"),
+    ("test_x.py::test_y", "a test node id"),
+    ("tests", "a directory of tests with no profile"),
+    ("tools.py", "a Python file"),  # not helpers.py: an in-process run would meet the suite's own helpers module
+])
+def test_memgate_followed_by_a_test_path_is_refused(pytester: pytest.Pytester, xdist: bool, value: str,
+                                                    what: str) -> None:
+    if xdist:
+        pytest.importorskip("xdist")
+    pytester.makefile(".toml", memgate=f'profiles = "{SAMPLE}"\n' + BUDGETS.format(alloc='"2 GiB"'))
+    pytester.makepyfile(test_train="def test_train():\n    pass\n", test_x="def test_y():\n    pass\n",
+                        tools="")
+    pytester.mkdir("tests").joinpath("test_more.py").write_text("def test_more():\n    pass\n")
+    args = ["-n", "2"] if xdist else []
+    result = (pytester.runpytest_subprocess if xdist else pytester.runpytest)(*args, "--memgate", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([TRAP.format(value=value, what=what)])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    # The fix the message gives: the bare --memgate after the test path (profiles from the budget file) ...
+    (pytester.runpytest_subprocess if xdist else pytester.runpytest)(
+        *args, value, "--memgate").assert_outcomes(passed=2 + (value != "tools.py"))
+
+
+def test_memgate_equals_a_test_file_and_the_ini_twin_are_refused_without_the_next_argument_hint(
+        pytester: pytest.Pytester) -> None:
+    _budget_file(pytester)
+    pytester.makepyfile(test_train="def test_train():\n    pass\n")
+    result = pytester.runpytest("--memgate=test_train.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([("ERROR: memgate: invalid --memgate 'test_train.py': a test file, not a profile; "
+                                  "expected a profile directory or file")])
+    assert "next argument" not in result.stderr.str()
+    pytester.makeini("[pytest]\nmemgate = test_train.py::test_train\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([("ERROR: memgate: invalid memgate (ini) 'test_train.py::test_train': a test node id, "
+                                  "not a profile; expected a profile directory or file")])
+    pytester.makeini(f"[pytest]\nmemgate = {SAMPLE}\n")  # the ini twin with a real profile still gates it
+    pytester.runpytest().assert_outcomes(passed=3)
+
+
+def test_memgate_followed_by_a_real_profile_still_gates_it(pytester: pytest.Pytester) -> None:
+    _budget_file(pytester)
+    pytester.makepyfile(test_train="def test_train():\n    pass\n")
+    pytester.runpytest("--memgate", str(SAMPLE), "test_train.py").assert_outcomes(passed=3)
+    # a folder holding both tests and profiles is a profile root
+    root = pytester.mkdir("root")
+    import shutil
+
+    shutil.copytree(SAMPLE, root / SAMPLE.name)
+    (root / "test_in_root.py").write_text("def test_in_root():\n    pass\n")
+    pytester.runpytest("--memgate", "root", "test_train.py").assert_outcomes(passed=3)
+
+
 # ---- xdist -------------------------------------------------------------------------------------
 
 
@@ -447,11 +536,72 @@ def test_xdist_gives_the_same_outcomes_and_one_report(pytester: pytest.Pytester)
     assert a["profiles"] == b["profiles"]
 
 
-@pytest.mark.parametrize(("verbosity", "shown"), [((), 5), (("-v",), 10)])
+@pytest.mark.parametrize(("verbosity", "lines", "shown"), [((), 5, 23), (("-v",), 10, 40), (("-vv",), 12, 43)])  # 12 lines hold all 43)
 def test_detail_section_is_capped_and_verbosity_raises_the_cap(pytester: pytest.Pytester, verbosity: tuple[str, ...],
-                                                                shown: int) -> None:
+                                                                lines: int, shown: int) -> None:
     _budget_file(pytester, alloc='"1 GiB"')
     result = pytester.runpytest(f"--memgate={SAMPLE}", *verbosity)
-    result.stdout.fnmatch_lines([f"*top {shown} of 10 live blocks at the peak (npu:0):*"])
-    holder_lines = [line for line in result.stdout.lines if line.startswith("  ") and "MiB  " in line]
-    assert len(holder_lines) == shown
+    # 43 blocks are live at the peak; holder lines group the blocks of one op (and owner, stack, stream)
+    result.stdout.fnmatch_lines([f"*top {shown} of 43 live blocks at the peak (npu:0):*"])
+    out = result.stdout.lines
+    start = next(i for i, line in enumerate(out) if line.startswith("top "))
+    end = next(i for i, line in enumerate(out) if line.startswith("series: "))
+    assert len(out[start + 1:end]) == lines
+
+
+TRACE = Path(__file__).parent / "data" / "samples" / "torch_cuda" / "h200_trace_leak" / "train.1795846944832606968.pt.trace.json"
+TRACE_BUDGETS = """
+[[budgets]]
+name = "train"
+peak_allocated = "1 MiB"
+leaked = "1 KiB"
+"""
+
+
+def _trace_run(pytester: pytest.Pytester, *names: str) -> None:
+    """A --memgate root holding the leaking CUDA trace under torch.profiler's names (host_pid.time_ns)."""
+    prof = pytester.path / "prof"
+    shutil.rmtree(prof, ignore_errors=True)
+    prof.mkdir()
+    for name in names:
+        shutil.copyfile(TRACE, prof / name)
+    pytester.makefile(".toml", memgate=TRACE_BUDGETS)
+
+
+def test_identical_holders_are_one_line_with_count_and_total_under_the_real_live_count(
+        pytester: pytest.Pytester) -> None:
+    _trace_run(pytester, "host_1234.1700000000000000001.pt.trace.json")
+    result = pytester.runpytest("--memgate=prof", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    # 14 blocks are live at the trace's peak: two 64 MiB aten::mm blocks are one line, not two
+    result.stdout.fnmatch_lines(["top 14 of 14 live blocks at the peak (cuda:0):",
+                                 "  2 × 64.00 MiB = 128.00 MiB  aten::mm"])
+    assert not any(line.strip().startswith("64.00 MiB  aten::mm") for line in result.stdout.lines)
+
+
+def test_budget_file_item_ids_star_the_trace_pid_and_timestamp(pytester: pytest.Pytester) -> None:
+    ids = []
+    for name in ("host_1234.1700000000000000001.pt.trace.json", "host_987.1700000000999999999.pt.trace.json"):
+        _trace_run(pytester, name)
+        result = pytester.runpytest("--memgate=prof", "--collect-only", "-q", "-p", "no:cacheprovider")
+        ids.append([line for line in result.stdout.lines if line.startswith("memgate::")])
+    assert ids[0] == ids[1] == ["memgate::prof/host_*.*.pt.trace.json::train::peak_allocated",
+                                "memgate::prof/host_*.*.pt.trace.json::train::leaked"]
+    # two ranks' traces (two pids) keep their pids: ids stay unique
+    _trace_run(pytester, "host_1.1700000000000000001.pt.trace.json", "host_2.1700000000000000002.pt.trace.json")
+    result = pytester.runpytest("--memgate=prof", "--collect-only", "-q", "-p", "no:cacheprovider")
+    two = [line for line in result.stdout.lines if line.startswith("memgate::")]
+    assert sorted(two) == sorted(f"memgate::prof/host_{pid}.*.pt.trace.json::train::{metric}"
+                                 for pid in (1, 2) for metric in ("peak_allocated", "leaked"))
+
+
+def test_short_summary_line_of_a_budget_file_item_carries_its_message(pytester: pytest.Pytester,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # pytest trims the message to the terminal's width (and drops it where the id leaves no room): the
+    # trace's pid and 19-digit timestamp in the id used to fill a 100-column line
+    monkeypatch.setenv("COLUMNS", "100")
+    for var in ("CI", "BUILD_NUMBER"):
+        monkeypatch.delenv(var, raising=False)
+    _trace_run(pytester, "fv-az1234-567_2048.1736412345678901234.pt.trace.json")
+    result = pytester.runpytest("--memgate=prof", "-rf", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["FAILED memgate::prof/fv-az1234-567_*.*.pt.trace.json::train::leaked - leaked 13.00 MiB*"])

@@ -26,7 +26,7 @@ from strategies import npu_options, traces
 from writers.torch_npu import NpuOptions, app_samples, write_profile
 
 from memgate.discover import discover, load
-from memgate.metrics import TOP_N, DeviceMetrics, MetricOptions, profile_metrics
+from memgate.metrics import TOP_HOLDERS, DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile
 
 COMPARED = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation", "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes",
@@ -57,7 +57,7 @@ def _expected_top(trace: Trace, t: int, opts: NpuOptions) -> list[tuple]:
 def _check_top(top: list[dict[str, Any]], trace: Trace, t: int, opts: NpuOptions) -> None:
     """The N largest blocks live at ``t``: sizes in order, and each one a real live block."""
     expected = _expected_top(trace, t, opts)
-    assert [e["size"] for e in top] == [k[0] for k in expected[:TOP_N]]
+    assert [e["size"] for e in top] == [k[0] for k in expected[:TOP_HOLDERS]]
     got = Counter(_block_key(e["size"], e["op"], e["t_alloc"], e["component"], e["stream"]) for e in top)
     assert not got - Counter(expected), "a block at the peak that is not live then"
 

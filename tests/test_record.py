@@ -191,8 +191,8 @@ def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pyte
     # the holders at the peak, each with the user functions that allocated it
     result.stdout.fnmatch_lines([
         "peak_allocated 1.50 MiB exceeds budget 64.00 KiB by 1.44 MiB (+2300.0%) — rank 0 cpu*",
-        "top 5 of 6 live blocks at the peak (cpu):",
-        "    256.00 KiB  aten::empty",
+        "top 6 of 6 live blocks at the peak (cpu):",  # six identical blocks: one line
+        "  6 × 256.00 KiB = 1.50 MiB  aten::empty  owner make (test_stack.py:7)",
         f"                in {' <- '.join(STACK)}",
     ])
     # hints in the fixture's words
@@ -231,3 +231,17 @@ def test_drop_step_repairs_names_torch_left_unescaped(tmp_path: Path) -> None:
     events = json.loads(trace.read_text())["traceEvents"]
     assert [e["name"] for e in events] == ['torch/profiler/_cupti_monitor.py(0):     "seed",']
     assert "1.500" in trace.read_text()  # numbers keep their text
+
+
+def test_the_profilers_trace_point_chatter_stays_out_of_stderr(tmp_path: Path) -> None:
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip(NEEDS_TORCH)
+    import subprocess
+
+    code = ("import sys, torch\nfrom memgate.record import record\n"
+            f"with record({str(tmp_path / 'prof')!r}) as rec:\n"
+            "    torch.ones(8); rec.step()\n"
+            "print('mine', file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "USDT" not in done.stderr  # Kineto prints `USDT:... profiler_start` / `profiler_stop` to fd 2
+    assert "mine" in done.stderr  # the program's own stderr still reaches it

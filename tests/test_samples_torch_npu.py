@@ -22,7 +22,7 @@ from helpers import PRE21, PTA21_L0, PTA21_L1, PTA271, REPO, TORCH_NPU_SAMPLES, 
 
 from memgate.discover import discover, load
 from memgate.errors import InputError
-from memgate.metrics import TOP_N, DeviceMetrics, profile_metrics
+from memgate.metrics import TOP_HOLDERS, DeviceMetrics, profile_metrics
 from memgate.model import Profile
 
 MIB, KIB = 2**20, 2**10
@@ -57,7 +57,7 @@ class Expected:
     peak_app_reserved: int | None
     peak_t_ns: int | None
     op_max_block: dict[str, int]
-    top_sizes: list[int]  # sizes of the TOP_N largest blocks live at the peak
+    top_sizes: list[int]  # sizes of the TOP_HOLDERS largest blocks live at the peak
     top_candidates: dict[int, set[str]]  # size -> op names of live blocks of that size (ties)
     steps: list[tuple[int, int | None, int | None]]
     peak_step: int | None
@@ -115,7 +115,7 @@ def expected(sample: Path) -> Expected:
         live = [b for b in blocks
                 if (not b["Allocation Time(us)"] or _ns(b["Allocation Time(us)"]) <= peak_t)
                 and (not b["Release Time(us)"] or _ns(b["Release Time(us)"]) > peak_t)]
-        top_sizes = sorted((abs(_bytes(b["Size(KB)"], KIB)) for b in live), reverse=True)[:TOP_N]
+        top_sizes = sorted((abs(_bytes(b["Size(KB)"], KIB)) for b in live), reverse=True)[:TOP_HOLDERS]
         for b in live:
             top_candidates.setdefault(abs(_bytes(b["Size(KB)"], KIB)), set()).add(b["Name"] or "")
 
@@ -205,7 +205,7 @@ def test_the_derivation_itself_on_the_271_sample() -> None:
     assert want.peak_app_reserved == 12504285184
     assert [s for s, _, _ in want.steps] == [13]
     assert want.peak_step == 13
-    assert len(want.op_max_block) > 20 and len(want.top_sizes) == TOP_N
+    assert len(want.op_max_block) > 20 and TOP_HOLDERS >= len(want.top_sizes) >= 10
 
 
 def test_rank_id_is_a_string_in_271_and_an_int_in_21() -> None:

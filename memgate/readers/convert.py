@@ -8,15 +8,20 @@ exactly (torch_npu writes ``bytes / 1024**2``), so ``round(value * unit)`` recov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError
+from memgate.lazy import lazy_module
 from memgate.readers.numtext import Parsed, fixed_column
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:  # only the Series helpers need it; the Kineto loader converts in Arrow and never imports pandas
+    pd = lazy_module("pandas", globals(), "pd")
 
 ArrowColumn: TypeAlias = "pa.Array | pa.ChunkedArray"
 _TIME = r"^(?P<int>[0-9]+)(?:\.(?P<frac>[0-9]*))?"
