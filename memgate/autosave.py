@@ -17,7 +17,8 @@ Layout (version 1; the folder name carries it)::
   given to ``--memgate-baseline`` or ``memgate diff`` as is.
 
 A profile is compared with the file of its own configuration: the latest run (the highest number),
-run ``NNNN``, or the latest run of a commit (a hex prefix).
+run ``NNNN``, or the latest run of a commit (a hex prefix). ``memgate runs`` lists the saved runs
+(:func:`run_summaries`); ``memgate diff A B`` takes two run IDs (:func:`run_files`) as well as files.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from memgate.compare import RUN_LAYOUT, baseline_from_entries, comparable_key
-from memgate.errors import ConfigError
+from memgate.compare import RUN_LAYOUT, baseline_entries, baseline_from_entries, comparable_key, load_baseline
+from memgate.errors import ConfigError, MemgateError
 from memgate.report import write_json_atomic
 
 LAYOUT = RUN_LAYOUT  # memgate_run.layout, checked on read (memgate.compare.load_baseline)
@@ -171,3 +172,89 @@ def save_run(storage: Path, entries: Iterable[dict[str, Any]], *, commit: str | 
         write_json_atomic(path, document)
         written.append(path)
     return written
+
+
+RUN_ID_HELP = "latest, previous, a run number (3 or 0003) or a git commit prefix (4+ hex digits)"
+
+
+def default_storage(start: Path) -> Path:
+    """Where the CLI finds saved runs: the nearest ``.memgate`` folder at or above ``start`` (pytest
+    saves under its rootdir, which may be above the folder a command is run in), else ``start/.memgate``."""
+    for folder in (start, *start.parents):
+        if (folder / ".memgate" / LAYOUT_DIR).is_dir():
+            return folder / ".memgate"
+    return start / ".memgate"
+
+
+def is_run_id(text: str) -> bool:
+    """Whether ``text`` reads as a saved run's ID (:data:`RUN_ID_HELP`) rather than a path."""
+    text = text.strip().lower()
+    return text in ("latest", "previous") or text.isdigit() or re.fullmatch(r"[0-9a-f]{4,40}", text) is not None
+
+
+def run_files(storage: Path, run_id: str) -> list[SavedRun]:
+    """Every file of one saved run (one per configuration): ``latest``, ``previous`` (the run before
+    the latest), run number ``run_id``, or the latest run at a commit starting with ``run_id``. A
+    ConfigError naming the runs there are when none matches."""
+    runs = saved_runs(storage)
+    numbers = sorted({r.number for r in runs})
+    text = run_id.strip().lower()
+    chosen: int | None = None
+    if text == "latest" and numbers:
+        chosen = numbers[-1]
+    elif text == "previous" and len(numbers) > 1:
+        chosen = numbers[-2]
+    elif text.isdigit() and int(text) in numbers:
+        chosen = int(text)
+    elif text not in ("latest", "previous") and re.fullmatch(r"[0-9a-f]{4,40}", text):
+        at_commit = [r.number for r in runs if r.commit is not None and r.commit.startswith(text)]
+        chosen = max(at_commit, default=None)
+    if chosen is None:
+        have = (f"saved: {', '.join(f'{n:04d}' for n in numbers[-5:])}"
+                + (f" and {len(numbers) - 5} earlier" if len(numbers) > 5 else "")) if numbers else \
+            "none saved: pytest --memgate-autosave saves one"
+        raise ConfigError(f"no saved run {run_id.strip()!r} in {storage / LAYOUT_DIR} ({have})", expected=RUN_ID_HELP)
+    return [r for r in runs if r.number == chosen]
+
+
+def run_entries(storage: Path, run_id: str) -> list[dict[str, Any]]:
+    """The profile entries of one saved run, every configuration's file read back and validated."""
+    return [entry for run in run_files(storage, run_id) for entry in baseline_entries(load_baseline(run.path))]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One saved run as ``memgate runs`` lists it."""
+    number: int
+    commit: str | None
+    dirty: bool
+    saved_at: str | None
+    configurations: tuple[str, ...]
+    profiles: tuple[str, ...]  # profile paths, marked tests by node id
+    problems: tuple[str, ...]  # files of the run that could not be read (each one line)
+
+
+def run_summaries(storage: Path) -> list[RunSummary]:
+    """Every saved run, oldest first; a file that cannot be read is named in ``problems``, not fatal."""
+    by_number: dict[int, list[SavedRun]] = {}
+    for run in saved_runs(storage):
+        by_number.setdefault(run.number, []).append(run)
+    summaries = []
+    for number, files in sorted(by_number.items()):
+        profiles: list[str] = []
+        problems: list[str] = []
+        saved_at: str | None = None
+        dirty = False
+        for run in files:
+            try:
+                document = load_baseline(run.path)
+            except MemgateError as exc:
+                problems.append(exc.one_line())
+                continue
+            record = document.get("memgate_run") or {}
+            saved_at = saved_at or record.get("saved_at")
+            dirty = dirty or bool(record.get("dirty"))
+            profiles += [str(p.get("path") or key) for key, p in document["profiles"].items()]
+        summaries.append(RunSummary(number, files[0].commit, dirty or files[0].path.stem.endswith("-dirty"), saved_at,
+                                    tuple(r.path.parent.name for r in files), tuple(profiles), tuple(problems)))
+    return summaries

@@ -1,4 +1,4 @@
-"""``memgate inspect|check|validate|diff|suggest``: a thin shell over :mod:`memgate.session`.
+"""``memgate inspect|check|validate|report|diff|suggest|runs``: a thin shell over :mod:`memgate.session`.
 
 Exit codes: 0 ok, 1 a budget exceeded, 2 bad input or usage (one line on stderr, no traceback).
 """
@@ -28,7 +28,10 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_EXCEEDED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 PATH_HELP = "a profile (a *_ascend_pt folder, PROF_* folder, snapshot, trace, dump...) or a folder holding profiles"
-RUN_HELP = "a profile or folder of profiles, or a JSON report / baseline memgate saved"
+RUN_HELP = ("a profile or folder of profiles, a JSON report / baseline memgate saved, or a saved run's ID "
+            "(latest, previous, a run number or a commit prefix: memgate runs lists them)")
+STORAGE_HELP = ("where saved runs are (default: the nearest .memgate folder at or above the current one, "
+                "as pytest --memgate-autosave writes it)")
 
 
 def _terminal_columns() -> int:
@@ -117,6 +120,7 @@ def _diff_options(p: argparse.ArgumentParser) -> None:
                    help="exit 1 when a metric grew past EXPR, e.g. peak_allocated:5%%, peak_allocated:2.5%%+256MiB")
     p.add_argument("--json", action="store_true", help="print the diff as JSON (to stdout)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="operators listed per change kind (default 10)")
+    p.add_argument("--storage", metavar="DIR", help=STORAGE_HELP)
 
 
 def _suggest_options(p: argparse.ArgumentParser) -> None:
@@ -129,6 +133,12 @@ def _suggest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--form", choices=("pyproject", "toml", "marker"), default="pyproject",
                    help="pyproject: a [tool.memgate] block (default); toml: a memgate.toml; marker: "
                         "@pytest.mark.memgate(...) lines, one per marked test of a saved run or report")
+    p.add_argument("--storage", metavar="DIR", help=STORAGE_HELP)
+
+
+def _runs_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", metavar="DIR", help=STORAGE_HELP)
+    p.add_argument("--json", action="store_true", help="print the runs as JSON (to stdout)")
 
 
 # Each command: its one-line help and what adds its arguments (after the loading options).
@@ -140,6 +150,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "diff": ("metric and per-operator deltas between two runs (profiles, JSON reports or baselines)", _diff_options),
     "suggest": ("print budgets (pyproject, memgate.toml or markers) from the measured values plus headroom",
                 _suggest_options),
+    "runs": ("list the runs pytest --memgate-autosave saved (compare any two with memgate diff A B)", _runs_options),
 }
 
 
@@ -162,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         commands = {"inspect": _inspect, "check": _check, "validate": _validate, "diff": _diff, "suggest": _suggest,
-                    "report": _report}
+                    "report": _report, "runs": _runs}
         return commands[args.command](args)
     except MemgateError as exc:
         for line in exc.lines():  # one error; or a budget file's every error, in file order
@@ -311,13 +322,22 @@ def _validate(args: argparse.Namespace) -> int:
     return _exit_status(results)
 
 
+def _storage(args: argparse.Namespace) -> Path:
+    from memgate.autosave import default_storage
+
+    return Path(args.storage) if args.storage else default_storage(Path.cwd())
+
+
 def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
     """Profile entries of a run: a JSON report or baseline file as saved (validated: untrusted input),
-    else the profiles under PATH."""
+    a saved run named by its ID (where no file of that name exists), else the profiles under PATH."""
+    from memgate.autosave import is_run_id, run_entries
     from memgate.compare import load_entries, looks_like_memgate_json
 
     if looks_like_memgate_json(Path(path)):
         return load_entries(path)
+    if not os.path.lexists(path) and is_run_id(path):
+        return run_entries(_storage(args), path)
     results = _run(args, path)
     for r in results:
         if r.error is not None:
@@ -382,6 +402,47 @@ def _suggest(args: argparse.Namespace) -> int:
     print(suggest_toml(_entries_of(args, args.path), headroom, name=args.name, form=args.form), end="")
     return EXIT_OK
 
+
+
+def _relative(path: str) -> str:
+    """A saved profile's path as short as it is exact: relative where it lies under the current folder."""
+    try:
+        return str(Path(path).relative_to(Path.cwd())) if os.path.isabs(path) else path
+    except ValueError:
+        return path
+
+
+def _runs(args: argparse.Namespace) -> int:
+    import json
+
+    from memgate.autosave import LAYOUT_DIR, run_summaries
+
+    storage = _storage(args)
+    runs = run_summaries(storage)
+    if args.json:
+        print(json.dumps({"storage": str(storage / LAYOUT_DIR),
+                          "runs": [{"id": r.number, "commit": r.commit, "dirty": r.dirty, "saved_at": r.saved_at,
+                                    "configurations": list(r.configurations), "profiles": list(r.profiles),
+                                    "problems": list(r.problems)} for r in runs]}, indent=2))
+        return EXIT_BAD_INPUT if any(r.problems for r in runs) else EXIT_OK
+    if not runs:
+        _say([f"no saved runs in {storage / LAYOUT_DIR} (pytest --memgate-autosave saves one)"])
+        return EXIT_OK
+    rows = [("run", "commit", "saved (UTC)", "profiles")]
+    for r in runs:
+        commit = (r.commit[:12] if r.commit else "nogit") + ("-dirty" if r.dirty else "")
+        shown = ", ".join(_relative(p) for p in r.profiles[:3]) + (f" +{len(r.profiles) - 3} more"
+                                                                   if len(r.profiles) > 3 else "")
+        rows.append((f"{r.number:04d}", commit, r.saved_at or "?", f"{len(r.profiles)}: {shown}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    _say([f"saved runs in {storage / LAYOUT_DIR}"]
+         + ["  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3] for row in rows])
+    for r in runs:
+        for problem in r.problems:
+            print(f"memgate: error: run {r.number:04d}: {problem}", file=sys.stderr)
+    if len(runs) > 1:
+        _say([f"compare two: memgate diff {runs[-2].number:04d} {runs[-1].number:04d} (or: memgate diff previous latest)"])
+    return EXIT_BAD_INPUT if any(r.problems for r in runs) else EXIT_OK
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -111,7 +111,8 @@ OPTIONS: tuple[_Option, ...] = (
             "write github-action-benchmark customSmallerIsBetter JSON to this file"),
     _Option("memgate_html", "string", "FILE", "write the self-contained HTML report to this file"),
     _Option("memgate_keep_traces", "string", "DIR",
-            "copy what memgate_record recorded to DIR/<test> (a CI artifact)"),
+            "copy what memgate_record recorded to DIR/<test> (a CI artifact); with --memgate-html or "
+            "--memgate-json the default is memgate-recordings beside the report, whose paths point there"),
     _Option("memgate_cache_dir", "string", "DIR",
             "cache of loaded profiles keyed on file content (default: pytest's cache dir)"),
     _Option("memgate_leak_horizon_steps", "string", "N",
@@ -222,6 +223,7 @@ MARKER_BUDGET = pytest.StashKey[Budget]()
 MARKER_ERROR = pytest.StashKey[ConfigError]()
 MARKER_PROFILES = pytest.StashKey[list[dict[str, Any]]]()
 KEPT_TRACES = pytest.StashKey[str]()
+KEPT_BESIDE_REPORT = "memgate-recordings"  # --memgate-keep-traces' default with --memgate-html/--memgate-json
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -338,6 +340,10 @@ def _read_settings(config: pytest.Config) -> _Settings:
     settings.benchmark_json = _path_setting(config, "memgate_benchmark_json")
     settings.html_path = _path_setting(config, "memgate_html")
     settings.keep_traces = _path_setting(config, "memgate_keep_traces")
+    report = settings.html_path or settings.json_path
+    if settings.keep_traces is None and report is not None:
+        # a report's paths must outlive pytest's temporary folders (it removes all but the last three)
+        settings.keep_traces = report.parent / KEPT_BESIDE_REPORT
     settings.cache_dir = _path_setting(config, "memgate_cache_dir")
     if settings.cache_dir is None and config.pluginmanager.has_plugin("cacheprovider") and config.cache is not None:
         settings.cache_dir = config.cache.mkdir("memgate")  # shared by xdist workers; never the profile dir
@@ -721,6 +727,18 @@ def _finish_recording(item: pytest.Item) -> None:
         item.stash[KEPT_TRACES] = str(target)
 
 
+def _kept_path(item: pytest.Item, recorder: Any, path: str | Path) -> str:
+    """Where a recorded profile's kept copy lies (the path reports and saved runs give), else ``path``."""
+    kept = item.stash.get(KEPT_TRACES, None)
+    if kept is None or recorder is None:
+        return str(path)
+    try:
+        inside = Path(path).relative_to(recorder.directory)
+    except ValueError:
+        return str(path)
+    return str(Path(kept) / inside) if inside.parts else kept
+
+
 def _artifact_name(nodeid: str) -> str:
     """A folder name for a test: its id with path separators and odd characters replaced, and a
     short hash of the exact id (two ids that read alike never share a folder)."""
@@ -793,6 +811,7 @@ def _gate_marked_test(item: pytest.Item, marker: pytest.Mark, budget: Budget) ->
                     failed.append(outcome)
         if state.settings.wants_profiles:
             entry = profile_entry(cache.info, cache.get())
+            entry["path"] = _kept_path(item, recorder, profile.path)
             entry["metadata"] = {**entry.get("metadata", {}), "test": item.nodeid}
             item.stash[MARKER_PROFILES].append(entry)
             if state.settings.rules:
@@ -891,10 +910,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             and (isinstance(item, _GateItem) or _is_marked(item))):
         # pytest renders setup errors with the traceback renderer, not repr_failure: replace both.
         report.longrepr = _short_repr(item, call.excinfo)
+        if call.when == "call" and not isinstance(call.excinfo.value, BudgetExceeded):
+            # memgate could not judge the test (not measurable, bad input): an error, as the same check
+            # of a budget file is (judged in setup there) and as the table says, not a failed budget
+            report.memgate_error = True  # type: ignore[attr-defined]  # plain JSON: travels through xdist
     payload = _payload(item, call)
     if payload:
         report.memgate = payload  # type: ignore[attr-defined]  # plain JSON: travels through xdist
     return report
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
+    """A marked test memgate could not judge reads ERROR (and counts among the errors), like its row."""
+    if report.when == "call" and report.failed and getattr(report, "memgate_error", False):
+        return "error", "E", ("ERROR", {"red": True})
+    return None
 
 
 def _is_marked(item: pytest.Item) -> bool:
@@ -1114,7 +1144,7 @@ def _pytest_word(report: pytest.TestReport) -> str | None:
     if hasattr(report, "wasxfail"):
         return "xpassed" if report.passed and report.when == "call" else ("xfailed" if report.skipped else None)
     if report.failed:
-        return "failed" if report.when == "call" else "error"
+        return "failed" if report.when == "call" and not getattr(report, "memgate_error", False) else "error"
     if report.skipped:
         return "skipped"
     return "passed" if report.when == "call" else None

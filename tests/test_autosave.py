@@ -16,11 +16,17 @@ from scale import BASE_AND_HEAVY_BUDGETS, base_and_heavy
 from memgate.autosave import (
     check_run_id,
     configuration_name,
+    default_storage,
     find_run,
+    is_run_id,
     missing_run,
+    run_entries,
+    run_files,
+    run_summaries,
     save_run,
     saved_runs,
 )
+from memgate.cli import main
 from memgate.compare import load_baseline
 from memgate.errors import ConfigError
 
@@ -179,3 +185,85 @@ def test_runs_are_keyed_by_the_git_commit(project: pytest.Pytester) -> None:
     # a commit prefix picks that commit's latest run: run 2 (heavy), so heavy passes against it
     project.runpytest("--memgate=heavy", f"--memgate-compare={commit[:7]}", RULE).assert_outcomes(passed=2)
     project.runpytest("--memgate=heavy", "--memgate-compare=1", RULE).assert_outcomes(passed=1, failed=1)
+
+
+
+# ---- memgate runs, and memgate diff A B over saved runs ------------------------------------------
+
+
+def test_run_files_by_id(tmp_path: Path) -> None:
+    save_run(tmp_path, [_entry("0")], commit="ab" * 20, dirty=False)
+    save_run(tmp_path, [_entry("0"), _entry("0", "kineto", "cpu")], commit="cd" * 20, dirty=False)
+    save_run(tmp_path, [_entry("1")], commit="ab" * 20, dirty=True)
+    assert [r.number for r in run_files(tmp_path, "latest")] == [3]
+    assert [r.number for r in run_files(tmp_path, "previous")] == [2, 2]  # both configurations of run 2
+    assert [r.number for r in run_files(tmp_path, "0001")] == [1]
+    assert [r.number for r in run_files(tmp_path, "abab")] == [3]  # that commit's latest run
+    assert [r.number for r in run_files(tmp_path, "CDCD")] == [2, 2]
+    assert sorted(e["format"] for e in run_entries(tmp_path, "2")) == ["kineto", "torch_npu"]
+    with pytest.raises(ConfigError, match=r"no saved run '9' in .*v1 \(saved: 0001, 0002, 0003\); expected latest"):
+        run_files(tmp_path, "9")
+    with pytest.raises(ConfigError, match=r"no saved run 'previous' .*\(none saved: pytest --memgate-autosave"):
+        run_files(tmp_path / "empty", "previous")
+    assert [is_run_id(t) for t in ("latest", "previous", "12", "abc1", "base", "abc", "run.json")] == [
+        True, True, True, True, False, False, False]
+
+
+def test_run_summaries_name_an_unreadable_file_and_go_on(tmp_path: Path) -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    save_run(tmp_path, [_entry("0"), _entry("1")], commit="ab" * 20, dirty=False, now=now)
+    broken = save_run(tmp_path, [_entry("0")], commit=None, dirty=False, now=now)[0]
+    broken.write_text('{"memgate_baseline": 1, "profiles": [}')
+    first, second = run_summaries(tmp_path)
+    assert (first.number, first.commit, first.dirty, first.saved_at, first.profiles, first.problems) == (
+        1, "ab" * 6, False, "2026-01-02T03:04:05Z", ("prof/0", "prof/1"), ())
+    assert second.number == 2 and second.profiles == ()
+    assert len(second.problems) == 1 and second.problems[0].startswith(f"{broken}:1")
+
+
+def test_default_storage_is_the_nearest_above(tmp_path: Path) -> None:
+    save_run(tmp_path / ".memgate", [_entry("0")], commit=None, dirty=False)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    assert default_storage(tmp_path / "a" / "b") == tmp_path / ".memgate"
+    assert default_storage(Path("/")) == Path("/.memgate") or (Path("/.memgate") / "v1").is_dir()
+
+
+def test_memgate_runs_lists_and_diff_compares_any_two(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    project.runpytest("--memgate=base", "--memgate-autosave").assert_outcomes(passed=1)
+    project.runpytest("--memgate=heavy", "--memgate-autosave").assert_outcomes(passed=1)
+    (project.path / "sub").mkdir()
+    monkeypatch.chdir(project.path / "sub")  # the storage is found above the current folder
+    capsys.readouterr()  # pytester's in-process runs print here too
+    assert main(["runs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"saved runs in {project.path / '.memgate' / 'v1'}"
+    assert out[1].split() == ["run", "commit", "saved", "(UTC)", "profiles"]
+    assert [line.split()[:2] for line in out[2:4]] == [["0001", "nogit"], ["0002", "nogit"]]
+    base, heavy = (project.path / "base" / "run_ascend_pt", project.path / "heavy" / "run_ascend_pt")
+    assert out[2].endswith(f"  1: {base}") and out[3].endswith(f"  1: {heavy}")  # not under sub/: absolute
+    assert out[4] == "compare two: memgate diff 0001 0002 (or: memgate diff previous latest)"
+
+    assert main(["diff", "previous", "latest", "--fail", "peak_allocated:5%"]) == 1
+    text = capsys.readouterr().out
+    assert "peak_allocated" in text and "1.23 GiB ->     1.35 GiB" in text
+    assert "FAILED peak_allocated 1.35 GiB exceeds baseline 1.23 GiB" in text
+    assert main(["diff", "2", "0002", "--fail", "peak_allocated:5%"]) == 0  # a run with itself
+    capsys.readouterr()
+    assert main(["suggest", "latest", "--form", "toml"]) == 0
+    assert "peak_allocated" in capsys.readouterr().out
+    assert main(["diff", "1", "7"]) == 2
+    assert "no saved run '7'" in capsys.readouterr().err
+
+    assert main(["runs", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["id"], r["profiles"], r["problems"]) for r in listed["runs"]] == [
+        (1, [str(base)], []), (2, [str(heavy)], [])]
+    monkeypatch.chdir(project.path)
+    assert main(["runs"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].endswith("  1: base/run_ascend_pt")  # relative where it can be
+
+
+def test_memgate_runs_with_none_saved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--storage", str(tmp_path / "nowhere")]) == 0
+    assert capsys.readouterr().out == f"no saved runs in {tmp_path / 'nowhere' / 'v1'} (pytest --memgate-autosave saves one)\n"

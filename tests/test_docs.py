@@ -134,7 +134,7 @@ def test_readme_cli_section_lists_every_command() -> None:
     block = "\n".join(_code_block(_section("CLI")))
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     commands = list(sub.choices)
-    assert set(commands) == {"inspect", "check", "validate", "report", "diff", "suggest"}
+    assert set(commands) == {"inspect", "check", "validate", "report", "diff", "suggest", "runs"}
     for command in commands:
         assert re.search(rf"^memgate {command} ", block, re.MULTILINE), command
 

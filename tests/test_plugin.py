@@ -177,6 +177,31 @@ def test_not_measurable_metric_is_an_error_not_a_pass(pytester: pytest.Pytester)
 # ---- markers -----------------------------------------------------------------------------------
 
 
+def test_a_marked_check_that_is_not_measurable_reads_error_everywhere(pytester: pytest.Pytester) -> None:
+    """Not measurable is an error in the status line, the counts, the short summary and the table, as the
+    same check of a budget file is; a budget exceeded in the same run stays a failure."""
+    pytester.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.memgate(profile={str(SAMPLE)!r}, step_growth="1 MiB")
+        def test_growth():
+            pass
+
+        @pytest.mark.memgate(profile={str(SAMPLE)!r}, peak_allocated="1 GiB")
+        def test_too_big():
+            pass
+    """)
+    result = pytester.runpytest("-rA", "-vv")  # -vv (or CI set): pytest keeps the whole message in the summary
+    result.assert_outcomes(errors=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*::test_growth ERROR*",
+        "*::test_too_big FAILED*",
+        "ERROR *::test_growth - memgate: error: *step_growth is not measurable*",
+        "FAILED *::test_too_big - peak_allocated 1.23 GiB exceeds budget 1.00 GiB*",
+    ])
+    result.stdout.fnmatch_lines(["*step_growth * error *", "*1 failed, 1 error*"])
+
+
 def test_marker_with_profile_path(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(f"""
         import pytest
@@ -605,3 +630,17 @@ def test_short_summary_line_of_a_budget_file_item_carries_its_message(pytester: 
     _trace_run(pytester, "fv-az1234-567_2048.1736412345678901234.pt.trace.json")
     result = pytester.runpytest("--memgate=prof", "-rf", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["FAILED memgate::prof/fv-az1234-567_*.*.pt.trace.json::train::leaked - leaked 13.00 MiB*"])
+
+
+@pytest.mark.parametrize(("args", "kept"), [
+    (["--memgate-html=out/r.html"], "out/memgate-recordings"),  # beside the report: outlives pytest's tmp folders
+    (["--memgate-json=j/r.json", "--memgate-html=h/r.html"], "h/memgate-recordings"),
+    (["--memgate-json=j/r.json", "--memgate-keep-traces=kept"], "kept"),  # asked for: there
+    ([], None),  # no report, nothing asked: recordings stay where pytest put them
+])
+def test_recordings_are_kept_beside_a_report(pytester: pytest.Pytester, args: list[str], kept: str | None) -> None:
+    from memgate.plugin import STATE
+
+    config = pytester.parseconfigure(*args)
+    found = config.stash[STATE].settings.keep_traces
+    assert found == (None if kept is None else Path(config.invocation_params.dir) / kept)

@@ -185,9 +185,11 @@ def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pyte
     from memgate.plugin import _artifact_name
 
     pytester.makepyfile(test_stack=STACKS, test_forgot=FORGOT_STEP, test_nothing=NOTHING)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--memgate-keep-traces=kept",
-                                           "--memgate-html=report.html", "--memgate-json=report.json")
-    result.assert_outcomes(failed=3)
+    # no --memgate-keep-traces: with a report, the recordings are kept beside it (pytest's temporary
+    # folders, where they were written, are removed after three sessions)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly",
+                                           "--memgate-html=out/report.html", "--memgate-json=out/report.json")
+    result.assert_outcomes(failed=1, errors=2)  # two tests memgate could not judge: errors, as their rows say
     # the holders at the peak, each with the user functions that allocated it
     result.stdout.fnmatch_lines([
         "peak_allocated 1.50 MiB exceeds budget 64.00 KiB by 1.44 MiB (+2300.0%) — rank 0 cpu*",
@@ -204,17 +206,21 @@ def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pyte
                                  "while it recorded (the fixture records with profile_memory=True)*")])
     assert "profile_memory=True)" not in result.stdout.str().replace("(the fixture records with profile_memory=True)", "")
     # every recording kept as an artifact
+    kept = pytester.path / "out" / "memgate-recordings"
     for test in ("test_stack.py::test_train", "test_forgot.py::test_forgot_step", "test_nothing.py::test_nothing"):
-        assert (pytester.path / "kept" / _artifact_name(test) / TRACE_NAME).is_file(), test
-    result.stdout.fnmatch_lines([f"memgate: recordings of 3 test(s) kept in {pytester.path / 'kept'}"])
+        assert (kept / _artifact_name(test) / TRACE_NAME).is_file(), test
+    result.stdout.fnmatch_lines([f"memgate: recordings of 3 test(s) kept in {kept}"])
     # the reports: each recording (not the one that allocated nothing) with its test and holders
-    report = json.loads((pytester.path / "report.json").read_text())
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
     by_test = {p["metadata"]["test"]: p for p in report["profiles"]}
+    for test, profile in by_test.items():  # the report points at the kept copy, not a temporary folder
+        assert Path(profile["path"]).is_relative_to(kept / _artifact_name(test)), test
+        assert Path(profile["path"]).exists(), test
     assert sorted(by_test) == ["test_forgot.py::test_forgot_step", "test_stack.py::test_train"]
     holders = by_test["test_stack.py::test_train"]["devices"][0]["metrics"]["top_at_peak"]
     assert [(h["size"], h["stack"], h["owner"]) for h in holders] == [(LEAK, STACK, STACK[0])] * 6
     assert by_test["test_stack.py::test_train"]["metadata"]["recorded_steps"] == 6
-    page = (pytester.path / "report.html").read_text()
+    page = (pytester.path / "out" / "report.html").read_text()
     assert "2 profile(s)" in page and page.count("<svg") >= 2 and STACK[0] in page
 
 
