@@ -1,12 +1,14 @@
-"""The metrics of DESIGN.md, per device, computed from the normalized model. Pure."""
+"""The metrics of docs/design.md (listed in :mod:`memgate.metric_specs`), per device, computed from the
+normalized model. Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memgate import hints
+from memgate import hints, metric_specs
 from memgate.lazy import lazy_module
+from memgate.metric_specs import SPEC_OF, details_of
 from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile, steps_in_order
 from memgate.reconcile import DeviceFacts, reconcile
 from memgate.sizes import format_size
@@ -19,34 +21,17 @@ else:  # imported on first use: pytest loads the plugin, and so this module, on 
 
 TOP_N = 10
 TOP_HOLDERS = 50  # blocks kept in top_at_peak: failure details show 5 holder lines, each -v 5 more
-METRIC_KEYS = (
-    "peak_allocated_bytes",
-    "peak_requested_bytes",
-    "peak_reserved_bytes",
-    "peak_app_reserved_bytes",
-    "fragmentation",
-    "external_fragmentation",
-    "step_growth_bytes",
-    "leaked_bytes",
-    "leak_undetermined_bytes",
-    "allocated_at_dump_bytes",
-    "reserved_at_dump_bytes",
-    "largest_free_block_bytes",
-    "free_block_fragmentation",
-    "op_max_block_bytes",
-    "top_at_peak",
-    "op_bytes_at_peak",
-    "owner_bytes_at_peak",
-)
+METRIC_KEYS = metric_specs.METRIC_KEYS  # the report's keys (the session and loaders read them here)
 OTHER = "(other)"  # the key summing the names past the top N in op/owner_bytes_at_peak
-_AT_PEAK_DICTS = ("op_bytes_at_peak", "owner_bytes_at_peak")
 # Which block components make up a framework series (who can hold its peak).
 SERIES_PARTS = {"PTA+GE": ("PTA", "GE"), "MindSpore+GE": ("MindSpore", "GE")}
 # Counted steps step_growth needs: w = (n-1)//2 intervals per run, and n >= 5 leaves a run of w
 # intervals beside any single one (a one-time jump can then never be in every run).
 MIN_GROWTH_STEPS = 5
-_DUMP_KEYS = ("allocated_at_dump_bytes", "reserved_at_dump_bytes", "largest_free_block_bytes",
-              "free_block_fragmentation")
+# The metrics measured on the framework series, on each allocator pool, on the pool at a snapshot's dump.
+_SERIES_KEYS = metric_specs.keys_where(source="framework series")
+_POOL_KEYS = metric_specs.keys_where(source="allocator pools")
+_DUMP_KEYS = metric_specs.keys_where(source="pool at the dump")
 
 
 @dataclass(frozen=True)
@@ -135,67 +120,114 @@ def framework_component(device: DeviceModel, override: str | None = None) -> str
     return None
 
 
-def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions | None = None) -> DeviceMetrics:
-    options = options or MetricOptions()
-    component, warmup_steps = options.component, options.warmup_steps
-    facts = reconcile(device)
-    values: dict[str, Any] = dict.fromkeys(METRIC_KEYS)
-    missing: dict[str, str] = {}
-    notes: dict[str, str] = {}
-    name: str | None = framework_component(device, component)
-    times: np.ndarray
-    allocated: np.ndarray
+@dataclass
+class _Figures:
+    """What :func:`device_metrics` has found so far, each metric family adding its own."""
+
+    values: dict[str, Any]  # METRIC_KEYS → value, then details (live_at_peak_count)
+    missing: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    pool_of: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """The series the peaks, growth and holders are measured on: a framework series, or the blocks' sum."""
+
+    name: str | None  # the framework series, "blocks" when rebuilt from blocks, None without one
     source: str | None
-    carried: int | None = None
+    times: np.ndarray
+    allocated: np.ndarray  # window-relative totals: less what they carried in (``carried``)
+    reserved: np.ndarray
+    carried: int | None = None  # None: the totals are absolute
+
+
+def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions | None = None) -> DeviceMetrics:
+    """Every metric of :mod:`memgate.metric_specs` for one device, family by family."""
+    options = options or MetricOptions()
+    facts = reconcile(device)
+    figures = _Figures(values=dict.fromkeys(METRIC_KEYS))
+    curve = _framework_curve(profile, device, options.component, facts, figures)
+    peak_t = _peaks(curve, figures)
+    pools = _pools(device, options.component, curve.name, figures)
+    _requested_peak(device, figures)
+    _app_peak(profile, device, figures)
+    steps = device.steps if device.steps is not None else profile.steps
+    _steps_and_leaks(profile, device, options, curve, steps, figures)
+    _dump_values(device.dump_state, figures)
+    _blocks_at_peak(device, curve.name, peak_t, figures)
+    pools = _loader_not_measurable(profile, figures, pools)
+    return DeviceMetrics(
+        device=device.device,
+        component=curve.name,
+        source=curve.source,
+        values=figures.values,
+        missing=figures.missing,
+        peak_t_ns=peak_t,
+        peak_step=step_at(steps, peak_t),
+        facts=facts,
+        pools=pools,
+        pool_of=figures.pool_of,
+        notes=figures.notes,
+        carried_over_bytes=curve.carried,
+    )
+
+
+def _framework_curve(profile: Profile, device: DeviceModel, component: str | None, facts: DeviceFacts,
+                     figures: _Figures) -> _Curve:
+    """The framework series (``component`` where a budget names one), else the blocks' sum; where
+    there is neither, the metrics measured on it are said missing."""
+    empty = np.array([], dtype=np.int64)
+    name = framework_component(device, component)
     if name is not None:
         frame = device.series[name].frame
         has_allocated = frame.ints("allocated").present()
         times = frame.ints("t_ns").values[has_allocated]
         allocated = frame.ints("allocated").values[has_allocated]
-        reserved = frame.ints("reserved").known()
-        source = device.series[name].source
-        if device.window_relative:
-            carried = _carried_over(facts, block_components(device, name))
-            allocated = allocated - carried
-    elif component is not None:
-        raise_missing = f"no {component!r} series on {device.device} (has: {', '.join(sorted(device.series)) or 'none'})"
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes", "fragmentation",
-                    "external_fragmentation"):
-            missing[key] = raise_missing
-        times = allocated = reserved = np.array([], dtype=np.int64)
-        source = None
-    elif facts.curves:
-        name = "blocks"
-        parts = block_components(device, name)
+        carried = _carried_over(facts, block_components(device, name)) if device.window_relative else None
+        return _Curve(name, device.series[name].source, times, allocated if carried is None else allocated - carried,
+                      frame.ints("reserved").known(), carried)
+    if component is not None:
+        why = f"no {component!r} series on {device.device} (has: {', '.join(sorted(device.series)) or 'none'})"
+        for key in (*_SERIES_KEYS, *_POOL_KEYS):
+            figures.missing[key] = why
+        return _Curve(None, None, empty, empty, empty)
+    if facts.curves:
+        parts = block_components(device, "blocks")
         times, allocated = blocks_total(facts, parts)
-        reserved = np.array([], dtype=np.int64)
-        source = device.blocks_source
-        if device.window_relative:
-            carried = _carried_over(facts, parts)
-            allocated = allocated - carried
-    else:
-        times = allocated = reserved = np.array([], dtype=np.int64)
-        source = None
-        why = hints.no_memory_data(profile.format, profile.metadata)
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "step_growth_bytes"):
-            missing[key] = why
+        carried = _carried_over(facts, parts) if device.window_relative else None
+        return _Curve("blocks", device.blocks_source, times, allocated if carried is None else allocated - carried,
+                      empty, carried)
+    why = hints.no_memory_data(profile.format, profile.metadata)
+    for key in _SERIES_KEYS:
+        figures.missing[key] = why
+    return _Curve(None, None, empty, empty, empty)
 
+
+def _peaks(curve: _Curve, figures: _Figures) -> int | None:
+    """peak_allocated_bytes and peak_reserved_bytes of the curve; returns the peak's time."""
+    values, notes = figures.values, figures.notes
     peak_t: int | None = None
-    if len(allocated):
-        at = int(np.argmax(allocated))
-        values["peak_allocated_bytes"] = int(allocated[at])
-        peak_t = int(times[at])
+    if len(curve.allocated):
+        at = int(np.argmax(curve.allocated))
+        values["peak_allocated_bytes"] = int(curve.allocated[at])
+        peak_t = int(curve.times[at])
+        carried = curve.carried
         if carried is not None:
             notes["peak_allocated_bytes"] = (
                 "window-relative: the writer's totals leave out memory allocated before profiling started"
                 + (f"; {format_size(carried)} the totals carried in from before the first event (live since a "
                    "warm-up step, or counted by an earlier profiling session of the process) are left out"
                    if carried else ""))
-    if len(reserved):
-        values["peak_reserved_bytes"] = int(reserved.max())
-    elif "peak_reserved_bytes" not in missing:
-        missing["peak_reserved_bytes"] = f"the {name or 'framework'} data has no reserved totals"
+    if len(curve.reserved):
+        values["peak_reserved_bytes"] = int(curve.reserved.max())
+    elif "peak_reserved_bytes" not in figures.missing:
+        figures.missing["peak_reserved_bytes"] = f"the {curve.name or 'framework'} data has no reserved totals"
+    return peak_t
 
+
+def _pools(device: DeviceModel, component: str | None, name: str | None, figures: _Figures) -> dict[str, PoolMetrics]:
+    """fragmentation and external_fragmentation: each the worst pool's, the pool named where it is worse."""
     judged_pools = [] if component is not None and name is None else pool_components(device, component)
     pools: dict[str, PoolMetrics] = {}
     contradicted: list[str] = []  # pools whose totals contradict each other: no figure of theirs is judged
@@ -207,8 +239,8 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
                                 f"{measured.peak_allocated_bytes} > peak reserved {measured.peak_reserved_bytes} bytes)")
             continue
         pools[pool] = measured
-    pool_of: dict[str, str] = {}
-    for key in ("fragmentation", "external_fragmentation"):
+    values, missing, notes, pool_of = figures.values, figures.missing, figures.notes, figures.pool_of
+    for key in _POOL_KEYS:
         judged = {pool: getattr(m, key) for pool, m in pools.items() if getattr(m, key) is not None}
         if judged:
             worst = max(sorted(judged), key=lambda pool: judged[pool])
@@ -226,44 +258,63 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
         before = (f"{pool_of['fragmentation']} reserved is at its maximum from its first sample: the value reflects "
                   "memory reserved before the window")
         notes["fragmentation"] = "; ".join(filter(None, [before, notes.get("fragmentation")]))
+    return pools
 
+
+def _requested_peak(device: DeviceModel, figures: _Figures) -> None:
+    """peak_requested_bytes: a snapshot's peak in the sizes the program asked for."""
+    values = figures.values
     if device.requested_peak is not None:
         values["peak_requested_bytes"] = device.requested_peak
         if values["peak_allocated_bytes"] is not None:
-            notes["peak_requested_bytes"] = (f"{format_size(values['peak_allocated_bytes'] - device.requested_peak)} "
-                                             "below peak_allocated_bytes: the allocator's rounding of the blocks")
+            figures.notes["peak_requested_bytes"] = (
+                f"{format_size(values['peak_allocated_bytes'] - device.requested_peak)} "
+                "below peak_allocated_bytes: the allocator's rounding of the blocks")
     else:
-        missing["peak_requested_bytes"] = ("only a memory snapshot records the requested sizes beside the allocator's "
-                                           "blocks")
+        figures.missing["peak_requested_bytes"] = ("only a memory snapshot records the requested sizes beside the "
+                                                   "allocator's blocks")
+
+
+def _app_peak(profile: Profile, device: DeviceModel, figures: _Figures) -> None:
+    """peak_app_reserved_bytes: the whole process's device memory (Ascend APP, CUDA NVML samples)."""
+    values = figures.values
     app = device.series.get(APP_COMPONENT)
     app_reserved = app.frame.ints("reserved").known() if app is not None else np.zeros(0, dtype=np.int64)
-    if len(app_reserved):
-        values["peak_app_reserved_bytes"] = int(app_reserved.max())
-        sampled = profile.metadata.get("device_memory")
-        if isinstance(sampled, dict) and values["peak_reserved_bytes"] is not None:
-            # CUDA: the recorder sampled the device through NVML; say whose memory it is and what lies outside
-            scope = ("this process's device memory" if sampled.get("scope") == "process"
-                     else "the whole device's memory in use (all processes: NVML could not attribute it)")
-            notes["peak_app_reserved_bytes"] = (
-                f"{scope}, sampled by {sampled.get('source')} once per step; "
-                f"{format_size(max(values['peak_app_reserved_bytes'] - values['peak_reserved_bytes'], 0))} above the "
-                "caching allocator's peak reserved (CUDA context, NCCL, library workspaces, other allocations)")
-    else:
-        missing["peak_app_reserved_bytes"] = "no APP (whole-process) series in this profile"
+    if not len(app_reserved):
+        figures.missing["peak_app_reserved_bytes"] = "no APP (whole-process) series in this profile"
+        return
+    values["peak_app_reserved_bytes"] = int(app_reserved.max())
+    sampled = profile.metadata.get("device_memory")
+    if isinstance(sampled, dict) and values["peak_reserved_bytes"] is not None:
+        # CUDA: the recorder sampled the device through NVML; say whose memory it is and what lies outside
+        scope = ("this process's device memory" if sampled.get("scope") == "process"
+                 else "the whole device's memory in use (all processes: NVML could not attribute it)")
+        figures.notes["peak_app_reserved_bytes"] = (
+            f"{scope}, sampled by {sampled.get('source')} once per step; "
+            f"{format_size(max(values['peak_app_reserved_bytes'] - values['peak_reserved_bytes'], 0))} above the "
+            "caching allocator's peak reserved (CUDA context, NCCL, library workspaces, other allocations)")
 
-    steps = device.steps if device.steps is not None else profile.steps
-    counted = _counted_steps(steps, warmup_steps)
-    if len(allocated):
-        growth, growth_gap = _step_growth(counted, times, allocated, warmup_steps, steps, profile)
+
+def _steps_and_leaks(profile: Profile, device: DeviceModel, options: MetricOptions, curve: _Curve, steps: Table,
+                     figures: _Figures) -> None:
+    """step_growth_bytes, leaked_bytes and leak_undetermined_bytes over the counted steps."""
+    values, missing = figures.values, figures.missing
+    counted = _counted_steps(steps, options.warmup_steps)
+    if len(curve.allocated):
+        growth, growth_gap = _step_growth(counted, curve.times, curve.allocated, options.warmup_steps, steps, profile)
         values["step_growth_bytes"] = growth
         if growth_gap:
             missing["step_growth_bytes"] = growth_gap
-    leaks, leak_gap = _leaked(device, counted, options, steps, block_components(device, name), profile)
+    leaks, leak_gap = _leaked(device, counted, options, steps, block_components(device, curve.name), profile)
     values["leaked_bytes"], values["leak_undetermined_bytes"] = leaks
     if leak_gap:
         missing["leaked_bytes"] = missing["leak_undetermined_bytes"] = leak_gap
-    _dump_values(device.dump_state, values, missing, notes)
 
+
+def _blocks_at_peak(device: DeviceModel, name: str | None, peak_t: int | None, figures: _Figures) -> None:
+    """op_max_block_bytes, and the blocks live at the peak: top_at_peak (with live_at_peak_count),
+    op_bytes_at_peak, owner_bytes_at_peak."""
+    values = figures.values
     blocks = device.blocks
     op_max = op_max_block_bytes(blocks)
     if op_max:
@@ -271,39 +322,32 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     else:
         values["op_max_block_bytes"] = {}
         if len(blocks) == 0:
-            missing["op_max_block_bytes"] = "no per-block data (operator_memory / allocation events)"
+            figures.missing["op_max_block_bytes"] = "no per-block data (operator_memory / allocation events)"
     at_peak = live_rows(blocks, peak_t, block_components(device, name) or ()) if peak_t is not None else None
     values["top_at_peak"] = top_at(blocks, at_peak) if at_peak is not None else []
     # how many blocks are live at the peak: top_at_peak keeps only the largest TOP_HOLDERS of them
     values["live_at_peak_count"] = len(at_peak) if at_peak is not None else None
     values["op_bytes_at_peak"] = bytes_at(blocks, at_peak, "op") if at_peak is not None else {}
     values["owner_bytes_at_peak"] = bytes_at(blocks, at_peak, "owner") if at_peak is not None else {}
-    # What the loader knows cannot be measured from this file (e.g. a snapshot without history).
+
+
+def _loader_not_measurable(profile: Profile, figures: _Figures,
+                           pools: dict[str, PoolMetrics]) -> dict[str, PoolMetrics]:
+    """What the loader knows cannot be measured from this file (e.g. a snapshot without history):
+    each such metric emptied and said missing; returns the pools left to show."""
     for key, why in (profile.metadata.get("not_measurable") or {}).items():
-        values[key] = [] if key == "top_at_peak" else {} if key in _AT_PEAK_DICTS else None
-        if key == "top_at_peak":
-            values["live_at_peak_count"] = None
-        missing[key] = str(why)
-        pool_of.pop(key, None)
-        notes.pop(key, None)
-        if key in ("fragmentation", "external_fragmentation"):
+        spec = SPEC_OF.get(key)
+        figures.values[key] = spec.empty if spec is not None else None
+        for detail in details_of(key):
+            figures.values[detail] = SPEC_OF[detail].empty
+        figures.missing[key] = str(why)
+        figures.pool_of.pop(key, None)
+        figures.notes.pop(key, None)
+        if key in _POOL_KEYS:
             # the pools are fragmentation's breakdown: a snapshot without history has one sample, the
             # dump, whose 1 - allocated/reserved is the cache the allocator kept, not fragmentation
             pools = {}
-    return DeviceMetrics(
-        device=device.device,
-        component=name,
-        source=source,
-        values=values,
-        missing=missing,
-        peak_t_ns=peak_t,
-        peak_step=step_at(steps, peak_t),
-        facts=facts,
-        pools=pools,
-        pool_of=pool_of,
-        notes=notes,
-        carried_over_bytes=carried,
-    )
+    return pools
 
 
 def pool_components(device: DeviceModel, override: str | None = None) -> list[str]:
@@ -362,19 +406,22 @@ def _carried_over(facts: DeviceFacts, components: tuple[str, ...] | None) -> int
     return sum(f.baseline_bytes for c, f in facts.components.items() if components is None or c in components)
 
 
-def _dump_values(state: PoolState | None, values: dict[str, Any], missing: dict[str, str],
-                 notes: dict[str, str]) -> None:
+def _dump_values(state: PoolState | None, figures: _Figures) -> None:
+    """The pool at a snapshot's dump: allocated_at_dump_bytes, reserved_at_dump_bytes,
+    largest_free_block_bytes, free_block_fragmentation."""
+    values = figures.values
     if state is None:
+        why = "only a memory snapshot records the pool's final state (segments and their free blocks)"
         for key in _DUMP_KEYS:
-            missing[key] = "only a memory snapshot records the pool's final state (segments and their free blocks)"
+            figures.missing[key] = why
         return
     values["allocated_at_dump_bytes"] = state.allocated
     values["reserved_at_dump_bytes"] = state.reserved
     values["largest_free_block_bytes"] = state.largest_free_block
     values["free_block_fragmentation"] = (1.0 - state.largest_free_block / state.free_bytes) if state.free_bytes else 0.0
-    notes["allocated_at_dump_bytes"] = ("the allocator's block sizes, as torch.cuda.memory_allocated() counts them"
-                                        if state.size_basis == "rounded" else
-                                        f"sizes as {state.size_basis}, the basis of peak_allocated_bytes")
+    figures.notes["allocated_at_dump_bytes"] = ("the allocator's block sizes, as torch.cuda.memory_allocated() counts "
+                                                "them" if state.size_basis == "rounded" else
+                                                f"sizes as {state.size_basis}, the basis of peak_allocated_bytes")
 
 
 # Blocks-only devices: which block components are the framework allocator, by preference. Others

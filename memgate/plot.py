@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from memgate.chart_data import CURVE_KINDS, GREY, OFF_SCALE, RED, budget_lines, device_curves, step_spans
 from memgate.errors import ConfigError
-from memgate.html_report import CURVE_KINDS, GREY, OFF_SCALE, RED, budget_lines, device_curves, step_spans
 from memgate.lttb import downsample_steps
 from memgate.model import STEP_COLUMNS, Profile
 from memgate.sizes import format_size

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from memgate import __version__
-from memgate.budgets import LIMITS, Outcome
+from memgate.budgets import CROSS_RANK, Outcome
 from memgate.identity import profile_labels
+from memgate.metric_specs import BUDGET_SPECS, keys_where
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
 from memgate.sizes import format_size
@@ -69,14 +70,15 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 
 
 def _cell(metric: str, value: Any) -> str:
+    """A summary-table value of a budget key (``metric``): a ratio with 3 decimals, else a size."""
     if value is None:
         return "-"
-    if metric in ("fragmentation", "rank_imbalance") or (metric in LIMITS and LIMITS[metric][1] == "ratio"):
+    if metric == CROSS_RANK or (metric in BUDGET_SPECS and BUDGET_SPECS[metric].kind == "ratio"):
         return f"{value:.3f}"
     return format_size(value)
 
 
-_METRIC_ORDER = {key: i for i, key in enumerate(LIMITS)}
+_METRIC_ORDER = {key: i for i, key in enumerate(BUDGET_SPECS)}
 
 
 def outcome_order(outcome: dict[str, Any]) -> tuple[str, str, int, str]:
@@ -129,10 +131,9 @@ def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
     return [fmt.format(*r).rstrip() for r in [header, tuple("-" * w for w in widths), *rows]]
 
 
-_SIZE_ROWS = ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "peak_app_reserved_bytes", "step_growth_bytes",
-              "leaked_bytes", "leak_undetermined_bytes", "allocated_at_dump_bytes", "reserved_at_dump_bytes",
-              "largest_free_block_bytes")
-_RATIO_ROWS = ("fragmentation", "external_fragmentation", "free_block_fragmentation")
+# The rows of ``memgate inspect``: every single-number metric, the sizes first, then the ratios.
+_SIZE_ROWS = keys_where(unit="bytes", shape="value")
+_RATIO_ROWS = keys_where(unit="ratio")
 
 
 def capacity_headroom(entry: dict[str, Any], dev: dict[str, Any]) -> tuple[int, int] | None:
