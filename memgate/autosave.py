@@ -7,12 +7,12 @@ Layout (version 1; the folder name carries it)::
 
 - ``<configuration>`` names what must match for numbers to be comparable, and nothing about the
   machine: the profile format, device type, framework / CANN versions and world size
-  (:func:`memgate.compare.comparable_key`), as readable text plus a hash of the exact key, e.g.
+  (:func:`memgate.baselines.comparable_key`), as readable text plus a hash of the exact key, e.g.
   ``torch_npu-npu-torch_npu2.1.0-ws8-1a2b3c4d``. A run whose profiles differ in these writes one
   file per configuration, all with the run's number.
 - ``<NNNN>`` numbers the runs from 0001 across configurations; ``<commit>`` is the git commit of
   the checkout (12 hex digits, ``-dirty`` with uncommitted changes to tracked files) or ``nogit``.
-- Each file is a baseline (:func:`memgate.compare.baseline_from_entries`) plus a ``memgate_run``
+- Each file is a baseline (:func:`memgate.baselines.baseline_from_entries`) plus a ``memgate_run``
   record: ``{"layout": 1, "id", "commit", "dirty", "saved_at", "configuration"}``. Any file can be
   given to ``--memgate-baseline`` or ``memgate diff`` as is.
 
@@ -34,11 +34,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from memgate.compare import RUN_LAYOUT, baseline_entries, baseline_from_entries, comparable_key, load_baseline
+from memgate.baselines import RUN_LAYOUT, baseline_entries, baseline_from_entries, comparable_key
+from memgate.documents import load_baseline
 from memgate.errors import ConfigError, MemgateError
 from memgate.report import write_json_atomic
 
-LAYOUT = RUN_LAYOUT  # memgate_run.layout, checked on read (memgate.compare.load_baseline)
+LAYOUT = RUN_LAYOUT  # memgate_run.layout, checked on read (memgate.documents.load_baseline)
 LAYOUT_DIR = f"v{LAYOUT}"
 _RUN_FILE = re.compile(r"\A(?P<number>[0-9]{4,})_(?P<commit>[0-9a-f]{4,40}|nogit)(?P<dirty>-dirty)?\.json\Z")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+]+")
@@ -172,6 +173,44 @@ def save_run(storage: Path, entries: Iterable[dict[str, Any]], *, commit: str | 
         write_json_atomic(path, document)
         written.append(path)
     return written
+
+
+class BaselineFinder:
+    """What a profile entry is compared with: ``--memgate-baseline=FILE``, else the saved run
+    ``--memgate-compare[=ID]`` picks for the entry's configuration. Each file is read once (its error
+    kept too, said again to every entry that needs it)."""
+
+    def __init__(self, baseline_path: Path | None, compare_id: str | None, storage: Path) -> None:
+        assert baseline_path is not None or compare_id is not None
+        self.baseline_path = baseline_path
+        self.compare_id = compare_id
+        self.storage = storage
+        self._read: dict[Path, dict[str, Any] | MemgateError] = {}
+
+    def read(self, path: Path) -> dict[str, Any]:
+        if path not in self._read:
+            try:
+                self._read[path] = load_baseline(path)
+            except MemgateError as exc:
+                self._read[path] = exc
+        loaded = self._read[path]
+        if isinstance(loaded, MemgateError):
+            raise loaded
+        return loaded
+
+    def for_entry(self, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """(the baseline to compare ``entry`` with, where it is) — (None, why) when there is none,
+        for the missing-baseline policy."""
+        if self.baseline_path is not None:
+            if not self.baseline_path.exists():
+                return None, f"baseline {self.baseline_path} does not exist"
+            return self.read(self.baseline_path), str(self.baseline_path)
+        assert self.compare_id is not None
+        key = comparable_key(entry)
+        run = find_run(self.storage, key, self.compare_id)
+        if run is None:
+            return None, missing_run(self.storage, key, self.compare_id)
+        return self.read(run.path), str(run.path)
 
 
 RUN_ID_HELP = "latest, previous, a run number (3 or 0003) or a git commit prefix (4+ hex digits)"

@@ -1,4 +1,10 @@
-"""Budgets: where they are declared, what they mean, and how a profile is judged against them. Pure."""
+"""Budgets: where they are declared and what they mean. Pure.
+
+A budget comes from an entry of a budget file (``[tool.memgate]`` in pyproject.toml, a memgate.toml,
+or ``--memgate-budgets=FILE``) or from a ``@pytest.mark.memgate(...)`` marker's keywords; every value
+is validated when it is read, and every problem of a file is said at once, each on its line.
+:mod:`memgate.judge` judges a profile against them.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,19 @@ import fnmatch
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from memgate.errors import ConfigError, NotMeasurable, NotSelected, printable
-from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
-from memgate.model import Profile, ProfileInfo
+from memgate.errors import ConfigError
+from memgate.metric_cache import MetricCache as MetricCache  # noqa: PLC0414  (a re-export: see the note at the end)
+from memgate.metrics import MetricOptions
 from memgate.schemas import load_schema
-from memgate.sizes import format_share, format_size, parse_share, parse_size
+from memgate.sizes import format_share, parse_share, parse_size
 from memgate.toml_lines import key_lines, line_of
+from memgate.verdict import Outcome as Outcome  # noqa: PLC0414  (a re-export: see the note at the end)
 
 # Budget key → (metric key in the report, kind)
 LIMITS: dict[str, tuple[str, str]] = {
@@ -109,6 +117,24 @@ def unknown_keys_message(unknown: Sequence[str], valid: Iterable[str], what: str
     return f"unknown {what}{'s' if len(parts) > 1 else ''} {', '.join(parts)}"
 
 
+class _Problems(list[BudgetKeyError]):
+    """Every problem of one budget entry, in the order its keys are checked."""
+
+    @contextmanager
+    def kept(self) -> Iterator[None]:
+        """Run a check; its BudgetKeyError is kept here instead of raised."""
+        try:
+            yield
+        except BudgetKeyError as exc:
+            self.append(exc)
+
+    def raise_first(self) -> None:
+        """Raise the first problem, the others in its ``also``; nothing when there is none."""
+        if self:
+            self[0].also = tuple(self[1:])
+            raise self[0]
+
+
 def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str | None = None,
                         default_leak_horizon: int = 1, extra_keys: Iterable[str] = ()) -> Budget:
     """Build a Budget from a budget-file entry or marker keywords, validating every value.
@@ -117,89 +143,25 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     Errors are :class:`BudgetKeyError` naming ``origin`` and the offending key: every problem of
     ``raw`` is found, the first raised with the others in its ``also``.
     """
-    problems: list[BudgetKeyError] = []
-    known = BUDGET_KEYS | set(extra_keys)
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        guessed = all(closest_key(k, known) for k in unknown)  # "did you mean" says it; else list them all
-        problems.append(BudgetKeyError(unknown_keys_message(unknown, known), key=unknown[0], file=origin,
-                                       expected=None if guessed else "one of " + ", ".join(sorted(known))))
+    problems = _Problems()
+    _check_keys(raw, BUDGET_KEYS | set(extra_keys), origin, problems)
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not name:
         problems.append(BudgetKeyError("a budget needs a non-empty 'name'", key="name", file=origin))
         name = "budget"
-    limits: dict[str, int | float] = {}
-    shares: dict[str, float] = {}
-    for key, (_, kind) in LIMITS.items():
-        if key not in raw:
-            continue
-        value = raw[key]
-        try:
-            if kind == "size":
-                share = _parse_share_in(origin, value, f"{name}.{key}", key)
-                if share is not None:
-                    shares[key] = share
-                else:
-                    limits[key] = _parse_size_in(origin, value, f"{name}.{key}", key)
-            else:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                    raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
-                                         expected="a ratio between 0 and 1")
-                limits[key] = float(value)
-        except BudgetKeyError as exc:
-            problems.append(exc)
-    caps: dict[str, int] = {}
-    owner_caps: dict[str, int] = {}
-    for cap_key, parsed in (("op_caps", caps), ("owner_caps", owner_caps)):
-        table = raw.get(cap_key, {})
-        if not isinstance(table, dict):
-            problems.append(BudgetKeyError(
-                f"invalid {name}.{cap_key}", key=cap_key, file=origin,
-                expected=f"a table of {'op-name' if cap_key == 'op_caps' else 'owner'} glob = size"))
-            continue
-        for glob, size in table.items():
-            what = f"{name}.{cap_key}[{glob!r}]"
-            try:
-                share = _parse_share_in(origin, size, what, cap_key)
-                if share is not None:
-                    shares[f"{cap_key}[{glob}]"] = share
-                    parsed[str(glob)] = 0
-                else:
-                    parsed[str(glob)] = _parse_size_in(origin, size, what, cap_key)
-            except BudgetKeyError as exc:
-                problems.append(exc)
-    imbalance_raw = raw.get(CROSS_RANK, {})
-    if not isinstance(imbalance_raw, dict):
-        problems.append(BudgetKeyError(f"invalid {name}.{CROSS_RANK}", key=CROSS_RANK, file=origin,
-                                       expected="a table of metric = ratio, e.g. { peak_allocated = 0.05 }"))
-        imbalance_raw = {}
-    imbalance: dict[str, float] = {}
-    for metric, ratio in imbalance_raw.items():
-        if metric not in LIMITS:
-            problems.append(BudgetKeyError(
-                f"invalid {name}.{CROSS_RANK}: {unknown_keys_message([metric], LIMITS, 'metric')}",
-                key=CROSS_RANK, file=origin, expected="one of " + ", ".join(LIMITS)))
-        elif isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-            problems.append(BudgetKeyError(
-                f"invalid {name}.{CROSS_RANK}[{metric!r}] {ratio!r}", key=CROSS_RANK, file=origin,
-                expected="a ratio between 0 and 1 (1 - min/max over the ranks)"))
-        else:
-            imbalance[metric] = float(ratio)
+    limits, shares = _limits(raw, name, origin, problems)
+    caps = _caps(raw, "op_caps", name, origin, shares, problems)
+    owner_caps = _caps(raw, "owner_caps", name, origin, shares, problems)
+    imbalance = _imbalance(raw, name, origin, problems)
     capacity = None
     warmup, horizon = 1, default_leak_horizon
-    try:
+    with problems.kept():
         capacity = (_parse_size_in(origin, raw["device_capacity"], f"{name}.device_capacity", "device_capacity")
                     if "device_capacity" in raw else None)
-    except BudgetKeyError as exc:
-        problems.append(exc)
-    try:
+    with problems.kept():
         warmup = _steps_count(raw, "warmup_steps", name, origin, default=1, least=0)
-    except BudgetKeyError as exc:
-        problems.append(exc)
-    try:
+    with problems.kept():
         horizon = _steps_count(raw, "leak_horizon_steps", name, origin, default=default_leak_horizon, least=1)
-    except BudgetKeyError as exc:
-        problems.append(exc)
     for key in ("ranks", "devices", "component"):
         if key in raw and not isinstance(raw[key], str):
             problems.append(BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin,
@@ -208,9 +170,7 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     if not limits and not caps and not shares and not owner_caps and not imbalance and not problems:
         problems.append(BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
                                        expected="at least one of " + ", ".join([*LIMITS, "op_caps", "owner_caps", CROSS_RANK])))
-    if problems:
-        problems[0].also = tuple(problems[1:])
-        raise problems[0]
+    problems.raise_first()
     return Budget(
         name=name,
         limits=limits,
@@ -226,6 +186,83 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
         device_capacity=capacity,
         shares=shares,
     )
+
+
+def _check_keys(raw: dict[str, Any], known: set[str] | frozenset[str], origin: str, problems: _Problems) -> None:
+    """Keys no budget has: each with the key it most likely means, else the list of every key."""
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        guessed = all(closest_key(k, known) for k in unknown)  # "did you mean" says it; else list them all
+        problems.append(BudgetKeyError(unknown_keys_message(unknown, known), key=unknown[0], file=origin,
+                                       expected=None if guessed else "one of " + ", ".join(sorted(known))))
+
+
+def _limits(raw: dict[str, Any], name: str, origin: str,
+            problems: _Problems) -> tuple[dict[str, int | float], dict[str, float]]:
+    """The LIMITS keys: sizes in bytes (or a share of the capacity, ``"92%"``) and ratios."""
+    limits: dict[str, int | float] = {}
+    shares: dict[str, float] = {}
+    for key, (_, kind) in LIMITS.items():
+        if key not in raw:
+            continue
+        value = raw[key]
+        with problems.kept():
+            if kind == "size":
+                share = _parse_share_in(origin, value, f"{name}.{key}", key)
+                if share is not None:
+                    shares[key] = share
+                else:
+                    limits[key] = _parse_size_in(origin, value, f"{name}.{key}", key)
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                    raise BudgetKeyError(f"invalid {name}.{key} {value!r}", key=key, file=origin,
+                                         expected="a ratio between 0 and 1")
+                limits[key] = float(value)
+    return limits, shares
+
+
+def _caps(raw: dict[str, Any], cap_key: str, name: str, origin: str, shares: dict[str, float],
+          problems: _Problems) -> dict[str, int]:
+    """``op_caps`` / ``owner_caps``: glob → bytes; a cap written as a share of the capacity goes to ``shares``."""
+    parsed: dict[str, int] = {}
+    table = raw.get(cap_key, {})
+    if not isinstance(table, dict):
+        problems.append(BudgetKeyError(
+            f"invalid {name}.{cap_key}", key=cap_key, file=origin,
+            expected=f"a table of {'op-name' if cap_key == 'op_caps' else 'owner'} glob = size"))
+        return parsed
+    for glob, size in table.items():
+        what = f"{name}.{cap_key}[{glob!r}]"
+        with problems.kept():
+            share = _parse_share_in(origin, size, what, cap_key)
+            if share is not None:
+                shares[f"{cap_key}[{glob}]"] = share
+                parsed[str(glob)] = 0
+            else:
+                parsed[str(glob)] = _parse_size_in(origin, size, what, cap_key)
+    return parsed
+
+
+def _imbalance(raw: dict[str, Any], name: str, origin: str, problems: _Problems) -> dict[str, float]:
+    """``rank_imbalance``: a LIMITS key → the largest ``1 - min/max`` over the ranks."""
+    imbalance_raw = raw.get(CROSS_RANK, {})
+    if not isinstance(imbalance_raw, dict):
+        problems.append(BudgetKeyError(f"invalid {name}.{CROSS_RANK}", key=CROSS_RANK, file=origin,
+                                       expected="a table of metric = ratio, e.g. { peak_allocated = 0.05 }"))
+        return {}
+    imbalance: dict[str, float] = {}
+    for metric, ratio in imbalance_raw.items():
+        if metric not in LIMITS:
+            problems.append(BudgetKeyError(
+                f"invalid {name}.{CROSS_RANK}: {unknown_keys_message([metric], LIMITS, 'metric')}",
+                key=CROSS_RANK, file=origin, expected="one of " + ", ".join(LIMITS)))
+        elif isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            problems.append(BudgetKeyError(
+                f"invalid {name}.{CROSS_RANK}[{metric!r}] {ratio!r}", key=CROSS_RANK, file=origin,
+                expected="a ratio between 0 and 1 (1 - min/max over the ranks)"))
+        else:
+            imbalance[metric] = float(ratio)
+    return imbalance
 
 
 def _steps_count(raw: dict[str, Any], key: str, name: str, origin: str, *, default: int, least: int) -> int:
@@ -265,18 +302,39 @@ class BudgetFile:
 
 
 Locate = Callable[[Sequence[str | int]], int | None]
+_Line = Callable[..., int | None]  # a key path in the table → its 1-based line, where known
+_Found = list[tuple[tuple[str | int, ...], ConfigError]]  # (key path, its error)
 
 
 def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horizon: int = 1,
                        locate: Locate | None = None) -> BudgetFile:
-    """Validate a budget table; ``locate`` maps a key path in ``table`` to its line for the errors."""
+    """Validate a budget table; ``locate`` maps a key path in ``table`` to its line for the errors.
+
+    Every error of the file is found, then all are raised at once in file order: the sizes first
+    (parse_size's message lists the accepted units, the schema's regex would not), the schema, each
+    entry's values, duplicate names.
+    """
     def line(*path: str | int) -> int | None:
         return locate(path) if locate is not None else None
 
     entries = table.get("budgets", []) if isinstance(table.get("budgets"), list) else []
-    # Every error of the file is found (key path, error), then all are raised at once in file order.
-    found: list[tuple[tuple[str | int, ...], ConfigError]] = []
-    # Sizes first: parse_size's message lists the accepted units, the schema's regex would not.
+    found = _size_errors(entries, origin, line)
+    found += _schema_errors(table, origin, line, sized={path for path, _ in found})
+    budgets, problems = _entry_budgets(entries, origin, default_leak_horizon, line,
+                                       reported={path[:3] for path, _ in found})  # (budgets, index, key) said
+    found += problems
+    found += _duplicate_names(entries, origin, line)
+    if found:
+        errors = sorted((error for _, error in found), key=lambda e: (e.line is None, e.line or 0))  # stable
+        errors[0].also = tuple(errors[1:])
+        raise errors[0]
+    return BudgetFile(path=origin, profiles=table.get("profiles"), budgets=tuple(budgets),
+                      lines=_declared_lines(table, budgets, line))
+
+
+def _size_errors(entries: list[Any], origin: str, line: _Line) -> _Found:
+    """Every size (limits, caps, device_capacity) that does not parse, with the accepted units."""
+    found: _Found = []
     for index, raw in enumerate(entries):
         if not isinstance(raw, dict):
             continue
@@ -296,10 +354,15 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
                 found.append((("budgets", index, *keys), BudgetKeyError(
                     exc.message, key=str(keys[0]), file=origin, line=line("budgets", index, *keys),
                     expected=exc.expected, found=exc.found)))
+    return found
+
+
+def _schema_errors(table: dict[str, Any], origin: str, line: _Line, sized: set[tuple[str | int, ...]]) -> _Found:
+    """What schemas/budgets.schema.json refuses, except where a size's own error says it."""
     import jsonschema  # here, not at the top: a budget file is the only thing it checks (~40 ms to import)
 
     validator = jsonschema.Draft202012Validator(load_schema("budgets"))
-    sized = {path for path, _ in found}
+    found: _Found = []
     for error in validator.iter_errors(table):
         error = jsonschema.exceptions.best_match([error]) or error  # into a oneOf's alternatives, as before
         path = list(error.absolute_path)
@@ -317,8 +380,14 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         found.append((tuple(path), ConfigError(f"invalid budget file at {where}: {message}", file=origin,
                                                line=line(*path))))
-    reported = {path[:3] for path, _ in found}  # ("budgets", index, key): that key already has its error
+    return found
+
+
+def _entry_budgets(entries: list[Any], origin: str, default_leak_horizon: int, line: _Line,
+                   reported: set[tuple[str | int, ...]]) -> tuple[list[Budget], _Found]:
+    """Each entry as a Budget, and the problems of those that are not, but for keys already ``reported``."""
     budgets = []
+    found: _Found = []
     for index, raw in enumerate(entries):
         if not isinstance(raw, dict):
             continue
@@ -332,6 +401,12 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
                     continue
                 found.append((at, BudgetKeyError(problem.message, key=problem.key, file=origin, line=line(*at),
                                                  expected=problem.expected, found=problem.found)))
+    return budgets, found
+
+
+def _duplicate_names(entries: list[Any], origin: str, line: _Line) -> _Found:
+    """A name given to two entries: named at the second, with the line of the first."""
+    found: _Found = []
     first_named: dict[str, int] = {}
     for index, raw in enumerate(entries):
         name = raw.get("name") if isinstance(raw, dict) else None
@@ -344,10 +419,11 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
         found.append((("budgets", index, "name"), ConfigError(
             f"duplicate budget name(s) {name!r}", file=origin, line=line("budgets", index, "name"),
             expected="unique names" + (f" (also at line {first})" if first is not None else ""))))
-    if found:
-        errors = sorted((error for _, error in found), key=lambda e: (e.line is None, e.line or 0))  # stable
-        errors[0].also = tuple(errors[1:])
-        raise errors[0]
+    return found
+
+
+def _declared_lines(table: dict[str, Any], budgets: list[Budget], line: _Line) -> dict[str, dict[str, int]]:
+    """Budget name → key (an op cap: ``op_caps[glob]``; the entry itself: ``""``) → its line."""
     lines: dict[str, dict[str, int]] = {}
     for index, (budget, raw) in enumerate(zip(budgets, table.get("budgets", []))):
         declared = {"": line("budgets", index)}
@@ -356,7 +432,7 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
         declared.update({f"owner_caps[{glob}]": line("budgets", index, "owner_caps", glob) for glob in budget.owner_caps})
         declared.update({f"{CROSS_RANK}[{m}]": line("budgets", index, CROSS_RANK, m) for m in budget.rank_imbalance})
         lines[budget.name] = {k: v for k, v in declared.items() if v is not None}
-    return BudgetFile(path=origin, profiles=table.get("profiles"), budgets=tuple(budgets), lines=lines)
+    return lines
 
 
 _TOML_POSITION = re.compile(r"\(at line (?P<line>[0-9]+), column (?P<column>[0-9]+)\)")
@@ -399,299 +475,7 @@ def find_budget_file(rootdir: Path, *, default_leak_horizon: int = 1) -> BudgetF
     return None
 
 
-# ---- judging ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outcome:
-    profile_path: str
-    rank: str
-    budget: str
-    metric: str  # budget key or op_caps[glob]
-    limit: int | float
-    value: int | float | None
-    passed: bool
-    device: str | None
-    step: int | None
-    message: str  # the one-line verdict
-    holders: tuple[dict[str, Any], ...]  # the largest live blocks at the peak of the worst device
-    where: str  # the series and file the value came from
-    share: float | None = None  # the limit as a share of the device's capacity, where written so
-    live_count: int | None = None  # blocks live at the peak (holders keeps only the largest)
-
-    def detail(self, top: int = 5) -> str:
-        """The section under the failure line: ``top`` lines of holders at the peak (identical holders
-        grouped, :func:`holder_groups`), then the source."""
-        lines = []
-        if self.holders:
-            groups = holder_groups(self.holders)[:top]
-            shown = sum(len(g) for g in groups)
-            live = max(self.live_count or 0, len(self.holders))
-            lines.append(f"top {shown} of {live} live blocks at the peak ({self.device}):")
-            for group in groups:
-                block = group[0]
-                what = block.get("op") or block.get("owner") or "(no op)"
-                owner = f"  owner {block['owner']}" if block.get("op") and block.get("owner") else ""
-                stream = f"  stream {block['stream']}" if block.get("stream") else ""
-                sizes = [int(b["size"]) for b in group]
-                if len(group) == 1:
-                    amount = f"{format_size(sizes[0]):>12}"
-                elif len(set(sizes)) == 1:
-                    amount = f"{len(group)} × {format_size(sizes[0])} = {format_size(sum(sizes))}"
-                else:
-                    amount = f"{len(group)} blocks = {format_size(sum(sizes))} (largest {format_size(max(sizes))})"
-                lines.append(f"  {amount}  {what}{owner}{stream}")
-                if block.get("stack"):  # the Python functions running at the allocation, innermost first
-                    lines.append(f"  {'':>12}  in {' <- '.join(str(f) for f in block['stack'])}")
-        return "\n".join([*map(printable, lines), self.where])  # one line each, whatever a name holds
-
-
-def holder_groups(holders: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The holders at the peak grouped by what they are (op, owner, stack, stream), the group holding
-    the most bytes first (equal totals: the one with the larger block, as ``holders`` lists them, first):
-    one line per group instead of identical lines."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for block in holders:
-        key = (block.get("op"), block.get("owner"), tuple(str(f) for f in block.get("stack") or ()), block.get("stream"))
-        groups.setdefault(key, []).append(block)
-    return sorted(groups.values(), key=lambda g: -sum(int(b["size"]) for b in g))  # stable: ties keep their order
-
-
-class MetricStore(Protocol):
-    """Where results of an earlier run are kept (:class:`memgate.cache.ResultStore`)."""
-
-    def get(self, options: MetricOptions) -> list[DeviceMetrics] | None: ...
-
-    def put(self, options: MetricOptions, metrics: list[DeviceMetrics]) -> None: ...
-
-
-class MetricCache:
-    """Device metrics of one profile per :class:`MetricOptions`, computed once.
-
-    Built from a loaded ``profile``, or from a profile's ``info`` and a ``load`` that loads it only
-    when a result is not in ``store`` (a warm run judges without reading the profile's frames).
-    """
-
-    def __init__(self, profile: Profile | None = None, *, info: ProfileInfo | None = None,
-                 load: Callable[[], Profile] | None = None, store: MetricStore | None = None) -> None:
-        if profile is None and (info is None or load is None):
-            raise TypeError("MetricCache needs a profile, or its info and a load")
-        self._profile = profile
-        self._load = load
-        self.info = info if info is not None else ProfileInfo.of(profile)  # type: ignore[arg-type]
-        self._store = store
-        self._cache: dict[MetricOptions, list[DeviceMetrics]] = {}
-
-    @property
-    def profile(self) -> Profile:
-        if self._profile is None:
-            assert self._load is not None
-            self._profile = self._load()
-        return self._profile
-
-    def get(self, options: MetricOptions | None = None) -> list[DeviceMetrics]:
-        key = options or MetricOptions()
-        if key not in self._cache:
-            stored = self._store.get(key) if self._store is not None else None
-            if stored is None:
-                stored = profile_metrics(self.profile, key)
-                if self._store is not None:
-                    self._store.put(key, stored)
-            self._cache[key] = stored
-        return self._cache[key]
-
-
-def capacity_of(info: ProfileInfo, device: str, budget: Budget) -> tuple[int | None, str]:
-    """The device's capacity in bytes and where it came from: the profile, else the budget's ``device_capacity``."""
-    recorded = (info.metadata.get("device_capacity_bytes") or {}).get(device)
-    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
-        return recorded, "recorded in the profile"
-    if budget.device_capacity is not None:
-        return budget.device_capacity, f"device_capacity of budget {budget.name!r}"
-    return None, ""
-
-
-def resolve_limit(info: ProfileInfo, device: str, budget: Budget, metric: str) -> tuple[int | float, str]:
-    """The limit of ``metric`` in bytes (or a ratio) on ``device``, and how a share of the capacity resolved."""
-    if metric not in budget.shares:
-        limit = budget.declared_limit(metric)
-        assert not isinstance(limit, str)
-        return limit, ""
-    share = budget.shares[metric]
-    capacity, source = capacity_of(info, device, budget)
-    if capacity is None:
-        raise ConfigError(f"{budget.name}.{metric} = {format_share(share)} needs the capacity of {device}, "
-                          "which the profile does not record", file=info.path,
-                          expected=f'device_capacity = "64 GiB" (the device\'s memory) in budget {budget.name!r}')
-    limit = int(share * capacity)
-    return limit, f"limit {format_share(share)} of {format_size(capacity)} ({source}) = {limit} bytes"
-
-
-def _owner_cap(devices: list[DeviceMetrics], glob: str) -> list[tuple[int | float, DeviceMetrics, str]]:
-    """Per device: the bytes at the peak of the owners matching ``glob``, summed, and the largest of them."""
-    out = []
-    for m in devices:
-        owners = m.values.get("owner_bytes_at_peak")
-        if not isinstance(owners, dict):
-            continue
-        matching = {o: size for o, size in owners.items() if fnmatch.fnmatchcase(o, glob)}
-        if matching:
-            top = max(matching, key=lambda o: (matching[o], o))
-            out.append((sum(matching.values()), m, f"largest owner {top} {format_size(matching[top])}"))
-    return out
-
-
-def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
-    """Judge one (profile, budget, metric); raise NotMeasurable when the profile lacks the data."""
-    profile = cache.info
-    devices = [m for m in cache.get(budget.options)
-               if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
-    if not devices:
-        raise NotSelected(f"not selected: budget {budget.name!r} selects devices={budget.devices!r}, the profile has "
-                          f"{', '.join(d.device for d in cache.get(budget.options)) or 'none'}", file=profile.path)
-    candidates: list[tuple[int | float, DeviceMetrics, str]] = []
-    if metric.startswith("op_caps["):
-        glob = metric[len("op_caps["):-1]
-        for m in devices:
-            ops = m.values.get("op_max_block_bytes") or {}
-            matching = {op: size for op, size in ops.items() if fnmatch.fnmatchcase(op, glob)}
-            if matching:
-                op = max(matching, key=lambda o: (matching[o], o))
-                candidates.append((matching[op], m, f"op {op}"))
-        if not candidates:
-            reasons = "; ".join(m.missing.get("op_max_block_bytes", "") for m in devices if m.missing.get("op_max_block_bytes"))
-            raise NotMeasurable(f"{metric}: no operator name matches {glob!r}" + (f" ({reasons})" if reasons else ""),
-                                file=profile.path)
-        kind = "size"
-    elif metric.startswith("owner_caps["):
-        glob = metric[len("owner_caps["):-1]
-        candidates = _owner_cap(devices, glob)
-        if not candidates:
-            known = sorted({o for m in devices for o in (m.values.get("owner_bytes_at_peak") or {})})
-            raise NotMeasurable(f"{metric}: no owner of a block live at the peak matches {glob!r}"
-                                + (f" (owners: {', '.join(known[:10])})" if known else " (the profile records no owners)"),
-                                file=profile.path)
-        kind = "size"
-    else:
-        key, kind = LIMITS[metric]
-        measured = [(m.values[key], m) for m in devices if m.values.get(key) is not None]
-        if not measured:
-            why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices)
-            raise NotMeasurable(f"{metric} is not measurable: {why}", file=profile.path)
-        for value, m in measured:
-            extras = []
-            if m.peak_step is not None and metric == "peak_allocated":
-                extras.append(f"step {m.peak_step}")
-            if key in m.pool_of:
-                extras.append(f"pool {m.pool_of[key]}")
-            if key in m.notes:
-                extras.append(m.notes[key])
-            candidates.append((value, m, ", ".join(extras)))
-    # The worst device: the most over (or least under) its limit; with one limit for all, the largest value.
-    judged = []
-    for value, m, extra in candidates:
-        limit, resolved = resolve_limit(profile, m.device, budget, metric)
-        judged.append((value - limit, value, limit, m, ", ".join(x for x in (extra, resolved) if x)))
-    _, value, limit, worst, extra = max(judged, key=lambda c: c[0])
-    passed = value <= limit
-    where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
-    message = verdict_line(metric, kind, value, limit, where)
-    return Outcome(
-        profile_path=profile.path,
-        rank=profile.rank,
-        budget=budget.name,
-        metric=metric,
-        limit=limit,
-        value=value,
-        passed=passed,
-        device=worst.device,
-        step=worst.peak_step,
-        message=message,
-        holders=tuple(worst.values.get("top_at_peak") or ()),
-        where=source_lines(worst, profile),
-        share=budget.shares.get(metric),
-        live_count=worst.values.get("live_at_peak_count"),
-    )
-
-
-@dataclass(frozen=True)
-class RankValue:
-    """One profile's value of a metric, as a rank_imbalance judges it (its worst selected device)."""
-
-    profile: str
-    rank: str
-    value: int | float | None
-    device: str | None
-    why: str = ""  # when value is None: why the profile could not be measured
-
-
-def rank_value(cache: MetricCache, budget: Budget, metric: str) -> RankValue:
-    """The value of budget key ``metric`` on this profile's worst device the budget selects."""
-    info = cache.info
-    key = LIMITS[metric][0]
-    devices = [m for m in cache.get(budget.options)
-               if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
-    measured = [(m.values[key], m.device) for m in devices if m.values.get(key) is not None]
-    if not measured:
-        why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices) or "no device selected"
-        return RankValue(info.path, info.rank, None, None, why)
-    value, device = max(measured, key=lambda c: c[0])
-    return RankValue(info.path, info.rank, value, device)
-
-
-def judge_rank_imbalance(budget: Budget, metric: str, values: Sequence[RankValue], root: str = "") -> dict[str, Any]:
-    """``rank_imbalance[metric]`` over the profiles the budget selects: ``1 - min/max``, as a report entry.
-
-    Raises NotMeasurable when fewer than two selected profiles measure the metric.
-    """
-    check = f"{CROSS_RANK}[{metric}]"
-    limit = budget.rank_imbalance[metric]
-    selected = [v for v in values if budget.selects_rank(v.rank)]
-    missing = [v for v in selected if v.value is None]
-    if missing:
-        raise NotMeasurable(f"{check}: {metric} is not measurable on rank {missing[0].rank}: {missing[0].why}",
-                            file=missing[0].profile)
-    if len(selected) < 2:
-        raise NotMeasurable(f"{check} needs at least two ranks; budget {budget.name!r} selects "
-                            f"{len(selected)} profile(s) under {root or 'the root'} (ranks={budget.ranks!r})",
-                            file=root or None)
-    kind = LIMITS[metric][1]
-    best = min(selected, key=lambda v: (v.value, v.rank))
-    worst = max(selected, key=lambda v: (v.value, v.rank))
-    assert best.value is not None and worst.value is not None
-    ratio = 0.0 if worst.value <= 0 else 1 - best.value / worst.value
-    passed = ratio <= limit
-    word = "within" if passed else "exceeds"
-    message = (f"{check} {ratio:.4f} {word} budget {limit:.4f} over {len(selected)} ranks — "
-               f"worst rank {worst.rank} {worst.device} {_fmt(worst.value, kind)}, "
-               f"best rank {best.rank} {best.device} {_fmt(best.value, kind)}")
-    return {
-        "profile": root, "rank": ",".join(sorted({v.rank for v in selected})), "budget": budget.name,
-        "metric": check, "limit": limit, "value": ratio, "passed": passed, "device": worst.device,
-        "message": message, "worst_rank": worst.rank, "best_rank": best.rank,
-        "worst_value": worst.value, "best_value": best.value,
-        "worst_profile": worst.profile, "best_profile": best.profile,
-    }
-
-
-def _fmt(value: float, kind: str) -> str:
-    return format_size(value) if kind == "size" else f"{value:.3f}"
-
-
-def verdict_line(metric: str, kind: str, value: float, limit: float, where: str) -> str:
-    """``peak_allocated 25.10 GiB exceeds budget 24.00 GiB by 1.10 GiB (+4.6%) — rank 3 npu:3, step 120``."""
-    if value <= limit:
-        head = f"{metric} {_fmt(value, kind)} within budget {_fmt(limit, kind)}"
-    else:
-        over = value - limit
-        pct = f" (+{over / limit * 100:.1f}%)" if limit else ""
-        head = f"{metric} {_fmt(value, kind)} exceeds budget {_fmt(limit, kind)} by {_fmt(over, kind)}{pct}"
-    return f"{head} — {where}"
-
-
-def source_lines(metrics: DeviceMetrics, profile: ProfileInfo) -> str:
-    lines = []
-    if metrics.component:
-        lines.append(f"series: {metrics.component} from {metrics.source}")
-    lines.append(f"profile: {profile.path} ({profile.format}, rank {profile.rank})")
-    return "\n".join(map(printable, lines))
+# Note: Outcome (memgate.verdict) and MetricCache (memgate.metric_cache) are imported above only so that
+# `from memgate.budgets import ...` in memgate.report and memgate.cache, restructured apart from this
+# module, keeps working; new code imports them from their own modules, and these two names go when
+# those imports move.

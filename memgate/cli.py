@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from memgate.compare import Regression
     from memgate.metrics import MetricOptions
+    from memgate.rows import ErrorRow
     from memgate.session import ProfileResult
 
 # The core (pandas, pyarrow: ~0.5 s to import) is imported inside the commands, so usage errors,
@@ -210,8 +211,8 @@ def _run(args: argparse.Namespace, root: str | Path, budgets: Sequence[Any] = ()
                         thorough=thorough)
 
 
-def _report_errors(results: list[ProfileResult]) -> list[dict[str, Any]]:
-    return [r.error_entry() for r in results if r.error is not None]
+def _report_errors(results: list[ProfileResult]) -> list[ErrorRow]:
+    return [r.error_row() for r in results if r.error is not None]
 
 
 def _exit_status(results: list[ProfileResult]) -> int:
@@ -227,7 +228,9 @@ def _inspect(args: argparse.Namespace) -> int:
     import json
 
     from memgate.metrics import MetricOptions
-    from memgate.report import build_report, inspect_text
+    from memgate.outputs import json_report
+    from memgate.report import inspect_text
+    from memgate.rows import ErrorRow
 
     if args.warmup_steps < 0:
         raise ConfigError(f"invalid --warmup-steps {args.warmup_steps}", expected="an integer >= 0")
@@ -247,8 +250,8 @@ def _inspect(args: argparse.Namespace) -> int:
                 bad.append(failure)
     entries = [r.entry for r in results if r.entry is not None]
     if args.json:
-        errors = _report_errors(results) + [{"profile": e.file, "error": e.one_line()} for e in bad]
-        print(json.dumps(build_report(entries, [], errors), indent=2))
+        errors = _report_errors(results) + [ErrorRow(e.file, e.one_line()) for e in bad]
+        print(json.dumps(json_report(entries, [], errors), indent=2))
     else:
         for entry in entries:
             _say(inspect_text(entry))
@@ -259,43 +262,42 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from memgate.budgets import find_budget_file, load_budget_file
-    from memgate.report import build_report, outcome_labels, outcome_order, profile_label, summary_table
+    from memgate.judge import judge_cross_rank
+    from memgate.outputs import json_report, rows_json
+    from memgate.report import outcome_labels, outcome_order, profile_label, summary_table
+    from memgate.settings import declared_root, find_budgets
 
-    budget_file = load_budget_file(args.budgets) if args.budgets else find_budget_file(Path.cwd())
+    budget_file = find_budgets(args.budgets or None, [Path.cwd()])
     if budget_file is None or not budget_file.budgets:
         raise ConfigError("no budgets declared", file=budget_file.path if budget_file else None,
                           expected="[[budgets]] entries in --budgets FILE, ./memgate.toml or [tool.memgate] in ./pyproject.toml")
-    root = args.path or budget_file.profiles
+    root = args.path or declared_root(budget_file)
     if root is None:
         raise ConfigError("no profile path", file=budget_file.path,
                           expected="PATH, or 'profiles = \"DIR\"' in the budget file")
-    if args.path is None and budget_file.path:
-        root = str(Path(budget_file.path).parent / root)
     results = _run(args, root, budget_file.budgets)
-    from memgate.session import judge_cross_rank
-
     cross = judge_cross_rank(budget_file.budgets, [r.rank_values for r in results], str(root))
-    outcomes = sorted([*(o for r in results for o in r.outcomes), *cross], key=outcome_order)
+    rows = sorted([*(o for r in results for o in r.outcomes), *cross], key=lambda row: outcome_order(row.as_json()))
     errors = _report_errors(results)
     # With the JSON report on stdout, what people read goes to stderr.
     out = sys.stderr if args.json_out == "-" else sys.stdout
-    _say(summary_table(outcomes), out)
-    labels = outcome_labels(outcomes)
-    for o in outcomes:  # every verdict that is not a pass, explained, in the table's order
-        word = "FAILED" if o["passed"] is False else "ERROR" if o.get("error") else "SKIPPED" if o.get("skipped") else None
+    table = rows_json(rows)
+    _say(summary_table(table), out)
+    labels = outcome_labels(table)
+    for row, o in zip(rows, table):  # every verdict that is not a pass, explained, in the table's order
+        word = "FAILED" if row.passed is False else "ERROR" if row.error else "SKIPPED" if row.skipped else None
         if word is not None:
-            _say([f"{word} {profile_label(o, labels)}::{o['budget']}::{o['metric']}: {o['message']}"], out)
-    _say([f"ERROR {e['profile']}: {e['error']}" for e in errors], out)
+            _say([f"{word} {profile_label(o, labels)}::{row.budget}::{row.metric}: {row.message}"], out)
+    _say([f"ERROR {e.profile}: {e.error}" for e in errors], out)
     if args.json_out:
         entries = [r.entry for r in results if r.entry is not None]
-        _write_json(args.json_out, build_report(entries, outcomes, errors), "the JSON report")
-    problems = [o["error"] for o in outcomes if o.get("error")] + [e["error"] for e in errors]  # as listed
+        _write_json(args.json_out, json_report(entries, rows, errors), "the JSON report")
+    problems = [row.error for row in rows if row.error] + [e.error for e in errors]  # as listed
     if problems:
         more = f" (and {len(problems) - 1} more error(s), each listed above)" if len(problems) > 1 else ""
         print(f"memgate: error: {problems[0]}{more}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return EXIT_EXCEEDED if any(o["passed"] is False for o in outcomes) else EXIT_OK
+    return EXIT_EXCEEDED if any(row.passed is False for row in rows) else EXIT_OK
 
 
 def _write_json(target: str, data: Any, what: str) -> None:
@@ -332,7 +334,7 @@ def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
     """Profile entries of a run: a JSON report or baseline file as saved (validated: untrusted input),
     a saved run named by its ID (where no file of that name exists), else the profiles under PATH."""
     from memgate.autosave import is_run_id, run_entries
-    from memgate.compare import load_entries, looks_like_memgate_json
+    from memgate.documents import load_entries, looks_like_memgate_json
 
     if looks_like_memgate_json(Path(path)):
         return load_entries(path)
@@ -348,7 +350,8 @@ def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
 def _diff(args: argparse.Namespace) -> int:
     import json
 
-    from memgate.compare import compare_pair, diff_entries, diff_text, pair_entries, parse_rule
+    from memgate.baselines import pair_entries
+    from memgate.compare import compare_pair, diff_entries, diff_text, parse_rule
 
     rules = [parse_rule(r) for r in args.fail]
     base, current = _entries_of(args, args.base), _entries_of(args, args.current)
@@ -390,7 +393,7 @@ def _diff(args: argparse.Namespace) -> int:
 def _suggest(args: argparse.Namespace) -> int:
     from decimal import Decimal, InvalidOperation
 
-    from memgate.compare import suggest_toml
+    from memgate.suggest import suggest_toml
 
     text = args.headroom.strip().removesuffix("%")
     try:
@@ -401,7 +404,6 @@ def _suggest(args: argparse.Namespace) -> int:
         raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage >= 0")
     print(suggest_toml(_entries_of(args, args.path), headroom, name=args.name, form=args.form), end="")
     return EXIT_OK
-
 
 
 def _relative(path: str) -> str:
@@ -446,31 +448,31 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from memgate.budgets import find_budget_file, load_budget_file
     from memgate.discover import discover, load
-    from memgate.html_report import render_html
+    from memgate.outputs import html_page
     from memgate.report import write_text_atomic
+    from memgate.settings import find_budgets
 
     if not args.html and not args.image:
         raise ConfigError("nothing to write", expected="--html FILE and/or --image FILE.png|.svg")
-    budget_file = load_budget_file(args.budgets) if args.budgets else find_budget_file(Path.cwd())
+    budget_file = find_budgets(args.budgets or None, [Path.cwd()])
     results = _run(args, args.path, budget_file.budgets if budget_file else ())
     entries = [r.entry for r in results if r.entry is not None]
-    outcomes = [o for r in results for o in r.outcomes]
+    rows = [o for r in results for o in r.outcomes]
     # The pictures need the series themselves, not only the metrics: load again here (the first
     # pass may have run in other processes).
     paths = {e["path"] for e in entries}
     profiles = [load(found) for found in discover(args.path) if str(found.path) in paths]
     said = sys.stderr if "-" in (args.html, args.image) else sys.stdout
     if args.html:
-        page = render_html(entries, outcomes, profiles, errors=_report_errors(results))
+        page = html_page(entries, rows, _report_errors(results), profiles)
         if args.html == "-":
             sys.stdout.write(page)
         else:
             write_text_atomic(args.html, page)
             print(f"memgate: HTML report written to {args.html}", file=said)
     if args.image:
-        _write_images(Path(args.image), profiles, entries, outcomes, said)
+        _write_images(Path(args.image), profiles, entries, [row.as_json() for row in rows], said)
     for r in results:  # what no picture shows, said by name
         if r.error is not None and args.image:
             print(f"memgate: left out of the images: {r.path} (it could not be read)", file=said)

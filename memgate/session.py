@@ -1,4 +1,4 @@
-"""The core the CLI and the pytest plugin share: discover, load, measure, judge. No pytest here.
+"""The core the CLI and the pytest plugin share: discover, load, measure, judge (:mod:`memgate.judge`). No pytest here.
 
 Each profile is processed on its own (:func:`process_profile`), so many ranks can be spread over
 processes (``--jobs``): what comes back is plain JSON, small next to the profile itself.
@@ -12,13 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memgate.budgets import LIMITS, Budget, MetricCache, RankValue, judge, judge_rank_imbalance, rank_value
+from memgate.budgets import LIMITS, Budget
 from memgate.discover import Found, discover, load
-from memgate.errors import MemgateError, NotMeasurable, NotSelected
+from memgate.errors import MemgateError, NotMeasurable
+from memgate.judge import RankValue, judge_profile, rank_values
+from memgate.metric_cache import MetricCache
 from memgate.metrics import METRIC_KEYS, DeviceMetrics, MetricOptions, profile_metrics
-from memgate.model import Profile, ProfileInfo
+from memgate.model import Profile
 from memgate.progress import describe, progress
-from memgate.report import outcome_entry, profile_entry
+from memgate.report import profile_entry
+from memgate.rows import CheckRow, ErrorRow
 
 if TYPE_CHECKING:
     from memgate.cache import ProfileCache
@@ -26,47 +29,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class ProfileResult:
-    """What one profile gives: its report entry and verdicts, or the error that stopped it."""
+    """What one profile gives: its report entry and rows, or the error that stopped it."""
 
     path: str
     format: str
     entry: dict[str, Any] | None
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    outcomes: list[CheckRow] = field(default_factory=list)
     error: MemgateError | None = None
     # (budget name, metric) → this profile's value, for the budgets' rank_imbalance (judged over all profiles)
     rank_values: dict[tuple[str, str], RankValue] = field(default_factory=dict)
 
-    def error_entry(self) -> dict[str, Any]:
+    def error_row(self) -> ErrorRow:
         assert self.error is not None
-        return {"profile": self.path, "error": self.error.one_line()}
-
-
-def error_outcome(profile: ProfileInfo | None, path: str, budget: Budget, metric: str, error: MemgateError) -> dict[str, Any]:
-    """The report entry of a (profile, budget, metric) that could not be judged."""
-    declared = budget.declared_limit(metric)
-    limit = 0 if isinstance(declared, str) else declared  # a share of the capacity not resolved: "limit_text" says it
-    what = "skipped" if isinstance(error, NotSelected) else "error"  # a budget for other devices: not an error
-    return {
-        "profile": profile.path if profile else path, "rank": profile.rank if profile else "?",
-        "budget": budget.name, "metric": metric, "limit": limit, "value": None, "passed": None,
-        "device": None, what: error.one_line(), "message": error.one_line(),
-        **({"limit_text": declared} if isinstance(declared, str) else {}),
-    }
-
-
-def judge_profile(cache: MetricCache, budgets: Sequence[Budget]) -> list[dict[str, Any]]:
-    """Verdicts of every budget that selects this profile's rank."""
-    profile = cache.info
-    outcomes = []
-    for budget in budgets:
-        if not budget.selects_rank(profile.rank):
-            continue
-        for metric in budget.checks():
-            try:
-                outcomes.append(outcome_entry(judge(cache, budget, metric)))
-            except MemgateError as exc:
-                outcomes.append(error_outcome(profile, profile.path, budget, metric, exc))
-    return outcomes
+        return ErrorRow(self.path, self.error.one_line())
 
 
 def process_profile(
@@ -90,34 +65,6 @@ def process_profile(
     result = ProfileResult(metrics.info.path, metrics.info.format, entry, judge_profile(metrics, budgets))
     result.rank_values = rank_values(metrics, budgets)
     return result
-
-
-def rank_values(cache: MetricCache, budgets: Sequence[Budget]) -> dict[tuple[str, str], RankValue]:
-    """This profile's value of every metric a budget's rank_imbalance asks for (where it selects the rank)."""
-    out = {}
-    for budget in budgets:
-        if budget.rank_imbalance and budget.selects_rank(cache.info.rank):
-            for metric in budget.rank_imbalance:
-                try:
-                    out[(budget.name, metric)] = rank_value(cache, budget, metric)
-                except MemgateError as exc:
-                    out[(budget.name, metric)] = RankValue(cache.info.path, cache.info.rank, None, None, exc.one_line())
-    return out
-
-
-def judge_cross_rank(budgets: Sequence[Budget], values: Sequence[dict[tuple[str, str], RankValue]],
-                     root: str) -> list[dict[str, Any]]:
-    """One verdict per (budget, rank_imbalance metric), over the per-profile values of every profile."""
-    outcomes = []
-    for budget in budgets:
-        for metric in budget.rank_imbalance:
-            check = f"rank_imbalance[{metric}]"
-            per_rank = [v[(budget.name, metric)] for v in values if (budget.name, metric) in v]
-            try:
-                outcomes.append(judge_rank_imbalance(budget, metric, per_rank, root))
-            except MemgateError as exc:
-                outcomes.append(error_outcome(None, root, budget, check, exc))
-    return outcomes
 
 
 def run_profiles(

@@ -181,7 +181,7 @@ class _Computed:
 def computed_cache(metrics: list[Any], metadata: dict[str, Any] | None = None) -> Any:
     """A ``MetricCache`` serving ``metrics`` (DeviceMetrics) as already computed; loading the profile
     fails the test."""
-    from memgate.budgets import MetricCache
+    from memgate.metric_cache import MetricCache
     from memgate.model import ProfileInfo
 
     def load() -> Any:

@@ -27,7 +27,7 @@ from memgate.autosave import (
     saved_runs,
 )
 from memgate.cli import main
-from memgate.compare import load_baseline
+from memgate.documents import load_baseline
 from memgate.errors import ConfigError
 
 BUDGETS = BASE_AND_HEAVY_BUDGETS

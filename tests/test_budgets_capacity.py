@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from helpers import computed_cache
 
-from memgate.budgets import Budget, MetricCache, budget_from_mapping, judge, load_budget_file
+from memgate.budgets import Budget, budget_from_mapping, load_budget_file
 from memgate.cli import main
 from memgate.errors import ConfigError
+from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics
 from memgate.session import measure
 
@@ -51,35 +52,6 @@ def test_percent_in_a_budget_file(tmp_path: Path) -> None:
     path.write_text('[[budgets]]\nname = "b"\npeak_reserved = "92%"\ndevice_capacity = "92%"\n')
     with pytest.raises(ConfigError, match="device_capacity"):
         load_budget_file(path)
-
-
-@pytest.mark.parametrize(("value", "passes"), [(500, True), (501, False)])
-def test_capacity_recorded_in_the_profile(value: int, passes: bool) -> None:
-    cache = _cache({"peak_reserved_bytes": value}, {"device_capacity_bytes": {"npu:0": 1000}})
-    outcome = judge(cache, _budget(peak_reserved="50%", device_capacity="1 GiB"), "peak_reserved")  # the profile wins
-    assert (outcome.limit, outcome.passed) == (500, passes)
-    assert "limit 50% of 1000 B (recorded in the profile) = 500 bytes" in outcome.message
-
-
-def test_capacity_from_the_budget() -> None:
-    outcome = judge(_cache({"peak_reserved_bytes": 900}), _budget(peak_reserved="90%", device_capacity=1000),
-                    "peak_reserved")
-    assert (outcome.limit, outcome.passed) == (900, True)
-    assert "limit 90% of 1000 B (device_capacity of budget 'b') = 900 bytes" in outcome.message
-
-
-def test_worst_device_against_its_own_capacity() -> None:
-    cache = _cache({"peak_reserved_bytes": 600}, {"device_capacity_bytes": {"npu:0": 2000, "npu:1": 1000}},
-                   devices=("npu:0", "npu:1"))
-    outcome = judge(cache, _budget(peak_reserved="50%"), "peak_reserved")
-    assert (outcome.device, outcome.limit, outcome.passed) == ("npu:1", 500, False)
-
-
-def test_no_capacity_says_what_to_add() -> None:
-    with pytest.raises(ConfigError) as info:
-        judge(_cache({"peak_reserved_bytes": 1}), _budget(peak_reserved="50%"), "peak_reserved")
-    assert "needs the capacity of npu:0" in info.value.one_line()
-    assert "device_capacity" in info.value.one_line()
 
 
 def _sample_capacity() -> int | None:

@@ -66,3 +66,27 @@ def test_step_summary_rows_name_their_tests_and_errors_of_their_own() -> None:
         ("- `tests/test_a.py::test_b`: tests/test_a.py:3: memgate marker of tests/test_a.py::test_b: unknown budget "
         "key 'x'"),
     ]
+
+
+def test_ci_outputs_format_every_metric_by_its_kind() -> None:
+    from memgate.ci import github_annotations, step_summary_markdown, unit_of
+
+    outcomes = [
+        {"rank": "0", "device": "cuda:0", "budget": "b", "metric": "free_block_fragmentation", "value": 0.8568,
+         "limit": 0.5, "passed": False, "message": "free_block_fragmentation 0.857 exceeds budget 0.500 by 0.357 "
+                                                   "(+71.4%) — rank 0 cuda:0"},
+        {"rank": "0", "device": "cpu", "budget": "b", "metric": "leak_undetermined", "value": 301868,
+         "limit": 1 << 20, "passed": True, "message": "m"},
+        {"rank": "0", "device": "cuda:0", "budget": "b", "metric": "largest_free_block", "value": 536870912,
+         "limit": 1 << 30, "passed": True, "message": "m"},
+    ]
+    table = step_summary_markdown(outcomes)
+    assert "| ❌ FAIL | – | 0 | cuda:0 | b | `free_block_fragmentation` | 0.857 | 0.500 |" in table
+    assert "| ✅ pass | – | 0 | cpu | b | `leak_undetermined` | 294.79 KiB | 1.00 MiB |" in table
+    assert "| ✅ pass | – | 0 | cuda:0 | b | `largest_free_block` | 512.00 MiB | 1.00 GiB |" in table
+    assert github_annotations(outcomes) == [
+        ("::error title=memgate b%3A%3Afree_block_fragmentation (rank 0)::free_block_fragmentation 0.857 exceeds "
+        "budget 0.500 by 0.357 (+71.4%25) — rank 0 cuda:0")]
+    assert [unit_of(m) for m in ("external_fragmentation", "free_block_fragmentation", "fragmentation",
+                                 "leak_undetermined", "reserved_at_dump", "op_caps[aten::*]")] == [
+        "ratio", "ratio", "ratio", "bytes", "bytes", "bytes"]

@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 
-from memgate.budgets import MetricCache, budget_from_mapping, judge
+from memgate.budgets import budget_from_mapping
 from memgate.discover import discover, load
 from memgate.errors import NotMeasurable
+from memgate.judge import judge
+from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile
 

@@ -574,8 +574,8 @@ def run_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     import contextlib
 
     from memgate.autosave import save_run
+    from memgate.baselines import baseline_from_entries
     from memgate.cli import main
-    from memgate.compare import baseline_from_entries
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -620,7 +620,9 @@ def test_mutated_run_files_only_raise_memgate_errors(run_files: dict[str, bytes]
                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     from decimal import Decimal
 
-    from memgate.compare import diff_entries, load_entries, suggest_toml
+    from memgate.compare import diff_entries
+    from memgate.documents import load_entries
+    from memgate.suggest import suggest_toml
 
     original = run_files[name]
     if data.draw(st.booleans(), label="structural"):

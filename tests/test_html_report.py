@@ -21,10 +21,12 @@ import numpy as np
 import pytest
 from helpers import PTA271
 
-from memgate.budgets import MetricCache, budget_from_mapping, judge
+from memgate.budgets import budget_from_mapping
 from memgate.chart_data import device_curves
 from memgate.discover import discover, load
 from memgate.html_report import render_html
+from memgate.judge import judge
+from memgate.metric_cache import MetricCache
 from memgate.metrics import TOP_HOLDERS, profile_metrics
 from memgate.model import DeviceModel, Profile, ProfileInfo, Series
 from memgate.report import outcome_entry, profile_entry

@@ -88,7 +88,9 @@ def test_recorder_records_modules(tmp_path: Path) -> None:
 
 def test_owner_caps_on_the_encoder_fail_and_pass_at_the_boundary(tmp_path: Path) -> None:
     """The encoder holds exactly 2 activations at the peak: a cap one byte below fails naming it."""
-    from memgate.budgets import MetricCache, budget_from_mapping, judge
+    from memgate.budgets import budget_from_mapping
+    from memgate.judge import judge
+    from memgate.metric_cache import MetricCache
 
     model, x = Net(), torch.randn(BATCH, IN)
     _run(model, x)

@@ -94,7 +94,7 @@ def test_a_baseline_saved_on_the_root_holds_every_profile_and_passes(runs: tuple
 
 
 def test_ratchet_keeps_each_profile_of_a_rank_apart() -> None:
-    from memgate.compare import baseline_from_entries, ratchet
+    from memgate.baselines import baseline_from_entries, ratchet
 
     def entries(peaks: dict[str, int], root: str) -> list[dict[str, Any]]:
         return [{"rank": "0", "format": "kineto", "path": f"{root}/{name}.{1736408883000 + n}.pt.trace.json", "metadata": {},

@@ -27,9 +27,11 @@ from writers.mindspore import write_profile as write_ms_profile
 from writers.torch_npu import NpuOptions
 from writers.torch_npu import write_profile as write_npu_profile
 
-from memgate.budgets import MetricCache, budget_from_mapping, judge
+from memgate.budgets import budget_from_mapping
 from memgate.discover import discover, load
 from memgate.errors import InputError, MemgateError, NotMeasurable
+from memgate.judge import judge
+from memgate.metric_cache import MetricCache
 from memgate.model import Profile
 
 COLLECT_NPU = "recorded without profile_memory=True; re-run torch_npu.profiler.profile(..., profile_memory=True)"

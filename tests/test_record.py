@@ -182,7 +182,7 @@ def test_nothing(memgate_record):
 def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pytest.Pytester) -> None:
     if importlib.util.find_spec("torch") is None:
         pytest.skip(NEEDS_TORCH)
-    from memgate.plugin import _artifact_name
+    from memgate.marks import artifact_name
 
     pytester.makepyfile(test_stack=STACKS, test_forgot=FORGOT_STEP, test_nothing=NOTHING)
     # no --memgate-keep-traces: with a report, the recordings are kept beside it (pytest's temporary
@@ -208,13 +208,13 @@ def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pyte
     # every recording kept as an artifact
     kept = pytester.path / "out" / "memgate-recordings"
     for test in ("test_stack.py::test_train", "test_forgot.py::test_forgot_step", "test_nothing.py::test_nothing"):
-        assert (kept / _artifact_name(test) / TRACE_NAME).is_file(), test
+        assert (kept / artifact_name(test) / TRACE_NAME).is_file(), test
     result.stdout.fnmatch_lines([f"memgate: recordings of 3 test(s) kept in {kept}"])
     # the reports: each recording (not the one that allocated nothing) with its test and holders
     report = json.loads((pytester.path / "out" / "report.json").read_text())
     by_test = {p["metadata"]["test"]: p for p in report["profiles"]}
     for test, profile in by_test.items():  # the report points at the kept copy, not a temporary folder
-        assert Path(profile["path"]).is_relative_to(kept / _artifact_name(test)), test
+        assert Path(profile["path"]).is_relative_to(kept / artifact_name(test)), test
         assert Path(profile["path"]).exists(), test
     assert sorted(by_test) == ["test_forgot.py::test_forgot_step", "test_stack.py::test_train"]
     holders = by_test["test_stack.py::test_train"]["devices"][0]["metrics"]["top_at_peak"]

@@ -13,16 +13,9 @@ import pytest
 from scale import scaled_copy
 
 from memgate.autosave import save_run
+from memgate.baselines import baseline_from_entries
 from memgate.cli import main
-from memgate.compare import (
-    attribution_lines,
-    baseline_from_entries,
-    compare_entry,
-    diff_entries,
-    diff_text,
-    grown_at_peak,
-    parse_rule,
-)
+from memgate.compare import attribution_lines, compare_entry, diff_entries, diff_text, grown_at_peak, parse_rule
 from memgate.sizes import format_size
 
 SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_level1_rank0"
@@ -131,7 +124,7 @@ def test_real_profile_fails_with_the_grown_operator_named_first(runs: tuple[Path
 
 def test_plugin_failure_lists_the_cause_under_the_failure_line(pytester: pytest.Pytester, runs: tuple[Path, Path],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("memgate.plugin.git_commit", lambda directory: (COMMIT, False))
+    monkeypatch.setattr("memgate.outputs.git_commit", lambda directory: (COMMIT, False))
     base, heavy = runs
     pytester.runpytest(f"--memgate={base}", "--memgate-save-baseline=baseline.json").assert_outcomes(passed=1)
     saved = json.loads((pytester.path / "baseline.json").read_text())
@@ -166,7 +159,7 @@ def test_memgate_diff_shows_the_attribution(runs: tuple[Path, Path], tmp_path: P
 
 def test_diff_of_a_baseline_with_a_commit_names_it() -> None:
     base = baseline_from_entries([_entry(MIB, {"a": 1})], commit=COMMIT)
-    from memgate.compare import baseline_entries
+    from memgate.baselines import baseline_entries
 
     diff = diff_entries(baseline_entries(base), [_entry(2 * MIB, {"a": 2})])
     assert diff["ranks"][0]["base_commit"] == COMMIT
@@ -177,7 +170,7 @@ def test_diff_of_a_baseline_with_a_commit_names_it() -> None:
 
 def test_plugin_json_report_carries_the_attribution_and_the_commit(pytester: pytest.Pytester, runs: tuple[Path, Path],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("memgate.plugin.git_commit", lambda directory: (COMMIT, False))
+    monkeypatch.setattr("memgate.outputs.git_commit", lambda directory: (COMMIT, False))
     base, heavy = runs
     pytester.runpytest(f"--memgate={base}", "--memgate-save-baseline=baseline.json").assert_outcomes(passed=1)
     pytester.runpytest(f"--memgate={heavy}", "--memgate-baseline=baseline.json",

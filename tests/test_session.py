@@ -35,7 +35,7 @@ def test_jobs_give_the_serial_results(ranks: Path) -> None:
     parallel = run_profiles(ranks, budgets, jobs=2)
     assert [r.entry for r in serial] == [r.entry for r in parallel]
     assert [r.outcomes for r in serial] == [r.outcomes for r in parallel]
-    assert [o["rank"] for r in parallel for o in r.outcomes] == ["0", "1", "2"]  # the ranks glob selects
+    assert [o.rank for r in parallel for o in r.outcomes] == ["0", "1", "2"]  # the ranks glob selects
 
 
 def test_cli_jobs_flag(ranks: Path, capsys: pytest.CaptureFixture[str]) -> None:

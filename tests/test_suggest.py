@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 
-from memgate.budgets import LIMITS, budget_from_mapping, load_budget_file
+from memgate.budgets import LIMITS, budget_from_mapping, load_budget_file, parse_budget_table
 from memgate.cli import main
-from memgate.compare import GROWTH_KEYS, owner_glob, suggest_toml
 from memgate.session import run_profiles
 from memgate.sizes import parse_size
+from memgate.suggest import GROWTH_KEYS, owner_glob, suggest_toml
 
 SAMPLES = Path(__file__).parent / "data" / "samples"
 TORCH = SAMPLES / "torch"
 CUDA = SAMPLES / "torch_cuda"
+MIB = 1 << 20
 LEAKY, CLEAN = "cpu_train_leak_profile_memory.json", "cpu_train_profile_memory.json"
 
 
@@ -115,7 +116,7 @@ def _judged(path: Path, kwargs: dict[str, Any], test: str) -> list[Any]:
     budget = budget_from_mapping(kwargs, origin=test, default_name="marker", extra_keys=("profile",))
     results = run_profiles(path, [budget])
     assert all(r.error is None for r in results)
-    return [o for r in results for o in r.outcomes]
+    return [o.as_json() for r in results for o in r.outcomes]
 
 
 @pytest.mark.parametrize("form", ["pyproject", "toml", "marker"])
@@ -176,3 +177,88 @@ def test_growth_keys_never_floor_and_unknown_form_is_refused(capsys: pytest.Capt
     with pytest.raises(SystemExit, match="2"):
         main(["suggest", str(TORCH / CLEAN), "--form", "yaml"])
     assert "invalid choice: 'yaml'" in capsys.readouterr().err
+
+
+def test_suggest_toml_edge_cases() -> None:
+    from memgate.suggest import suggest_toml
+
+    def entry(metrics: dict[str, float], ops: dict[str, int] | None = None) -> dict[str, Any]:
+        return {"rank": "0", "path": "p", "format": "x",
+                "devices": [{"device": "cuda:0", "metrics": {**metrics, "op_max_block_bytes": ops or {}},
+                             "pool_of": {"fragmentation": "allocator"}}]}
+
+    text = suggest_toml([entry({"fragmentation": 0.9995, "free_block_fragmentation": 1.0,
+                                "external_fragmentation": 0.18149, "peak_allocated_bytes": 10 * (1 << 30) + 1},
+                               {'aten::index[*]"x\\': 3 * MIB})],
+                        Decimal(0), name='odd "name"')
+    table = tomllib.loads(text)["tool"]["memgate"]
+    (budget,) = parse_budget_table(table, "t").budgets
+    assert budget.name == 'odd "name"'
+    # headroom 0: rounded up, never below the measured value; 10 GiB + 1 B -> the next 1/4 GiB
+    assert budget.limits == {"external_fragmentation": 0.182, "peak_allocated": 10 * (1 << 30) + (1 << 28)}
+    assert "# fragmentation not suggested (measured 1.000, pool allocator): no ratio limit below 1" in text
+    assert "# free_block_fragmentation not suggested (measured 1.000): no ratio limit below 1" in text
+    # an op name is capped as itself, glob characters bracketed
+    assert budget.op_caps == {'aten::index[[][*]]"x\\': 3 * MIB}
+    import fnmatch
+    assert fnmatch.fnmatchcase('aten::index[*]"x\\', next(iter(budget.op_caps)))
+
+
+def test_op_globs() -> None:
+    from memgate.suggest import op_globs
+
+    assert op_globs({"cann::A_0": 5, "cann::A_12": 9, "cann::A_x": 20, "aten::mm": 3, "op[1]_2": 4}) == {
+        "cann::A_*": 20,  # the glob also matches cann::A_x: its cap covers every op it matches
+        "cann::A_x": 20, "aten::mm": 3, "op[[]1]_*": 4}
+
+
+def test_suggest_rank_imbalance_floor_and_skips() -> None:
+    from memgate.suggest import suggest_toml
+
+    def entry(rank: str, peak: int, owners: dict[str, int] | None = None) -> dict[str, Any]:
+        metrics: dict[str, Any] = {"peak_allocated_bytes": peak}
+        if owners is not None:
+            metrics["owner_bytes_at_peak"] = owners
+        return {"rank": rank, "path": f"r{rank}", "format": "x", "devices": [{"device": "cuda:0", "metrics": metrics}]}
+
+    same = suggest_toml([entry("0", 100 * MIB), entry("1", 100 * MIB)], Decimal(10))
+    assert "rank_imbalance = { peak_allocated = 0.010 }  # measured 0.000 over 2 profiles; 0.010 is the smallest " \
+           "suggested ratio" in same.splitlines()
+    assert "# owner_caps not suggested: the profiles record no owners at the peak" in same.splitlines()
+    one = suggest_toml([entry("0", 100 * MIB)], Decimal(10))
+    assert "# rank_imbalance not suggested: needs at least two ranks, these profiles hold 1" in one.splitlines()
+    assert "rank_imbalance =" not in one
+    lopsided = suggest_toml([entry("0", 1), entry("1", 10_000)], Decimal(10))
+    assert "# rank_imbalance not suggested (measured 1.000 on peak_allocated): no ratio limit below 1 leaves " \
+           "headroom" in lopsided.splitlines()
+
+
+def test_suggest_owner_caps_group_instances_with_headroom_and_floor() -> None:
+    """Instances of one owner (layers_0, layers_12) share a glob whose cap is the most bytes the owners
+    it matches hold together on one device, plus headroom; small owners are floored at 1 MiB; an owner
+    not on every profile is left out (the cap could not be judged there)."""
+    import fnmatch
+
+    from memgate.judge import _owner_cap
+    from memgate.metrics import DeviceMetrics
+    from memgate.suggest import suggest_toml
+
+    def entry(rank: str, owners: dict[str, int]) -> dict[str, Any]:
+        return {"rank": rank, "path": f"r{rank}", "format": "x",
+                "devices": [{"device": "cuda:0", "metrics": {"peak_allocated_bytes": 1 << 30,
+                                                             "owner_bytes_at_peak": owners}}]}
+
+    entries = [entry("0", {"layers_0": 100 * MIB, "layers_12": 60 * MIB, "emb[x]": 1000, "only0": 5 * MIB}),
+               entry("1", {"layers_3": 150 * MIB, "emb[x]": 2000})]
+    text = suggest_toml(entries, Decimal(10))
+    (budget,) = parse_budget_table(tomllib.loads(text)["tool"]["memgate"], "suggested").budgets
+    # layers_*: rank 0 holds 160 MiB together, rank 1 150 MiB -> 176 MiB; emb[x] floored at 1 MiB
+    assert budget.owner_caps == {"layers_*": 176 * MIB, "emb[[]x]": MIB}
+    assert 'owner_caps = { "layers_*" = "176 MiB", "emb[[]x]" = "1 MiB" }' in text.splitlines()
+    assert fnmatch.fnmatchcase("emb[x]", "emb[[]x]")
+    for e in entries:  # every cap holds on the profiles it came from
+        dev = DeviceMetrics(device="cuda:0", component=None, source=None, values=e["devices"][0]["metrics"],
+                            missing={}, peak_t_ns=None, peak_step=None)
+        for glob, cap in budget.owner_caps.items():
+            [(total, _, _)] = _owner_cap([dev], glob)
+            assert total <= cap, glob

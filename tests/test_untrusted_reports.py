@@ -23,10 +23,11 @@ from scale import BASE_AND_HEAVY_BUDGETS, base_and_heavy
 
 from memgate import __version__
 from memgate.autosave import save_run
+from memgate.baselines import baseline_from_entries
 from memgate.cache import ProfileCache, open_profile
 from memgate.cli import main
-from memgate.compare import baseline_from_entries, load_baseline, load_entries, load_report
 from memgate.discover import discover, load
+from memgate.documents import load_baseline, load_entries, load_report
 from memgate.errors import InputError, MemgateError
 from memgate.metrics import profile_metrics
 

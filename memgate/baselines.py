@@ -1,0 +1,150 @@
+"""Baseline documents: a run's profile entries kept as a small JSON file, and read back as entries.
+
+A baseline is keyed by rank (rank and path where one rank has several profiles), holding each
+profile's metrics and what makes its numbers comparable (:func:`comparable_key`: device type,
+framework/CANN versions, world size, format). A saved run (:mod:`memgate.autosave`) is a baseline
+plus a ``memgate_run`` record. Reading one back from a file is :mod:`memgate.documents`' (untrusted input).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memgate import __version__
+from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
+
+BASELINE_FORMAT = 1
+RUN_LAYOUT = 1  # a saved run's memgate_run.layout (memgate.autosave.LAYOUT: .memgate/v1/)
+COMPARABLE_KEYS = ("format", "device_type", "torch_version", "torch_npu_version", "cann_version", "mindspore_version", "world_size")
+
+
+def comparable_key(entry: dict[str, Any]) -> dict[str, Any]:
+    """What must match for two profiles' numbers to be comparable."""
+    meta = entry.get("metadata", {}) or {}
+    kinds = device_kinds(str(d["device"]) for d in entry.get("devices", []))
+    key: dict[str, Any] = {"format": entry.get("format"), "device_type": ",".join(kinds) or None}
+    for name in COMPARABLE_KEYS[2:]:
+        if meta.get(name) is not None:
+            key[name] = meta[name]
+    return key
+
+
+def pair_entries(base: list[dict[str, Any]], current: list[dict[str, Any]], *,
+                 current_is_whole_run: bool = True) -> Pairing:
+    """Which profile of ``base`` is which of ``current`` (:mod:`memgate.identity`)."""
+    return pair_profiles([ProfileId.of(e) for e in base], [ProfileId.of(e) for e in current],
+                         current_is_whole_run=current_is_whole_run)
+
+
+def _baseline_keys(entries: list[dict[str, Any]]) -> list[str]:
+    """A baseline's keys: the rank where one profile has it (readable, and what baselines of one
+    profile per rank always used), else rank and the profile's path below the others'."""
+    ranks = [str(e["rank"]) for e in entries]
+    labels = profile_labels([str(e["path"]) for e in entries])
+    keys: list[str] = []
+    for rank, label in zip(ranks, labels):
+        key = rank if ranks.count(rank) == 1 else f"{rank}:{label}"
+        while key in keys:  # the same path twice (two reports merged): never overwrite
+            key += "+"
+        keys.append(key)
+    return keys
+
+
+# who held the peak and how many blocks were live then: not numbers a baseline compares
+_NOT_BASELINED = ("top_at_peak", "live_at_peak_count")
+
+
+def baseline_from_entries(entries: list[dict[str, Any]], *, commit: str | None = None,
+                          dirty: bool = False) -> dict[str, Any]:
+    """Every metric of every device (all of LIMITS' keys, op_max_block_bytes, and the bytes live at
+    the peak per operator and per owner, ``op_bytes_at_peak`` / ``owner_bytes_at_peak``: top N plus
+    ``(other)``), and the pool each per-pool metric comes from; ``top_at_peak`` is left out (it is
+    who held the peak, not a number). Each profile keeps its rank, format and path, by which a later
+    run's profile finds it. ``commit`` (the git checkout's HEAD, :func:`memgate.autosave.git_commit`)
+    goes into ``metadata`` so a failed comparison can say what it compared with."""
+    profiles: dict[str, Any] = {}
+    for key, entry in zip(_baseline_keys(entries), entries):
+        profiles[key] = {
+            "rank": str(entry["rank"]),
+            "path": entry["path"],
+            "key": comparable_key(entry),
+            "devices": {
+                d["device"]: {
+                    "metrics": {k: v for k, v in d["metrics"].items() if k not in _NOT_BASELINED},
+                    "pool_of": dict(d.get("pool_of") or {}),
+                }
+                for d in entry["devices"]
+            },
+        }
+    document: dict[str, Any] = {"memgate_baseline": BASELINE_FORMAT, "memgate_version": __version__}
+    if commit is not None:
+        document["metadata"] = {"git_commit": commit, "git_dirty": dirty}
+    document["profiles"] = profiles
+    return document
+
+
+def baseline_commit(baseline: dict[str, Any]) -> str | None:
+    """The git commit a baseline was saved at (``-dirty`` with uncommitted changes), or None: from
+    its ``metadata``, else a saved run's ``memgate_run`` record; baselines saved without one have none."""
+    for record, commit_key, dirty_key in ((baseline.get("metadata"), "git_commit", "git_dirty"),
+                                          (baseline.get("memgate_run"), "commit", "dirty")):
+        if isinstance(record, dict) and isinstance(record.get(commit_key), str) and record[commit_key]:
+            return str(record[commit_key]) + ("-dirty" if record.get(dirty_key) else "")
+    return None
+
+
+def ratchet(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Keep, per profile/device/metric, the better (smaller) of the old and new baseline values.
+
+    Profiles pair as in every comparison (:mod:`memgate.identity`). A per-pool metric keeps the
+    pool of the value kept. A key the old baseline lacks (saved before memgate measured it) takes
+    the new value.
+    """
+    merged: dict[str, Any] = json.loads(json.dumps(new))
+    old_entries, new_entries = baseline_entries(old), baseline_entries(merged)
+    new_keys = list(merged["profiles"])
+    for b, c in pair_entries(old_entries, new_entries).pairs:
+        before, profile = old_entries[b]["baseline"], merged["profiles"][new_keys[c]]
+        if before.get("key") != profile.get("key"):
+            continue
+        devices = list(profile["devices"])
+        for old_name, name in pair_devices(list(before.get("devices", {})), devices):
+            if old_name is None or name is None:
+                continue
+            values, old_device = profile["devices"][name], before["devices"][old_name]
+            old_metrics = old_device.get("metrics", {})
+            pools = values.setdefault("pool_of", {})
+            for key, value in values["metrics"].items():
+                previous = old_metrics.get(key)
+                if isinstance(value, (int, float)) and isinstance(previous, (int, float)) and previous < value:
+                    values["metrics"][key] = previous
+                    old_pool = (old_device.get("pool_of") or {}).get(key)
+                    if old_pool is not None:
+                        pools[key] = old_pool
+                    else:
+                        pools.pop(key, None)
+    return merged
+
+
+def baseline_entries(baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """A baseline's profiles as report-shaped entries (for :func:`memgate.compare.diff_entries`), pools included.
+    ``key`` is the stored comparability key; ``baseline`` the stored record itself."""
+    commit = baseline_commit(baseline)
+    return [
+        {"rank": str(p.get("rank", key)), "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
+         "key": p.get("key", {}), "baseline": p, "baseline_commit": commit,
+         "devices": [{"device": d, "metrics": v.get("metrics", {}), "pool_of": v.get("pool_of") or {}}
+                     for d, v in p.get("devices", {}).items()]}
+        for key, p in baseline["profiles"].items()
+    ]
+
+
+def history_entry(entry: dict[str, Any], profiles_of_test: int = 1) -> dict[str, Any]:
+    """A marked test's profile entry as its history keys it: by the test's node id (its recording lives
+    in a temporary folder whose name changes every run); several profiles of one test by their folder too."""
+    meta = entry.get("metadata") or {}
+    test = str(meta.get("test") or entry["path"])
+    path = test if profiles_of_test <= 1 else f"{test}/{Path(str(entry['path'])).name}"
+    return {**entry, "path": path, "metadata": {**meta, "profile_dir": entry["path"]}}

@@ -1,0 +1,261 @@
+"""Judging a profile against the budgets (:mod:`memgate.budgets` declares them). Pure.
+
+A check is one (profile, budget, metric): :func:`judge` finds the value on every device the budget
+selects, resolves the limit there (a share of the capacity: :func:`resolve_limit`), and keeps the
+worst device as the :class:`~memgate.verdict.Outcome`. ``rank_imbalance`` is judged over every
+profile a budget selects (:func:`judge_rank_imbalance`). A metric the profile cannot support raises
+:class:`~memgate.errors.NotMeasurable` naming what is missing, never a silent pass.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memgate.budgets import CROSS_RANK, LIMITS, Budget
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.metric_cache import MetricCache
+from memgate.metrics import DeviceMetrics
+from memgate.model import ProfileInfo
+from memgate.rows import CheckRow, RankSpread
+from memgate.sizes import format_share, format_size
+from memgate.verdict import Outcome, format_value, source_lines, verdict_line
+
+# A device's value of a check, the device, and what the verdict line adds after the device
+Candidate = tuple[int | float, DeviceMetrics, str]
+
+
+def capacity_of(info: ProfileInfo, device: str, budget: Budget) -> tuple[int | None, str]:
+    """The device's capacity in bytes and where it came from: the profile, else the budget's ``device_capacity``."""
+    recorded = (info.metadata.get("device_capacity_bytes") or {}).get(device)
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+        return recorded, "recorded in the profile"
+    if budget.device_capacity is not None:
+        return budget.device_capacity, f"device_capacity of budget {budget.name!r}"
+    return None, ""
+
+
+def resolve_limit(info: ProfileInfo, device: str, budget: Budget, metric: str) -> tuple[int | float, str]:
+    """The limit of ``metric`` in bytes (or a ratio) on ``device``, and how a share of the capacity resolved."""
+    if metric not in budget.shares:
+        limit = budget.declared_limit(metric)
+        assert not isinstance(limit, str)
+        return limit, ""
+    share = budget.shares[metric]
+    capacity, source = capacity_of(info, device, budget)
+    if capacity is None:
+        raise ConfigError(f"{budget.name}.{metric} = {format_share(share)} needs the capacity of {device}, "
+                          "which the profile does not record", file=info.path,
+                          expected=f'device_capacity = "64 GiB" (the device\'s memory) in budget {budget.name!r}')
+    limit = int(share * capacity)
+    return limit, f"limit {format_share(share)} of {format_size(capacity)} ({source}) = {limit} bytes"
+
+
+def selected_devices(cache: MetricCache, budget: Budget) -> list[DeviceMetrics]:
+    """The profile's devices the budget's ``devices`` globs select."""
+    return [m for m in cache.get(budget.options)
+            if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
+
+
+def _op_cap(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
+    """``op_caps[glob]``: per device, the largest block of an operator the glob matches."""
+    glob = metric[len("op_caps["):-1]
+    candidates: list[Candidate] = []
+    for m in devices:
+        ops = m.values.get("op_max_block_bytes") or {}
+        matching = {op: size for op, size in ops.items() if fnmatch.fnmatchcase(op, glob)}
+        if matching:
+            op = max(matching, key=lambda o: (matching[o], o))
+            candidates.append((matching[op], m, f"op {op}"))
+    if not candidates:
+        reasons = "; ".join(m.missing.get("op_max_block_bytes", "") for m in devices if m.missing.get("op_max_block_bytes"))
+        raise NotMeasurable(f"{metric}: no operator name matches {glob!r}" + (f" ({reasons})" if reasons else ""),
+                            file=path)
+    return candidates
+
+
+def _owner_cap(devices: list[DeviceMetrics], glob: str) -> list[Candidate]:
+    """Per device: the bytes at the peak of the owners matching ``glob``, summed, and the largest of them."""
+    out = []
+    for m in devices:
+        owners = m.values.get("owner_bytes_at_peak")
+        if not isinstance(owners, dict):
+            continue
+        matching = {o: size for o, size in owners.items() if fnmatch.fnmatchcase(o, glob)}
+        if matching:
+            top = max(matching, key=lambda o: (matching[o], o))
+            out.append((sum(matching.values()), m, f"largest owner {top} {format_size(matching[top])}"))
+    return out
+
+
+def _owner_caps(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
+    """``owner_caps[glob]``: per device, the bytes the matching owners hold at the peak."""
+    glob = metric[len("owner_caps["):-1]
+    candidates = _owner_cap(devices, glob)
+    if not candidates:
+        known = sorted({o for m in devices for o in (m.values.get("owner_bytes_at_peak") or {})})
+        raise NotMeasurable(f"{metric}: no owner of a block live at the peak matches {glob!r}"
+                            + (f" (owners: {', '.join(known[:10])})" if known else " (the profile records no owners)"),
+                            file=path)
+    return candidates
+
+
+def _measured(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
+    """A budget key of LIMITS: per device its value, with the step, pool and note the verdict names."""
+    key = LIMITS[metric][0]
+    measured = [(m.values[key], m) for m in devices if m.values.get(key) is not None]
+    if not measured:
+        why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices)
+        raise NotMeasurable(f"{metric} is not measurable: {why}", file=path)
+    candidates: list[Candidate] = []
+    for value, m in measured:
+        extras = []
+        if m.peak_step is not None and metric == "peak_allocated":
+            extras.append(f"step {m.peak_step}")
+        if key in m.pool_of:
+            extras.append(f"pool {m.pool_of[key]}")
+        if key in m.notes:
+            extras.append(m.notes[key])
+        candidates.append((value, m, ", ".join(extras)))
+    return candidates
+
+
+def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
+    """Judge one (profile, budget, metric); raise NotMeasurable when the profile lacks the data."""
+    profile = cache.info
+    devices = selected_devices(cache, budget)
+    if not devices:
+        raise NotSelected(f"not selected: budget {budget.name!r} selects devices={budget.devices!r}, the profile has "
+                          f"{', '.join(d.device for d in cache.get(budget.options)) or 'none'}", file=profile.path)
+    if metric.startswith("op_caps["):
+        candidates, kind = _op_cap(devices, metric, profile.path), "size"
+    elif metric.startswith("owner_caps["):
+        candidates, kind = _owner_caps(devices, metric, profile.path), "size"
+    else:
+        candidates, kind = _measured(devices, metric, profile.path), LIMITS[metric][1]
+    # The worst device: the most over (or least under) its limit; with one limit for all, the largest value.
+    judged = []
+    for value, m, extra in candidates:
+        limit, resolved = resolve_limit(profile, m.device, budget, metric)
+        judged.append((value - limit, value, limit, m, ", ".join(x for x in (extra, resolved) if x)))
+    _, value, limit, worst, extra = max(judged, key=lambda c: c[0])
+    where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
+    return Outcome(
+        profile_path=profile.path,
+        rank=profile.rank,
+        budget=budget.name,
+        metric=metric,
+        limit=limit,
+        value=value,
+        passed=value <= limit,
+        device=worst.device,
+        step=worst.peak_step,
+        message=verdict_line(metric, kind, value, limit, where),
+        holders=tuple(worst.values.get("top_at_peak") or ()),
+        where=source_lines(worst, profile),
+        share=budget.shares.get(metric),
+        live_count=worst.values.get("live_at_peak_count"),
+    )
+
+
+def judge_profile(cache: MetricCache, budgets: Sequence[Budget]) -> list[CheckRow]:
+    """The rows of every budget that selects this profile's rank: each check's verdict, or why it
+    could not be judged."""
+    profile = cache.info
+    rows = []
+    for budget in budgets:
+        if not budget.selects_rank(profile.rank):
+            continue
+        for metric in budget.checks():
+            try:
+                rows.append(CheckRow.judged(judge(cache, budget, metric)))
+            except MemgateError as exc:
+                rows.append(CheckRow.unjudged(profile, profile.path, budget, metric, exc))
+    return rows
+
+
+# ---- across ranks --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankValue:
+    """One profile's value of a metric, as a rank_imbalance judges it (its worst selected device)."""
+
+    profile: str
+    rank: str
+    value: int | float | None
+    device: str | None
+    why: str = ""  # when value is None: why the profile could not be measured
+
+
+def rank_value(cache: MetricCache, budget: Budget, metric: str) -> RankValue:
+    """The value of budget key ``metric`` on this profile's worst device the budget selects."""
+    info = cache.info
+    key = LIMITS[metric][0]
+    devices = selected_devices(cache, budget)
+    measured = [(m.values[key], m.device) for m in devices if m.values.get(key) is not None]
+    if not measured:
+        why = "; ".join(f"{m.device}: {m.missing.get(key, 'no data')}" for m in devices) or "no device selected"
+        return RankValue(info.path, info.rank, None, None, why)
+    value, device = max(measured, key=lambda c: c[0])
+    return RankValue(info.path, info.rank, value, device)
+
+
+def rank_values(cache: MetricCache, budgets: Sequence[Budget]) -> dict[tuple[str, str], RankValue]:
+    """This profile's value of every metric a budget's rank_imbalance asks for (where it selects the rank)."""
+    out = {}
+    for budget in budgets:
+        if budget.rank_imbalance and budget.selects_rank(cache.info.rank):
+            for metric in budget.rank_imbalance:
+                try:
+                    out[(budget.name, metric)] = rank_value(cache, budget, metric)
+                except MemgateError as exc:
+                    out[(budget.name, metric)] = RankValue(cache.info.path, cache.info.rank, None, None, exc.one_line())
+    return out
+
+
+def judge_rank_imbalance(budget: Budget, metric: str, values: Sequence[RankValue], root: str = "") -> CheckRow:
+    """``rank_imbalance[metric]`` over the profiles the budget selects: ``1 - min/max``, as a row.
+
+    Raises NotMeasurable when fewer than two selected profiles measure the metric.
+    """
+    check = f"{CROSS_RANK}[{metric}]"
+    limit = budget.rank_imbalance[metric]
+    selected = [v for v in values if budget.selects_rank(v.rank)]
+    missing = [v for v in selected if v.value is None]
+    if missing:
+        raise NotMeasurable(f"{check}: {metric} is not measurable on rank {missing[0].rank}: {missing[0].why}",
+                            file=missing[0].profile)
+    if len(selected) < 2:
+        raise NotMeasurable(f"{check} needs at least two ranks; budget {budget.name!r} selects "
+                            f"{len(selected)} profile(s) under {root or 'the root'} (ranks={budget.ranks!r})",
+                            file=root or None)
+    kind = LIMITS[metric][1]
+    best = min(selected, key=lambda v: (v.value, v.rank))
+    worst = max(selected, key=lambda v: (v.value, v.rank))
+    assert best.value is not None and worst.value is not None
+    ratio = 0.0 if worst.value <= 0 else 1 - best.value / worst.value
+    passed = ratio <= limit
+    word = "within" if passed else "exceeds"
+    message = (f"{check} {ratio:.4f} {word} budget {limit:.4f} over {len(selected)} ranks — "
+               f"worst rank {worst.rank} {worst.device} {format_value(worst.value, kind)}, "
+               f"best rank {best.rank} {best.device} {format_value(best.value, kind)}")
+    return CheckRow(root, ",".join(sorted({v.rank for v in selected})), budget.name, check, limit, ratio, passed,
+                    worst.device, message, spread=RankSpread(worst.rank, best.rank, worst.value, best.value,
+                                                             worst.profile, best.profile))
+
+
+def judge_cross_rank(budgets: Sequence[Budget], values: Sequence[dict[tuple[str, str], RankValue]],
+                     root: str) -> list[CheckRow]:
+    """One row per (budget, rank_imbalance metric), over the per-profile values of every profile."""
+    rows = []
+    for budget in budgets:
+        for metric in budget.rank_imbalance:
+            check = f"{CROSS_RANK}[{metric}]"
+            per_rank = [v[(budget.name, metric)] for v in values if (budget.name, metric) in v]
+            try:
+                rows.append(judge_rank_imbalance(budget, metric, per_rank, root))
+            except MemgateError as exc:
+                rows.append(CheckRow.unjudged(None, root, budget, check, exc))
+    return rows

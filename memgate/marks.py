@@ -1,0 +1,231 @@
+"""``@pytest.mark.memgate(...)``: a test's own budget, judged on the profile the test wrote (its
+``memgate_record`` recording, its ``memgate_profile_dir``, or ``profile='path'``) after its body.
+
+No pytest here: :mod:`memgate.plugin` finds the marker and the test's fixtures, and turns the
+:class:`MarkedVerdict` into the test's failure or error. The marker's budget is named after its test,
+so two marked tests are two rows in every table, report and annotation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memgate.baselines import baseline_entries, history_entry
+from memgate.budgets import Budget, budget_from_mapping
+from memgate.compare import CompareRule, Regression, compare_pair
+from memgate.discover import discover, load
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.hints import RECORDED_BY_FIXTURE
+from memgate.judge import judge
+from memgate.metric_cache import MetricCache
+from memgate.metrics import MetricOptions
+from memgate.model import Profile
+from memgate.report import profile_entry
+from memgate.rows import CheckRow, Declared
+from memgate.verdict import Outcome
+
+MARKER = "memgate"
+
+
+def marker_budget(test: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], where: Declared, *,
+                  has_profile_dir: bool, leak_horizon_steps: int) -> Budget:
+    """The marker's budget, named after its test; a ConfigError naming the test, the file and line,
+    and the key (with the closest valid key for a misspelling)."""
+
+    def error(message: str, cause: MemgateError | None = None) -> ConfigError:
+        return ConfigError(f"memgate marker of {test}: {message}", file=where.file, line=where.line,
+                           expected=cause.expected if cause else None, found=cause.found if cause else None)
+
+    if args:
+        raise error(f"takes keywords only, got {args!r}")
+    profile = kwargs.get("profile")
+    if profile is not None and not isinstance(profile, (str, os.PathLike)):
+        raise error(f"invalid profile {profile!r}", ConfigError("", expected="a path (str or pathlib.Path)"))
+    try:
+        budget = budget_from_mapping(dict(kwargs), origin=test, default_name="marker", extra_keys=("profile",),
+                                     default_leak_horizon=leak_horizon_steps)
+    except ConfigError as exc:
+        raise error(exc.message, exc) from None
+    if budget.rank_imbalance:
+        raise error("rank_imbalance compares the ranks of a run: declare it in a budget file, not a marker")
+    if profile is None and not has_profile_dir:
+        raise error("needs a profile: use the memgate_record fixture (or memgate_profile_dir) or pass profile='path'")
+    # Named after its test, so two marked tests are two rows in every table, report and annotation.
+    return dataclasses.replace(budget, name=test if "name" not in kwargs else f"{test} ({budget.name})")
+
+
+# ---- recordings ----------------------------------------------------------------------------------
+
+
+def artifact_name(test: str) -> str:
+    """A folder name for a test: its id with path separators and odd characters replaced, and a
+    short hash of the exact id (two ids that read alike never share a folder)."""
+    readable = re.sub(r"[^A-Za-z0-9._=+-]+", "_", test.replace("::", ".")).strip("._")[:120]
+    return f"{readable}-{hashlib.sha256(test.encode()).hexdigest()[:8]}"
+
+
+def keep_recording(files: Iterable[Path], keep: Path, test: str) -> str:
+    """Copy a test's recorded files to ``keep/<test>`` (a CI artifact); the folder."""
+    target = keep / artifact_name(test)
+    target.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        shutil.copy2(path, target / path.name)
+    return str(target)
+
+
+def kept_path(kept: str | None, recorder: Any, path: str | Path) -> str:
+    """Where a recorded profile's kept copy lies (the path reports and saved runs give), else ``path``."""
+    if kept is None or recorder is None:
+        return str(path)
+    try:
+        inside = Path(path).relative_to(recorder.directory)
+    except ValueError:
+        return str(path)
+    return str(Path(kept) / inside) if inside.parts else kept
+
+
+def made_by(profile: Profile, recorder: Any) -> Profile:
+    """A profile memgate_record wrote says so, so its hints speak of the fixture, not of torch.profiler."""
+    if recorder is None:
+        return profile
+    return dataclasses.replace(profile, metadata={**profile.metadata, "recorded_by": RECORDED_BY_FIXTURE,
+                                                  "recorded_steps": recorder.steps})
+
+
+def add_allocation_stacks(cache: MetricCache, budget: Budget, profile: Profile) -> None:
+    """Give the holders at the peak the Python functions that allocated them (the recorded trace)."""
+    from memgate.record import with_allocation_stacks
+
+    if profile.format == "kineto":
+        trace = Path(profile.path)
+    elif profile.format == "torch_recording":  # the trace beside the snapshot (whose blocks carry frames)
+        trace = Path(profile.path) / str((profile.metadata.get("files") or {}).get("trace"))
+    else:
+        return  # a snapshot: its blocks carry their own frames
+    for options in {budget.options, MetricOptions()}:
+        for metrics in cache.get(options):
+            holders = metrics.values.get("top_at_peak") or []
+            if holders and not any("stack" in h for h in holders):
+                metrics.values["top_at_peak"] = with_allocation_stacks(trace, holders)
+
+
+# ---- judging a marked test -----------------------------------------------------------------------
+
+
+@dataclass
+class MarkedVerdict:
+    """A marked test's checks: a row for each (its verdict or its error), the profiles it measured
+    (report entries), the budgets it failed, the regressions against its history, and the errors."""
+
+    rows: list[CheckRow] = field(default_factory=list)
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[Outcome] = field(default_factory=list)
+    regressions: list[tuple[Regression, str]] = field(default_factory=list)  # (regression, baseline)
+    errors: list[MemgateError] = field(default_factory=list)
+
+    def failure(self, top: int) -> tuple[str, str] | None:
+        """(the failure line, the detail) when a budget or a compare rule failed: the first failure's
+        line, the others' lines and the errors under it, then the first failure's detail."""
+        if not self.failed and not self.regressions:
+            return None
+        messages = [o.message for o in self.failed] + [r.message for r, _ in self.regressions]
+        first = self.failed[0].detail(top) if self.failed else "\n".join(
+            filter(None, [self.regressions[0][0].detail, f"baseline: {self.regressions[0][1]}"]))
+        detail = "\n".join(messages[1:] + [f"memgate: error: {e.one_line()}" for e in self.errors] + [first])
+        return messages[0], detail
+
+
+# An entry of the test's history → (the regressions it failed, the errors met)
+Compare = Callable[[dict[str, Any]], tuple[list[tuple[Regression, str]], list[MemgateError]]]
+
+
+def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, kept: str | None,
+                      keep_profiles: bool, compare: Compare | None) -> MarkedVerdict:
+    """Judge the profile(s) under ``path`` against the marker's ``budget``. ``recorder``: the test's
+    memgate_record (its recording is what ``path`` holds), else None; ``keep_profiles``: give every
+    profile's report entry (an output needs it); ``compare``: judge each against the test's history."""
+    verdict = MarkedVerdict()
+    try:
+        if recorder is not None and recorder.memory_events == 0:
+            raise NotMeasurable("memgate_record recorded no tensor allocation: the test body allocated no torch "
+                                "memory while it recorded (the fixture records with profile_memory=True)",
+                                file=path, expected="a test body that allocates tensors, or no memgate marker")
+        profiles = [made_by(load(found), recorder) for found in discover(path)]
+    except MemgateError as exc:
+        verdict.rows.extend(CheckRow.unjudged(None, str(path), budget, metric, exc) for metric in budget.checks())
+        verdict.errors.append(exc)
+        return verdict
+    for profile in profiles:
+        cache = MetricCache(profile)
+        _judge_profile(verdict, cache, budget, profile, recorder, with_stacks=keep_profiles)
+        if keep_profiles:
+            entry = profile_entry(cache.info, cache.get())
+            entry["path"] = kept_path(kept, recorder, profile.path)
+            entry["metadata"] = {**entry.get("metadata", {}), "test": test}
+            verdict.profiles.append(entry)
+            if compare is not None:
+                regressions, errors = compare(history_entry(entry, len(profiles)))
+                verdict.regressions += regressions
+                verdict.errors += errors
+    return verdict
+
+
+def _judged(cache: MetricCache, budget: Budget, metric: str) -> Outcome | MemgateError:
+    try:
+        return judge(cache, budget, metric)
+    except MemgateError as exc:
+        return exc
+
+
+def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, profile: Profile, recorder: Any, *,
+                   with_stacks: bool) -> None:
+    """Every check of the marker on one profile; a recording's holders get their allocating Python
+    functions where a check failed or an output shows them (``with_stacks``)."""
+    outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
+    if recorder is not None and (with_stacks or any(isinstance(o, Outcome) and not o.passed for o in outcomes)):
+        add_allocation_stacks(cache, budget, profile)
+        outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
+    for metric, outcome in zip(budget.checks(), outcomes):
+        if isinstance(outcome, MemgateError):
+            if not isinstance(outcome, NotSelected):  # not selected: a skipped row, no error
+                verdict.errors.append(outcome)
+            verdict.rows.append(CheckRow.unjudged(cache.info, profile.path, budget, metric, outcome))
+        else:
+            verdict.rows.append(CheckRow.judged(outcome))
+            if not outcome.passed:
+                verdict.failed.append(outcome)
+
+
+def compare_with_history(entry: dict[str, Any], rules: Iterable[CompareRule], baseline: dict[str, Any] | None,
+                         where: str, *, test: str, missing: Callable[[str], None]
+                         ) -> tuple[list[tuple[Regression, str]], list[MemgateError]]:
+    """``--memgate-compare-fail`` rules judged on a marked test's history entry against ``baseline``
+    (at ``where``; None: there is none, ``where`` says why). A test is compared with itself only, by
+    its node id, never with another test of the same rank; where it has no history ``missing``
+    applies the missing-baseline policy (once per test, not once per rule)."""
+    found: list[tuple[Regression, str]] = []
+    errors: list[MemgateError] = []
+    same = [b for b in baseline_entries(baseline) if b.get("path") == entry["path"]] if baseline is not None else []
+    for rule in rules:
+        if not same:
+            try:
+                missing(where if baseline is None else f"{test} is not in {where}")  # the test is new since
+            except MemgateError as exc:
+                errors.append(exc)
+            break
+        try:
+            regression = compare_pair(same[0], entry, rule)
+        except MemgateError as exc:
+            errors.append(exc)
+            continue
+        if not regression.passed:
+            found.append((regression, where))
+    return found, errors

@@ -1,0 +1,226 @@
+"""What a run writes when it ends, for both shells: the JSON report, the HTML report, baselines (and
+their ratchet), saved runs, benchmark JSON, the GitHub step summary and annotations, and the lines
+that say what was written.
+
+:class:`RunOutputs` is the pytest run's writer, kept on the process that writes (the controller under
+pytest-xdist): it collects each test's :class:`~memgate.rows.ReportPayload`, writes every output the
+options ask for at the session's end, and gives the terminal summary. The CLI calls the writers
+themselves. Rows become JSON here, at the edge.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memgate.autosave import find_run, git_commit, missing_run, save_run
+from memgate.baselines import baseline_entries, baseline_from_entries, comparable_key, history_entry, ratchet
+from memgate.ci import benchmark_export, github_annotations, step_summary_markdown
+from memgate.documents import load_baseline
+from memgate.errors import MemgateError, printable
+from memgate.report import build_report, summary_table, write_json_atomic, write_text_atomic
+from memgate.rows import CheckRow, ErrorRow, ReportPayload
+
+if TYPE_CHECKING:
+    from memgate.settings import Settings
+
+
+def rows_json(rows: Iterable[CheckRow]) -> list[dict[str, Any]]:
+    return [row.as_json() for row in rows]
+
+
+def errors_json(errors: Iterable[ErrorRow]) -> list[dict[str, Any]]:
+    return [error.as_json() for error in errors]
+
+
+def json_report(entries: Sequence[dict[str, Any]], rows: Iterable[CheckRow], errors: Iterable[ErrorRow]
+                ) -> dict[str, Any]:
+    """The JSON report (schemas/report.schema.json) of profile entries, rows and errors."""
+    return build_report(entries, rows_json(rows), errors_json(errors))
+
+
+def write_json_report(path: str | os.PathLike[str], entries: Sequence[dict[str, Any]], rows: Iterable[CheckRow],
+                      errors: Iterable[ErrorRow]) -> None:
+    write_json_atomic(path, json_report(entries, rows, errors))
+
+
+def html_page(entries: list[dict[str, Any]], rows: Iterable[CheckRow], errors: Iterable[ErrorRow],
+              profiles: list[Any] | None = None) -> str:
+    """The self-contained HTML report; ``profiles`` (for the curves) are loaded from the entries' paths
+    when not given, a profile whose files are gone (a recording's temporary folder) left without curves."""
+    from memgate.html_report import render_html  # drawing code loads only when asked for
+
+    if profiles is None:
+        from memgate.discover import discover, load
+
+        profiles = []
+        for entry in entries:
+            try:
+                profiles.extend(load(found) for found in discover(entry["path"]))
+            except MemgateError:
+                continue  # its tables still show
+    return render_html(entries, rows_json(rows), profiles, errors=errors_json(errors))
+
+
+def save_baseline(path: Path, entries: list[dict[str, Any]], rootdir: Path, *, keep_smaller: bool) -> None:
+    """The entries as a baseline at ``path``, with the checkout's commit; ``keep_smaller`` (the
+    ratchet): each value no larger than in the baseline already there. A baseline that cannot be read
+    raises, and is kept as it is."""
+    commit, dirty = git_commit(rootdir)
+    baseline = baseline_from_entries(entries, commit=commit, dirty=dirty)
+    if keep_smaller and path.exists():
+        baseline = ratchet(load_baseline(path), baseline)
+    write_json_atomic(path, baseline)
+
+
+def comparison_lines(entries: list[dict[str, Any]], storage: Path, compare_id: str) -> list[str]:
+    """Every metric's change against the saved run each profile is compared with (``--memgate-compare``)."""
+    from memgate.compare import diff_entries, diff_text  # only with --memgate-compare
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    missing = []
+    for entry in entries:
+        run = find_run(storage, comparable_key(entry), compare_id)
+        if run is None:
+            missing.append(missing_run(storage, comparable_key(entry), compare_id))
+        else:
+            groups.setdefault(str(run.path), []).append(entry)
+    lines = [f"memgate: {line}" for line in dict.fromkeys(missing)]
+    for path, group in sorted(groups.items()):
+        lines.append(f"compared with {path}:")
+        try:
+            base = baseline_entries(load_baseline(path))
+        except MemgateError as exc:
+            lines.append(f"memgate: error: {exc.one_line()}")
+            continue
+        lines.extend(printable(line) for line in diff_text(diff_entries(base, group)))
+    return lines
+
+
+def repository_path(file: str, rootdir: Path) -> str:
+    """A declared file relative to the GitHub workspace (else the rootdir), as annotations need."""
+    path = Path(file)
+    absolute = path if path.is_absolute() else rootdir / path
+    for base in (os.environ.get("GITHUB_WORKSPACE"), str(rootdir)):
+        if base:
+            try:
+                return absolute.resolve().relative_to(Path(base).resolve()).as_posix()
+            except ValueError:
+                continue
+    return path.as_posix()
+
+
+# A line of the terminal summary: "section" (a heading), "error" (said in red) or "line"
+SummaryLine = tuple[str, str]
+
+
+class RunOutputs:
+    """A pytest run's results, gathered from each test's payload (also those xdist workers send), and
+    the outputs written from them."""
+
+    def __init__(self, settings: Settings, rootdir: Path) -> None:
+        self.settings = settings
+        self.rootdir = rootdir
+        self.rows: list[CheckRow] = []
+        self.entries: dict[str, dict[str, Any]] = {}  # --memgate profiles, by path
+        self.marker_entries: dict[str, dict[str, Any]] = {}  # marked tests' profiles, by path
+        self.errors: list[ErrorRow] = []
+        self.counts: dict[str, int] = {}  # memgate's tests, counted as pytest counts them
+        self.kept: list[str] = []
+        self.late_errors: list[str] = []  # found at the session's end (an unreadable baseline to ratchet)
+        self.saved: list[Path] = []
+
+    def add(self, payload: ReportPayload, word: str | None) -> None:
+        """One report's payload; ``word``: what pytest's summary counts the report as (None: not counted)."""
+        if word is not None and payload.test is not None:  # memgate's own items and marked tests
+            self.counts[word] = self.counts.get(word, 0) + 1
+        self.rows.extend(payload.rows)
+        if payload.profile is not None:
+            self.entries.setdefault(payload.profile["path"], payload.profile)
+        for entry in payload.marker_profiles:
+            self.marker_entries.setdefault(entry["path"], entry)
+        if payload.error is not None:
+            self.errors.append(payload.error)
+        if payload.kept is not None:
+            self.kept.append(payload.kept)
+
+    def sorted_rows(self) -> list[CheckRow]:
+        return sorted(self.rows, key=lambda r: (r.profile, r.budget, r.metric))
+
+    def profile_entries(self) -> list[dict[str, Any]]:
+        """The --memgate profiles, then every marked test's profile, each by path (the reports' profiles)."""
+        return ([self.entries[k] for k in sorted(self.entries)]
+                + [self.marker_entries[k] for k in sorted(self.marker_entries)])
+
+    def history_entries(self) -> list[dict[str, Any]]:
+        """What baselines, saved runs, comparisons and benchmark JSON keep: the --memgate profiles and
+        every marked test's profile, keyed by its node id."""
+        per_test: dict[str, int] = {}
+        for entry in self.marker_entries.values():
+            test = str((entry.get("metadata") or {}).get("test"))
+            per_test[test] = per_test.get(test, 0) + 1
+        tests = [history_entry(e, per_test[str((e.get("metadata") or {}).get("test"))])
+                 for e in self.marker_entries.values()]
+        return [self.entries[k] for k in sorted(self.entries)] + sorted(tests, key=lambda e: str(e["path"]))
+
+    def write(self) -> bool:
+        """Every output the options ask for; False when one could not be written as asked (the run's
+        exit status says so)."""
+        s = self.settings
+        rows, entries = self.sorted_rows(), self.history_entries()
+        written = True
+        if s.json_path is not None:
+            write_json_report(s.json_path, self.profile_entries(), rows, self.errors)
+        if s.save_baseline is not None and not entries:
+            self.late_errors.append(f"memgate: warning: --memgate-save-baseline={s.save_baseline} wrote nothing: no "
+                                    "--memgate=PATH profile and no marked test was measured in this run")
+        if s.save_baseline is not None and entries:
+            try:
+                save_baseline(s.save_baseline, entries, self.rootdir, keep_smaller=s.ratchet)
+            except MemgateError as exc:  # a baseline that cannot be read is kept as it is, and said
+                self.late_errors.append(f"memgate: error: {exc.one_line()} (the baseline was not rewritten)")
+                written = False
+        if s.autosave and entries:
+            commit, dirty = git_commit(self.rootdir)
+            self.saved = save_run(s.storage, entries, commit=commit, dirty=dirty)
+        if s.benchmark_json is not None:
+            write_json_atomic(s.benchmark_json, benchmark_export(entries))
+        if s.html_path is not None:
+            write_text_atomic(s.html_path, html_page(self.profile_entries(), rows, self.errors))
+        summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary_file and (rows or self.errors):
+            with open(summary_file, "a", encoding="utf-8", errors="backslashreplace") as fh:
+                fh.write(step_summary_markdown(rows_json(rows), errors_json(self.errors), self.counts))
+        return written
+
+    def summary(self) -> list[SummaryLine]:
+        """The terminal summary: late errors, the table, the comparison, annotations, what was written."""
+        s = self.settings
+        out: list[SummaryLine] = [("error", printable(line)) for line in self.late_errors]
+        rows = self.sorted_rows()
+        if rows:
+            out.append(("section", "memgate"))
+            out += [("line", printable(line)) for line in summary_table(rows_json(rows))]
+        if s.compare_id is not None and (self.entries or self.marker_entries):
+            lines = comparison_lines(self.history_entries(), s.storage, s.compare_id)
+            out += [("section", "memgate compare"), *(("line", line) for line in lines)]
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            annotations = github_annotations(rows_json(rows), errors_json(self.errors),
+                                             lambda file: repository_path(file, self.rootdir))
+            out += [("line", printable(line)) for line in annotations]
+        return out + [("line", line) for line in self._written()]
+
+    def _written(self) -> list[str]:
+        s = self.settings
+        lines = [f"memgate: {what} written to {path}" for what, path in (
+            ("JSON report", s.json_path), ("baseline", s.save_baseline), ("benchmark JSON", s.benchmark_json),
+            ("HTML report", s.html_path)) if path is not None and path.exists()]
+        if self.kept:
+            lines.append(f"memgate: recordings of {len(self.kept)} test(s) kept in {s.keep_traces}")
+        if s.autosave:  # the session's end (which saves) comes before this summary
+            lines.append(f"memgate: run saved to {', '.join(str(p) for p in self.saved)}" if self.saved
+                         else "memgate: --memgate-autosave saved nothing: no --memgate=PATH profile and no marked "
+                              "test was measured in this run")
+        return lines

@@ -1,0 +1,106 @@
+"""What one judged check says: its :class:`Outcome`, the verdict line, and the detail under a failure
+(the holders at the peak, grouped; the series and file the value came from). Pure text, no judging.
+
+A failure line fits a JUnit ``message=``:
+``peak_allocated 25.10 GiB exceeds budget 24.00 GiB by 1.10 GiB (+4.6%) — rank 3 npu:3, step 120``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memgate.errors import printable
+from memgate.sizes import format_size
+
+if TYPE_CHECKING:
+    from memgate.metrics import DeviceMetrics
+    from memgate.model import ProfileInfo
+
+
+@dataclass(frozen=True)
+class Outcome:
+    profile_path: str
+    rank: str
+    budget: str
+    metric: str  # budget key or op_caps[glob]
+    limit: int | float
+    value: int | float | None
+    passed: bool
+    device: str | None
+    step: int | None
+    message: str  # the one-line verdict
+    holders: tuple[dict[str, Any], ...]  # the largest live blocks at the peak of the worst device
+    where: str  # the series and file the value came from
+    share: float | None = None  # the limit as a share of the device's capacity, where written so
+    live_count: int | None = None  # blocks live at the peak (holders keeps only the largest)
+
+    def detail(self, top: int = 5) -> str:
+        """The section under the failure line: ``top`` lines of holders at the peak (identical holders
+        grouped, :func:`holder_groups`), then the source."""
+        lines = []
+        if self.holders:
+            groups = holder_groups(self.holders)[:top]
+            shown = sum(len(g) for g in groups)
+            live = max(self.live_count or 0, len(self.holders))
+            lines.append(f"top {shown} of {live} live blocks at the peak ({self.device}):")
+            for group in groups:
+                lines.extend(_group_lines(group))
+        return "\n".join([*map(printable, lines), self.where])  # one line each, whatever a name holds
+
+
+def _group_lines(group: list[dict[str, Any]]) -> list[str]:
+    """One group of identical holders: its bytes and what it is, then the Python functions that allocated it."""
+    block = group[0]
+    what = block.get("op") or block.get("owner") or "(no op)"
+    owner = f"  owner {block['owner']}" if block.get("op") and block.get("owner") else ""
+    stream = f"  stream {block['stream']}" if block.get("stream") else ""
+    sizes = [int(b["size"]) for b in group]
+    if len(group) == 1:
+        amount = f"{format_size(sizes[0]):>12}"
+    elif len(set(sizes)) == 1:
+        amount = f"{len(group)} × {format_size(sizes[0])} = {format_size(sum(sizes))}"
+    else:
+        amount = f"{len(group)} blocks = {format_size(sum(sizes))} (largest {format_size(max(sizes))})"
+    lines = [f"  {amount}  {what}{owner}{stream}"]
+    if block.get("stack"):  # the Python functions running at the allocation, innermost first
+        lines.append(f"  {'':>12}  in {' <- '.join(str(f) for f in block['stack'])}")
+    return lines
+
+
+def holder_groups(holders: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The holders at the peak grouped by what they are (op, owner, stack, stream), the group holding
+    the most bytes first (equal totals: the one with the larger block, as ``holders`` lists them, first):
+    one line per group instead of identical lines."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for block in holders:
+        key = (block.get("op"), block.get("owner"), tuple(str(f) for f in block.get("stack") or ()), block.get("stream"))
+        groups.setdefault(key, []).append(block)
+    return sorted(groups.values(), key=lambda g: -sum(int(b["size"]) for b in g))  # stable: ties keep their order
+
+
+def format_value(value: float, kind: str) -> str:
+    """A measured value or limit as a verdict prints it: IEC size text, or a ratio with 3 decimals."""
+    return format_size(value) if kind == "size" else f"{value:.3f}"
+
+
+def verdict_line(metric: str, kind: str, value: float, limit: float, where: str) -> str:
+    """``peak_allocated 25.10 GiB exceeds budget 24.00 GiB by 1.10 GiB (+4.6%) — rank 3 npu:3, step 120``."""
+    if value <= limit:
+        head = f"{metric} {format_value(value, kind)} within budget {format_value(limit, kind)}"
+    else:
+        over = value - limit
+        pct = f" (+{over / limit * 100:.1f}%)" if limit else ""
+        head = (f"{metric} {format_value(value, kind)} exceeds budget {format_value(limit, kind)} "
+                f"by {format_value(over, kind)}{pct}")
+    return f"{head} — {where}"
+
+
+def source_lines(metrics: DeviceMetrics, profile: ProfileInfo) -> str:
+    """Where a value came from: the series and its file, then the profile."""
+    lines = []
+    if metrics.component:
+        lines.append(f"series: {metrics.component} from {metrics.source}")
+    lines.append(f"profile: {profile.path} ({profile.format}, rank {profile.rank})")
+    return "\n".join(map(printable, lines))
