@@ -1,6 +1,6 @@
 """msMemScope dumps: ``memscope_dump_{ts}.csv`` / ``.db`` (and ``leaks_dump_{ts}.csv`` of msleaks).
 
-FORMATS.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
+docs/formats.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
 plus ``Call Stack(Python)`` / ``Call Stack(C)`` when stacks were collected (msleaks wrote
 ``Timestamp(us)``); the db holds the same columns in table ``memscope_dump``.
 
@@ -55,8 +55,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
 from memgate.errors import InputError, cannot_read
+from memgate.loaders import registry
 from memgate.model import (
     SERIES_COLUMNS,
     STEP_COLUMNS,
@@ -68,8 +68,9 @@ from memgate.model import (
     typed_blocks,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import describe
-from memgate.readers.limits import check_rows, read_csv
+from memgate.readers.csvcheck import describe
+from memgate.readers.csvtable import read_csv
+from memgate.readers.limits import check_rows
 from memgate.readers.numtext import offsets_and_text
 from memgate.readers.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
 from memgate.schemas import load_schema, re2_pattern
@@ -679,16 +680,10 @@ def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np
     return int_table(steps, STEP_COLUMNS)
 
 
-_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
-
-
 def _rank(path: Path) -> str:
-    """msMemScope records no rank: a ``rank_N`` directory names it, else "0"."""
-    for part in reversed(path.parts[:-1]):
-        if m := _DIR_RANK.search(part):
-            return str(int(m.group(1)))
-    return "0"
+    """msMemScope records no rank: a ``rank_N`` directory names it (the nearest), else "0"."""
+    return registry.rank_in_names(*reversed(path.parts[:-1])) or "0"
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank,
+registry.register(registry.Format(FORMAT, claims, load, rank_hint=_rank,
                                   named=lambda path: path.is_file() and bool(CSV_NAME.search(path.name.lower()))))

@@ -1,6 +1,6 @@
 """torch_npu profiler text export: ``*_ascend_pt/ASCEND_PROFILER_OUTPUT/*.csv`` and friends.
 
-Both header generations (≤2.5 and 2.6+) of every file; see FORMATS.md §1.
+Both header generations (≤2.5 and 2.6+) of every file; see docs/formats.md §1.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
 from memgate.errors import InputError, cannot_read, show
+from memgate.loaders import registry
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
@@ -40,9 +40,11 @@ from memgate.model import (
     untimed_steps,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import Converter, CsvTable
+from memgate.readers.csvcheck import Converter
+from memgate.readers.csvtable import CsvTable, read_csv
+from memgate.readers.files import check_readable
 from memgate.readers.jsonstream import loads_unique
-from memgate.readers.limits import check_file_size, check_readable, read_csv
+from memgate.readers.limits import check_file_size
 from memgate.readers.memory import release_free_memory
 from memgate.schemas import load_schema
 from memgate.table import Ints, Table, Texts, coded_chunks, texts_from_arrow
@@ -189,7 +191,7 @@ def _counter_series(counter: Table) -> Table:
 
 
 def _take_texts(table: CsvTable, name: str) -> Texts:
-    """A text column as :class:`Texts`, releasing the Arrow column (as :meth:`CsvTable.take`)."""
+    """A text column as :class:`Texts`, releasing the Arrow column (as :meth:`CsvTable.pop_series`)."""
     texts = texts_from_arrow(table.column(name))
     del table.columns[name]
     return texts
@@ -312,7 +314,7 @@ def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> 
     def take(key: str) -> list[ChunkColumn]:
         if not table.has(columns[key]):  # torch_npu before 2.1 wrote no Total Active column
             return [(absent.values, absent.isna()) for absent in map(Ints.absent, map(len, pairs))]
-        chunks = table.take_int_chunks(columns[key])
+        chunks = table.pop_int_chunks(columns[key])
         offset = 0
         for values, missing in chunks if key != "t_ns" else ():
             below = values < 0 if missing is None else (values < 0) & ~missing
@@ -370,18 +372,18 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     table = read_csv(path, load_schema("torch_npu.operator_memory"), OPERATOR_MEMORY_COLUMNS,
                      joined=OPERATOR_MEMORY_INTS)
     # numpy (values, missing) pairs: the checks below run on 5M-row columns without pandas' masked ops
-    size, no_size = table.take_ints("Size(KB)")
-    alloc, no_alloc = table.take_ints("Allocation Time(us)")
+    size, no_size = table.pop_ints("Size(KB)")
+    alloc, no_alloc = table.pop_ints("Allocation Time(us)")
     # The allocator's allocated total drops at Active Release Time (the block is handed back);
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
-    released, no_released = table.take_ints("Release Time(us)")
+    released, no_released = table.pop_ints("Release Time(us)")
     before_2_1 = not table.has("Stream Ptr")  # no Active columns and no Stream Ptr were written then
     if before_2_1:
         absent = Ints.absent(len(size))
         active_released, no_active_released = absent.values, absent.isna()
         del absent  # its arrays go with the names below, before the blocks are built
     else:
-        active_released, no_active_released = table.take_ints("Active Release Time(us)")
+        active_released, no_active_released = table.pop_ints("Active Release Time(us)")
     release_free_memory()  # the number columns' text and the parse buffers, before the checks and the blocks
     release = np.where(no_active_released, released, active_released)
     no_release = no_active_released & no_released
@@ -418,7 +420,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     component = Texts.coded(np.logical_not(np.asarray(is_ge, dtype=bool)).view(np.int8).astype(np.int32), ("GE", "PTA"))
     del name, is_ge
     np.abs(size, out=size)
-    total, no_total = table.take_ints("Allocation Total Allocated(MB)")
+    total, no_total = table.pop_ints("Allocation Total Allocated(MB)")
     blocks = Table(
         {
             "size": Ints.of(size, no_size),
@@ -444,9 +446,9 @@ def read_npu_module_mem(path: Path) -> list[tuple[str, str, Table]]:
         {
             "device": convert.device_labels(table.column("Device")),
             "component": convert.text(table.column("Component")),
-            "t_ns": table.ns_from_us("Timestamp(us)"),
+            "t_ns": table.parse_ns_from_us("Timestamp(us)"),
             "allocated": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
-            "reserved": table.bytes("Total Reserved(MB)", MIB),
+            "reserved": table.parse_bytes("Total Reserved(MB)", MIB),
             "active": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
     )
@@ -460,9 +462,9 @@ def read_kernel_steps(path: Path) -> Table:
     step_column = "Step Id" if table.has("Step Id") else None
     if step_column is None:
         return empty_steps()
-    start = table.ns_from_us("Start Time(us)")
-    end = start + table.ns_from_us("Duration(us)")
-    frame = pd.DataFrame({"step": table.ints(step_column), "t_start": start, "t_end": end})
+    start = table.parse_ns_from_us("Start Time(us)")
+    end = start + table.parse_ns_from_us("Duration(us)")
+    frame = pd.DataFrame({"step": table.parse_ints(step_column), "t_start": start, "t_end": end})
     frame = frame.dropna(subset=["step"])
     grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
     return int_table(grouped.reset_index(), STEP_COLUMNS)
@@ -472,7 +474,7 @@ def read_kernel_steps(path: Path) -> Table:
 def read_step_numbers(path: Path) -> Table:
     """Step numbers without times (step_trace_time.csv holds durations only)."""
     table = read_csv(path, load_schema("torch_npu.step_trace_time"))
-    return untimed_steps(table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
+    return untimed_steps(table.parse_ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
 
 
 _INFO_NAME = re.compile(r"^profiler_info(?:_([0-9]+))?\.json$")
@@ -517,9 +519,6 @@ def _read_small_json(path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InputError("expected a JSON object", file=path, line=1, found=type(value).__name__)
     return value
-
-
-_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 
 
 def info_rank(profile_dir: Path, info: dict[str, Any]) -> int | None:
@@ -571,10 +570,8 @@ def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
     rank = info_rank(profile_dir, info)
     if rank is not None:
         return str(rank)
-    for part in (profile_dir.name, profile_dir.parent.name):
-        if (m := _DIR_RANK.search(part)) and int(m.group(1)) <= MAX_RANK:  # a longer number is no rank
-            return str(int(m.group(1)))
-    return "0"
+    # a number past MAX_RANK in a name is no rank
+    return registry.rank_in_names(profile_dir.name, profile_dir.parent.name, at_most=MAX_RANK) or "0"
 
 
 def rank_hint(profile_dir: Path) -> str:
@@ -631,4 +628,10 @@ def claims(path: Path) -> bool:
     return path.is_dir() and is_profile_dir(path)
 
 
-discover.register(discover.Format("torch_npu", claims, load, rank_hint, run_window))
+def profile_root(path: Path) -> Path | None:
+    """The profile an ``ASCEND_PROFILER_OUTPUT`` folder given directly belongs to: its parent (which
+    holds profiler_info, and so the rank)."""
+    return path.parent if path.name == OUTPUT_DIR and path.is_dir() and is_profile_dir(path) else None
+
+
+registry.register(registry.Format(FORMAT, claims, load, rank_hint, run_window, profile_root=profile_root))
