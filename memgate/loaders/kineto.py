@@ -188,8 +188,8 @@ def _load(path: Path) -> Profile:
                              expected="'{' with traceEvents (a Kineto trace)", found=repr(head[:20]))
         fields = _head_fields(head)
         base = fields.get("baseTimeNanoseconds", 0)
-        start = base if _valid_base(base) else 0
-        got, repaired = read_events(path, gz, lambda batches: Collected.of(batches, path, schema, start))
+        valid_base = base if _valid_base(base) else 0  # an invalid one is reported once the events are read
+        got, repaired = read_events(path, gz, lambda batches: Collected.of(batches, path, schema, valid_base))
     except PermissionError:
         raise InputError("file is not readable (permission denied)", file=path) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:

@@ -51,7 +51,7 @@ from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders import block_sizes, registry
 from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
-from memgate.loaders.registry import rank_of_file as _rank_of  # its file's name (.pickle: no rank)
+from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
 from memgate.model import DeviceModel, PoolState, Profile, Series, check_bytes, empty_steps, step_number
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused

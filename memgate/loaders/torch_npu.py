@@ -91,13 +91,39 @@ def _load(profile_dir: Path) -> Profile:
     info = read_profiler_info(profile_dir)
     if not any((out / name).exists() for name in MARKER_FILES):
         raise _no_memory_data(profile_dir, out, info)
-    devices: dict[str, dict[str, Any]] = {}
+    devices: dict[str, _Parts] = {}
+    _read_memory_files(out, devices)
+    steps, steps_source = _read_trace_view(out, devices, info)
+    if steps_source is None:
+        steps, steps_source = _untraced_steps(out)
+    if not devices:
+        raise _no_memory_data(profile_dir, out, info)
+    models = _device_models(devices)
+    metadata = _metadata(info, profile_dir)
+    metadata["cross_file"] = cross_file_facts(models, profile_dir, steps, steps_source)
+    return Profile(
+        path=str(profile_dir),
+        format=FORMAT,
+        rank=rank_of(profile_dir, info),
+        devices=tuple(models),
+        steps=steps,
+        steps_source=steps_source,
+        metadata=metadata,
+    )
 
-    def slot(device: str) -> dict[str, Any]:
-        if device not in devices:
-            devices[device] = {"series": {}, "blocks": empty_blocks(), "blocks_source": None}
-        return devices[device]
 
+_Parts = dict[str, Any]  # what the files give one device: its "series", "blocks" and "blocks_source"
+
+
+def _slot(devices: dict[str, _Parts], device: str) -> _Parts:
+    if device not in devices:
+        devices[device] = {"series": {}, "blocks": empty_blocks(), "blocks_source": None}
+    return devices[device]
+
+
+def _read_memory_files(out: Path, devices: dict[str, _Parts]) -> None:
+    """The series of memory_record.csv and npu_module_mem.csv and the blocks of operator_memory.csv,
+    by device."""
     ops_path = out / "operator_memory.csv"
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memgate-ops") as side:
         ops: Future[list[tuple[str, Table]] | None] | None = None
@@ -110,7 +136,7 @@ def _load(profile_dir: Path) -> Profile:
                 ops = side.submit(_read_operator_memory_after, ops_path, record_parsed, failed)
             try:
                 for device, component, frame in read_memory_record(path, record_parsed.set):
-                    slot(device)["series"][component] = Series(component, frame, str(path))
+                    _slot(devices, device)["series"][component] = Series(component, frame, str(path))
                 _require_operator_memory(out, devices)
             except BaseException:  # this file's error comes first; the other read stops or is not begun
                 failed.set()
@@ -119,42 +145,55 @@ def _load(profile_dir: Path) -> Profile:
         if ops is not None or ops_path.exists():
             blocks_list = ops.result() if ops is not None else read_operator_memory(ops_path)
             for device, blocks in blocks_list or []:
-                slot(device)["blocks"] = blocks
-                slot(device)["blocks_source"] = str(ops_path)
+                _slot(devices, device)["blocks"] = blocks
+                _slot(devices, device)["blocks_source"] = str(ops_path)
     if (out / "npu_module_mem.csv").exists():
         path = out / "npu_module_mem.csv"
         for device, component, frame in read_npu_module_mem(path):
-            slot(device)["series"][f"module:{component}"] = Series(f"module:{component}", frame, str(path))
+            _slot(devices, device)["series"][f"module:{component}"] = Series(f"module:{component}", frame, str(path))
 
+
+def _read_trace_view(out: Path, devices: dict[str, _Parts], info: dict[str, Any]) -> tuple[Table, str | None]:
+    """The steps of trace_view.json (and its path; None where it has none), its NPU MEM counters added
+    to ``devices``."""
     steps, steps_source = empty_steps(), None
-    if (out / "trace_view.json").exists():
-        path = out / "trace_view.json"
-        trace = read_trace_view(path)
-        if len(trace.steps):
-            check_steps(trace.steps, path, column="ProfilerStep")
-            steps, steps_source = trace.steps, str(path)
-        # NPU MEM counters: the device their process id names (trace_view.device_of_pid), each its
-        # own device; a pid that names none belongs to this rank's only device, if it has one.
-        targets = list(devices) or [_device_from_info(info)]
-        for device_id, counters in trace.counters.items():
-            if device_id is None and len(targets) != 1:
-                continue
-            device = targets[0] if device_id is None else f"npu:{device_id}"
-            for name, counter in counters.items():
-                slot(device)["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", _counter_series(counter), str(path))
-    if steps_source is None and (out / "kernel_details.csv").exists():
+    if not (out / "trace_view.json").exists():
+        return steps, steps_source
+    path = out / "trace_view.json"
+    trace = read_trace_view(path)
+    if len(trace.steps):
+        check_steps(trace.steps, path, column="ProfilerStep")
+        steps, steps_source = trace.steps, str(path)
+    # NPU MEM counters: the device their process id names (trace_view.device_of_pid), each its
+    # own device; a pid that names none belongs to this rank's only device, if it has one.
+    targets = list(devices) or [_device_from_info(info)]
+    for device_id, counters in trace.counters.items():
+        if device_id is None and len(targets) != 1:
+            continue
+        device = targets[0] if device_id is None else f"npu:{device_id}"
+        for name, counter in counters.items():
+            _slot(devices, device)["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", _counter_series(counter),
+                                                                          str(path))
+    return steps, steps_source
+
+
+def _untraced_steps(out: Path) -> tuple[Table, str | None]:
+    """Steps where trace_view.json has none: kernel_details.csv's step ranges, else step_trace_time.csv's
+    step numbers (and the file's path; None where neither has steps)."""
+    if (out / "kernel_details.csv").exists():
         path = out / "kernel_details.csv"
         kernel_steps = read_kernel_steps(path)
         if len(kernel_steps):
-            steps, steps_source = kernel_steps, str(path)
-    if steps_source is None and (out / "step_trace_time.csv").exists():
+            return kernel_steps, str(path)
+    if (out / "step_trace_time.csv").exists():
         path = out / "step_trace_time.csv"
         numbered = read_step_numbers(path)
         if len(numbered):
-            steps, steps_source = numbered, str(path)
+            return numbered, str(path)
+    return empty_steps(), None
 
-    if not devices:
-        raise _no_memory_data(profile_dir, out, info)
+
+def _device_models(devices: dict[str, _Parts]) -> list[DeviceModel]:
     models = []
     for device in sorted(devices):
         parts = devices[device]
@@ -170,17 +209,7 @@ def _load(profile_dir: Path) -> Profile:
                 sum_components={"PTA+GE": ("PTA", "GE")} if "PTA+GE" in series else {},
             )
         )
-    metadata = _metadata(info, profile_dir)
-    metadata["cross_file"] = cross_file_facts(models, profile_dir, steps, steps_source)
-    return Profile(
-        path=str(profile_dir),
-        format=FORMAT,
-        rank=rank_of(profile_dir, info),
-        devices=tuple(models),
-        steps=steps,
-        steps_source=steps_source,
-        metadata=metadata,
-    )
+    return models
 
 
 def _counter_series(counter: Table) -> Table:
@@ -212,7 +241,7 @@ def _check_links(out: Path) -> None:
                              expected="a file (or a symlink to one)", found=f"a link to {str(path.readlink())!r}")
 
 
-def _require_operator_memory(out: Path, devices: dict[str, dict[str, Any]]) -> None:
+def _require_operator_memory(out: Path, devices: dict[str, _Parts]) -> None:
     """memory_record.csv with allocator rows but no operator_memory.csv: the export stopped half-way.
 
     torch_npu writes both from the same memory data (an allocator row needs an allocation, which is
