@@ -103,7 +103,7 @@ _TRACE_NAMES = (".json", ".json.gz")
 _RAW_TIMELINE_NAMES = ("raw.json.gz", ".raw.json", ".raw.gz")
 
 
-def ascend_dir(path: Path) -> bool:
+def _ascend_dir(path: Path) -> bool:
     """A folder an Ascend loader may claim: named like a profiler's output, or holding a text export."""
     name = path.name
     if name.endswith(_ASCEND_DIR_SUFFIXES) or name.startswith("PROF_") or name in _ASCEND_DIR_NAMES:
@@ -112,7 +112,7 @@ def ascend_dir(path: Path) -> bool:
                                  for name in _ASCEND_EXPORTS)
 
 
-def recording_dir(path: Path) -> bool:
+def _recording_dir(path: Path) -> bool:
     """A folder the recording loader may claim: a snapshot and a trace by name, directly inside it."""
     if not path.is_dir():
         return False
@@ -144,15 +144,15 @@ class Loader(NamedTuple):
 
 # In the order they register (a format registered with ``before`` is asked earlier).
 LOADERS: tuple[Loader, ...] = (
-    Loader("torch_npu", folders=ascend_dir),
+    Loader("torch_npu", folders=_ascend_dir),
     Loader("snapshot", _ending(*_SNAPSHOT_NAMES)),
     Loader("kineto", _ending(*_TRACE_NAMES)),
     Loader("memory_timeline", _timeline_name),
     Loader("msmemscope", _ending(".csv", ".db")),
-    Loader("ascend_db", _ending(".db"), ascend_dir),
-    Loader("mindspore", _ending(".csv", ".txt"), ascend_dir),
-    Loader("cann", folders=ascend_dir),
-    Loader("recording", folders=recording_dir),  # a snapshot beside a trace
+    Loader("ascend_db", _ending(".db"), _ascend_dir),
+    Loader("mindspore", _ending(".csv", ".txt"), _ascend_dir),
+    Loader("cann", folders=_ascend_dir),
+    Loader("recording", folders=_recording_dir),  # a snapshot beside a trace
 )
 
 

@@ -31,6 +31,7 @@ Checks = list[tuple[str, dict[str, Any]]]  # (column, its schema property), in f
 
 
 def keep_text(col: pa.Array) -> pa.Array:
+    """The converter that keeps a column as its text."""
     return col
 
 
@@ -50,9 +51,7 @@ class CellError(Exception):
                           found=self.found)
 
 
-
-def check_convert(batch: pa.RecordBatch, checks: Checks,
-                   plan: dict[str, Converter]) -> dict[str, pa.Array]:
+def check_convert(batch: pa.RecordBatch, checks: Checks, plan: dict[str, Converter]) -> dict[str, pa.Array]:
     """Validate one block, then convert its planned columns, each cell read once where the check's
     work serves the conversion (:class:`convert.FromParsed`); :class:`CellError` names the row."""
     first: tuple[int, str, str, str] | None = None  # row, column, problem, expected
@@ -194,6 +193,7 @@ def _few_distinct(col: pa.ChunkedArray | pa.Array, sample: int = 1024, most: int
 
 
 def check_cells(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[int | None, str]:
+    """(row, problem) of the first cell ``prop`` rejects, every cell checked; (None, "") when none is."""
     types = prop.get("type", ["string", "null"])
     nullable = "null" in types if isinstance(types, list) else types == "null"
     candidates: list[tuple[int, str]] = []
