@@ -75,9 +75,10 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if task == "memgate":  # discover + load + profile_metrics (memgate inspect)
         from memgate import discover as disc
+        from memgate.loaders import registry
         from memgate.metrics import profile_metrics
 
-        disc.import_loaders()
+        registry.import_loaders()
         started = time.perf_counter()
         profiles = []
         for found in disc.discover(args[0]):
@@ -90,11 +91,12 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
         from memgate import cache as cache_mod
         from memgate import discover as disc
         from memgate.cache import ProfileCache
+        from memgate.loaders import registry
         from memgate.session import process_profile
 
         # the cold and the warm run use one code fingerprint: memgate's source may be edited between them
         cache_mod.code_fingerprint = lambda: args[2]  # type: ignore[assignment]
-        disc.import_loaders()
+        registry.import_loaders()
         store = ProfileCache(args[1])
         started = time.perf_counter()
         n = 0
@@ -105,9 +107,9 @@ def child(task: str, args: list[str]) -> dict[str, Any]:
         op = time.perf_counter() - started
         extra = {"profiles": n}
     elif task == "memgate-parallel":
-        from memgate import discover as disc
+        from memgate.loaders import registry
 
-        disc.import_loaders()
+        registry.import_loaders()
         started = time.perf_counter()
         results = inspect_parallel(args[0], int(args[1]))
         op = time.perf_counter() - started
@@ -440,7 +442,7 @@ def bench(out: Path, scale: float, only: tuple[str, ...], jobs: int, log: Any = 
     warm_page_cache([Path(info["path"]) for info in inputs.values()])
     lines: list[Line] = []
     cache_root = generate.scale_dir(out, scale) / "profile-cache"
-    imports = "import memgate.discover, memgate.metrics; memgate.discover.import_loaders()"
+    imports = "import memgate.discover, memgate.metrics; memgate.loaders.registry.import_loaders()"
     base_rss = measure("import memgate", [PY, "-c", imports])
     extras: dict[str, Any] = {"import_baseline_rss": base_rss.peak_rss, "import_wall_s": base_rss.wall_s}
     from memgate.cache import code_fingerprint

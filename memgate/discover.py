@@ -1,7 +1,7 @@
 """Find the profiles under a ``--memgate`` root: one profile per rank's output.
 
-Detection goes by file name and header only (FORMATS.md), never by guessing from values.
-Each format registers a :class:`Format` with a ``claims`` test over a path and a ``load``.
+Detection goes by file name and header only (docs/formats.md), never by guessing from values: each
+format of :mod:`memgate.loaders.registry` says whether it claims a path, and loads it.
 
 Several profiles of one rank under one root are normal (the profiling cycles of one run, jobs of a
 pipeline, runs side by side): each is its own profile, keyed by its path. Two that claim the same rank
@@ -21,105 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memgate.errors import InputError, MemgateError, cannot_read
+from memgate.loaders.registry import FORMATS, Format, format_named, import_loaders
 
 if TYPE_CHECKING:
     from memgate.model import Profile
-
-
-@dataclass(frozen=True)
-class Format:
-    name: str
-    claims: Callable[[Path], bool]  # is this path (a file or a directory) one profile of mine?
-    load: Callable[[Path], Profile]
-    # The rank a load would report, cheaply (file names, a small JSON), or None when only a load
-    # can tell: lets pytest generate items only for the budgets that select a profile's rank.
-    rank_hint: Callable[[Path], str | None] | None = None
-    # When the profile recorded, (start, end) in ns since the epoch, cheaply (profiler_info), or None:
-    # two profiles of one rank whose windows overlap are stated as a collision (module docstring).
-    run_window: Callable[[Path], tuple[int, int] | None] | None = None
-    # Is this file named as this format names its files? A file given directly that no format claims
-    # goes to the loader whose name it bears, which says what is wrong with it (a pickle protocol,
-    # a file that is not sqlite, an empty dump) instead of "not a profile file".
-    named: Callable[[Path], bool] | None = None
-    # What `memgate validate` loads with, where a load skips what no metric reads (a snapshot's
-    # frames of frees): everything the schema covers is checked. None: ``load`` checks all already.
-    load_thorough: Callable[[Path], Profile] | None = None
-
-
-FORMATS: list[Format] = []  # in the order they are asked; each loader module registers its own
-
-
-# Ascend output folders by name, and the files that make a folder a text export (FORMATS.md §1-3).
-_ASCEND_DIR_SUFFIXES = ("_ascend_pt", "_ascend_ms")
-_ASCEND_DIR_NAMES = ("ASCEND_PROFILER_OUTPUT", "mindstudio_profiler_output")
-_ASCEND_EXPORTS = ("memory_record.csv", "operator_memory.csv", "trace_view.json")
-
-
-def _ascend_dir(path: Path) -> bool:
-    """A folder an Ascend loader may claim: named like a profiler's output, or holding a text export."""
-    name = path.name
-    if name.endswith(_ASCEND_DIR_SUFFIXES) or name.startswith("PROF_") or name in _ASCEND_DIR_NAMES:
-        return path.is_dir()
-    return path.is_dir() and any((path / name).is_file() or (path / _ASCEND_DIR_NAMES[0] / name).is_file()
-                                 for name in _ASCEND_EXPORTS)
-
-
-# The loader modules, in the order they register: the file names each module's formats may claim
-# (by ending) and whether they claim Ascend folders (_ascend_dir). A loader is imported only when a
-# path may be its own: `memgate inspect x.pickle` imports the snapshot loader alone, not the Ascend
-# stack (tests/test_imports.py checks both the import graph and that no claim is missed).
-LOADERS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
-    ("torch_npu", (), True),
-    ("snapshot", (".pickle", ".pkl"), False),
-    ("kineto", (".json", ".json.gz", ".raw.gz"), False),  # .raw.gz: a raw memory timeline as HTA names it
-    ("msmemscope", (".csv", ".db"), False),
-    ("ascend_db", (".db",), True),
-    ("mindspore", (".csv", ".txt"), True),
-    ("cann", (), True),
-    ("recording", (), False),  # claims a folder holding a snapshot beside a trace (_recording_dir)
-)
-_SNAPSHOT_NAMES = (".pickle", ".pkl")
-_TRACE_NAMES = (".json", ".json.gz")
-
-
-def _recording_dir(path: Path) -> bool:
-    """A folder the recording loader may claim: a snapshot and a trace by name, directly inside it."""
-    if not path.is_dir():
-        return False
-    try:
-        with os.scandir(path) as entries:
-            names = [e.name.lower() for e in entries]
-    except OSError:
-        return False
-    return any(n.endswith(_SNAPSHOT_NAMES) for n in names) and any(n.endswith(_TRACE_NAMES) for n in names)
-
-
-def _may_claim(path: Path, names: tuple[str, ...], ascend: bool, ascend_dir: Callable[[], bool],
-               module: str = "") -> bool:
-    if module == "recording":
-        return _recording_dir(path)
-    return (bool(names) and path.name.lower().endswith(names)) or (ascend and ascend_dir())
-
-
-def may_claim(module: str, path: Path) -> bool:
-    """Can a format of loader ``module`` claim ``path``? (By name; False means it would not.)"""
-    _, names, ascend = next(entry for entry in LOADERS if entry[0] == module)
-    return _may_claim(path, names, ascend, lambda: _ascend_dir(path), module)
-
-
-_imported: set[str] = set()
-
-
-def register(fmt: Format, *, before: str | None = None) -> None:
-    """Add a format (loaders of other writers call this when imported).
-
-    ``before`` names a format this one must be asked before (a MindSpore ``*_ascend_ms`` directory
-    also looks like a torch_npu one by its file names, so MindSpore claims first).
-    """
-    if any(f.name == fmt.name for f in FORMATS):
-        return
-    names = [f.name for f in FORMATS]
-    FORMATS.insert(names.index(before) if before in names else len(FORMATS), fmt)
 
 
 @dataclass(frozen=True)
@@ -135,11 +40,7 @@ class Found:
 
 def _found_by_name(path: str, format_name: str, notes: tuple[str, ...] = ()) -> Found:
     import_loaders()
-    return Found(Path(path), _format(format_name), notes)
-
-
-def _format(name: str) -> Format:
-    return next(f for f in FORMATS if f.name == name)
+    return Found(Path(path), format_named(format_name), notes)
 
 
 def _claim(path: Path) -> Format | None:
@@ -178,14 +79,8 @@ def _discover(root: Path) -> list[Found]:
     if not os.access(root, os.R_OK) or (root.is_dir() and not os.access(root, os.X_OK)):
         raise InputError("not readable (permission denied)", file=root,
                          expected="read permission" + (" and search (x) permission" if root.is_dir() else ""))
-    if root.name == _ASCEND_DIR_NAMES[0] and root.is_dir():
-        from memgate.loaders import torch_npu
-
-        if torch_npu.is_profile_dir(root):
-            # The output folder given directly: the profile is its parent (profiler_info, rank), in
-            # the format that claims the parent (a MindSpore or db profile claims before torch_npu).
-            parent_fmt = _claim(root.parent)
-            return [Found(root.parent, parent_fmt) if parent_fmt else Found(root, _format("torch_npu"))]
+    if (inside := _inside_profile(root)) is not None:
+        return [inside]
     fmt = _claim(root)
     if fmt is not None:
         return [Found(root, fmt)]
@@ -224,6 +119,18 @@ def _discover(root: Path) -> list[Found]:
             "or an msMemScope dump",
         )
     return _note_rank_collisions(found)
+
+
+def _inside_profile(root: Path) -> Found | None:
+    """``root`` given directly where it is a part of a profile (torch_npu's ASCEND_PROFILER_OUTPUT): the
+    profile it lies inside, in the format that claims that (a MindSpore or db profile claims before
+    torch_npu); ``root`` itself in the format that knows it for a part, when none claims the profile."""
+    import_loaders(root)
+    for fmt in FORMATS:
+        if fmt.profile_root is not None and (profile := fmt.profile_root(root)) is not None:
+            owner = _claim(profile)
+            return Found(profile, owner) if owner else Found(root, fmt)
+    return None
 
 
 def _note_rank_collisions(found: list[Found]) -> list[Found]:
@@ -277,16 +184,3 @@ def load(found: Found, *, thorough: bool = False) -> Profile:
         notes = [*profile.metadata.get("notes", []), *found.notes]
         profile = replace(profile, metadata={**profile.metadata, "notes": notes})
     return profile
-
-
-def import_loaders(path: Path | None = None) -> None:
-    """Import the loader modules that may claim ``path`` (every one when None) and are not imported
-    yet; each registers its formats as it is imported."""
-    import functools
-    import importlib
-
-    ascend_dir = functools.cache(lambda: path is not None and _ascend_dir(path))  # its stats once per path
-    for module, names, ascend in LOADERS:
-        if module not in _imported and (path is None or _may_claim(path, names, ascend, ascend_dir, module)):
-            _imported.add(module)
-            importlib.import_module(f"memgate.loaders.{module}")

@@ -111,8 +111,8 @@ def _check_error(err: BaseException, expect: Expect, *, locate: bool) -> None:
 # ---- (a) the loader API ----------------------------------------------------------------------------
 
 def test_the_corpus_covers_every_format() -> None:
-    from memgate.discover import FORMATS as REGISTERED
-    from memgate.discover import import_loaders
+    from memgate.loaders.registry import FORMATS as REGISTERED
+    from memgate.loaders.registry import import_loaders
 
     import_loaders()
     assert {f.name for f in REGISTERED} <= FORMATS
@@ -322,7 +322,7 @@ def test_default_limits_are_generous(monkeypatch: pytest.MonkeyPatch) -> None:
     assert limits.max_pickle_bytes() == 1 << 30  # the smaller of the two caps
 
 
-# The torch_npu / CANN / MindSpore / msMemScope CSVs go through limits.read_csv, trace_view.json
+# The torch_npu / CANN / MindSpore / msMemScope CSVs go through csvtable.read_csv, trace_view.json
 # through jsonstream, the dbs through sqlitetable.open_db. The cap is set 1 byte below the largest
 # file of the profile, so that file (and no other) trips it.
 CAPPED: dict[str, Callable[[Path], Path]] = {

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from memgate.errors import InputError
 from memgate.loaders import torch_npu
-from memgate.readers import convert, csvtable, numtext
+from memgate.readers import convert, csvcheck, csvtable, numtext
 from memgate.readers.csvtable import CsvTable, read_csv
 from memgate.schemas import load_schema
 
@@ -89,7 +89,7 @@ def same_table(a: CsvTable, b: CsvTable) -> None:
         assert left.to_pylist() == right.to_pylist(), name
 
 
-def error_of(path: Path, schema: dict[str, object], plan: dict[str, csvtable.Converter] | None = None) -> InputError:
+def error_of(path: Path, schema: dict[str, object], plan: dict[str, csvcheck.Converter] | None = None) -> InputError:
     with pytest.raises(InputError) as info:
         read_csv(path, schema, plan)  # type: ignore[arg-type]
     return info.value
@@ -129,7 +129,7 @@ def test_joined_columns_equal_the_chunks_joined(tmp_path: Path, size: int | None
         chunked = read_csv(path, OPS, torch_npu.OPERATOR_MEMORY_COLUMNS)
     assert not set(ints) & set(joined.columns)
     for name in ints:
-        (values, missing), (want_values, want_missing) = joined.take_ints(name), chunked.take_ints(name)
+        (values, missing), (want_values, want_missing) = joined.pop_ints(name), chunked.pop_ints(name)
         assert values.tolist() == want_values.tolist() and missing.tolist() == want_missing.tolist(), name
         assert missing.any() == (name in ("Release Time(us)", "Active Release Time(us)")), name
 
@@ -298,7 +298,7 @@ def test_bad_utf8_in_a_later_range_names_its_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("plan", [None, torch_npu.OPERATOR_MEMORY_COLUMNS], ids=["text", "loader"])
 @pytest.mark.parametrize("size", [None, 1000], ids=["one-read", "ranges"])
 def test_a_byte_that_is_not_utf8_is_refused_in_any_column(tmp_path: Path, column: str,
-                                                          plan: dict[str, csvtable.Converter] | None,
+                                                          plan: dict[str, csvcheck.Converter] | None,
                                                           size: int | None) -> None:
     # Cells are read as bytes; number columns are proven ASCII, encoded columns (device, stream, op
     # names) have their distinct values checked, the rest is checked whole: a bad byte is found in each.
@@ -404,23 +404,6 @@ def test_fused_bytes_conversion_equals_the_plain_one(cells: list[str | None]) ->
     except convert.OutOfRange:
         return
     assert convert.ToBytes(1024)(col, proof).to_pylist() == plain
-
-
-def test_categories_from_the_check_equal_the_plain_ones() -> None:
-    col = pa.array([f"NPU:{i % 3}" if i % 11 else "npu:1 " for i in range(5000)])
-    prop = {"type": "string", "pattern": "^(NPU|npu):[0-9]+ ?$"}
-    row, _, proof = csvtable._first_bad_parsed(col, prop)
-    assert row is None and proof is not None and proof.encoded is not None
-    fused = convert.ToCategories(labels=True)(col, proof)
-    assert fused.cast(pa.string()).to_pylist() == convert.label_categories(col).cast(pa.string()).to_pylist()
-    assert convert.ToCategories()(col, proof).to_pylist() == convert.categories(col).to_pylist()
-
-
-def test_few_distinct_values_with_a_null_are_checked(tmp_path: Path) -> None:
-    prop = {"type": "string", "pattern": "^NPU:[0-9]+$"}
-    cells: list[str | None] = [f"NPU:{i % 3}" for i in range(5000)]
-    cells[4000] = None
-    assert csvtable._first_bad(pa.array(cells, type=pa.string()), prop) == (4000, "empty cell")
 
 
 def test_range_cuts_fall_after_line_breaks(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 `memgate --help` imports none of numpy, pandas, pyarrow or jsonschema; `memgate inspect` of a
 snapshot or a Kineto trace imports its own loader only (not the Ascend stack, not jsonschema, which
 checks budget files). Discovery imports a loader only when a path passes the loader's name test
-(memgate.discover.LOADERS, may_claim): that test must hold for every path the loader's formats claim, checked
+(memgate.loaders.registry.LOADERS, may_claim): that test must hold for every path the loader's formats claim, checked
 here over the real samples and every input the corpus builds.
 """
 
@@ -25,11 +25,11 @@ import corpus_json
 import pytest
 from helpers import SAMPLES
 
-from memgate import discover
+from memgate.loaders import registry
 
 TORCH = SAMPLES / "torch"
 HEAVY = ("numpy", "pandas", "pyarrow", "jsonschema", "ijson")
-LOADERS = tuple(f"memgate.loaders.{entry[0]}" for entry in discover.LOADERS)
+LOADERS = tuple(f"memgate.loaders.{entry.module}" for entry in registry.LOADERS)
 
 _PROBE = """
 import json, sys
@@ -185,20 +185,20 @@ def _recording(tmp: Path) -> Path:
 
 
 def test_every_claimed_path_passes_its_loaders_name_test(tmp_path: Path) -> None:
-    discover.import_loaders()
-    module_of = {fmt.name: fmt.load.__module__.rsplit(".", 1)[-1] for fmt in discover.FORMATS}
-    assert set(module_of.values()) == {entry[0] for entry in discover.LOADERS}  # every format from a listed loader
+    registry.import_loaders()
+    module_of = {fmt.name: fmt.load.__module__.rsplit(".", 1)[-1] for fmt in registry.FORMATS}
+    assert set(module_of.values()) == {entry.module for entry in registry.LOADERS}  # every format from a listed loader
     claimed: dict[str, int] = {}
     for root in [SAMPLES, _recording(tmp_path), *_corpus_inputs(tmp_path)]:
         for path in _paths(root):
-            for fmt in discover.FORMATS:
+            for fmt in registry.FORMATS:
                 try:
                     claims = fmt.claims(path)
                 except OSError:
                     continue
                 if claims:
                     claimed[fmt.name] = claimed.get(fmt.name, 0) + 1
-                    assert discover.may_claim(module_of[fmt.name], path), f"{fmt.name} claims {path}, its name test does not"
+                    assert registry.may_claim(module_of[fmt.name], path), f"{fmt.name} claims {path}, its name test does not"
     assert set(claimed) == set(module_of), f"formats never seen claiming: {set(module_of) - set(claimed)}"
 
 

@@ -227,21 +227,6 @@ def test_a_components_blocks_reconcile_as_if_they_were_alone(blocks: list[tuple]
         alone.t_ns.tolist(), alone.allocated.tolist(), alone.start)
 
 
-@given(bad_at=st.integers(0, 4999), bad=st.sampled_from([None, "NPU:x", "npu:1", ""]))
-def test_few_distinct_values_are_checked_like_every_cell(bad_at: int, bad: str | None) -> None:
-    """A long column of few distinct values (checked on its distinct values) names the same first
-    bad row and problem as the cell-by-cell check."""
-    import pyarrow as pa
-
-    prop = {"type": "string", "pattern": "^NPU:[0-9]+$"}
-    cells: list[str | None] = [f"NPU:{i % 3}" for i in range(5000)]
-    assert csvtable._first_bad(pa.array(cells), prop) == (None, "")
-    cells[bad_at] = bad
-    column = pa.array(cells, type=pa.string())
-    assert csvtable._first_bad(column, prop) == csvtable._check(column, prop)
-    assert csvtable._first_bad(column, prop)[0] == bad_at
-
-
 @given(st.lists(st.integers(-3, 3), min_size=1, max_size=300), st.integers(0, 10_000))
 def test_mode_is_np_unique_argmax(values: list[int], majority: int) -> None:
     """Majorities (the sampled shortcut) and ties (the full count) alike."""

@@ -138,7 +138,8 @@ def outside(tmp_path: Path) -> Path:
 
 
 def test_tree_covers_every_format(tree: Path) -> None:
-    from memgate.discover import FORMATS, discover, import_loaders
+    from memgate.discover import discover
+    from memgate.loaders.registry import FORMATS, import_loaders
 
     import_loaders()
     found = discover(tree)

@@ -1,1 +1,2 @@
-"""One loader per input format; only loaders know the writers' raw column names."""
+"""One loader per input format (:mod:`memgate.loaders.registry` lists them); only loaders know the writers'
+raw column names."""

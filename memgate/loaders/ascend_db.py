@@ -1,6 +1,6 @@
 """Ascend profiler sqlite exports: ``ascend_pytorch_profiler[_{rank}].db`` and CANN ``msprof_*.db``.
 
-FORMATS.md §1 (db part) and §3: every value is bytes or ns, missing is NULL, and text lives in
+docs/formats.md §1 (db part) and §3: every value is bytes or ns, missing is NULL, and text lives in
 ``STRING_IDS`` (ids) / ``ENUM_MODULE``. Each table read is validated first against its schema
 ``memgate/schemas/ascend_db.<table>.schema.json`` (one SQL scan per table, see
 :mod:`memgate.readers.sqlitetable`); the file is opened read-only and nothing is written next to it.
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memgate import discover
 from memgate.errors import InputError
+from memgate.loaders import registry
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.msmemscope import pair_events, repair_notes, take
 from memgate.model import (
@@ -72,7 +72,6 @@ TORCH_DB = re.compile(r"^ascend_pytorch_profiler(?:_([0-9]+))?\.db$")
 MSPROF_DB = re.compile(r"^msprof_[0-9_]+\.db$")
 TEXT_EXPORT = ("memory_record.csv", "operator_memory.csv")
 NPU_MEM_KINDS = {"app": "APP", "device": "Device"}
-_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 _ASCII_INT = re.compile(r"-?[0-9]+")
 
 
@@ -456,13 +455,10 @@ def rank_of(db_path: Path, profile_path: Path, meta: dict[str, str], rank_map: l
     ranks = {r for r, _ in rank_map if r != INVALID_ID and r >= 0}
     if len(ranks) == 1:
         return str(ranks.pop())
-    for part in (profile_path.name, profile_path.parent.name):
-        if m := _DIR_RANK.search(part):
-            return str(int(m.group(1)))
-    return "0"
+    return registry.rank_in_names(profile_path.name, profile_path.parent.name) or "0"
 
 
 # Asked before the torch_npu text loader: a directory with a db and only trace_view.json is better
 # read from the db; a directory with the text CSVs is not claimed here (see the module docstring).
-discover.register(discover.Format(FORMAT, claims, load, named=lambda path: path.is_file() and bool(
+registry.register(registry.Format(FORMAT, claims, load, named=lambda path: path.is_file() and bool(
     TORCH_DB.match(path.name) or MSPROF_DB.match(path.name))), before="torch_npu")

@@ -1,4 +1,4 @@
-"""CANN msprof text export (FORMATS.md §3): ``PROF_*/mindstudio_profiler_output/*_{ts}.csv``.
+"""CANN msprof text export (docs/formats.md §3): ``PROF_*/mindstudio_profiler_output/*_{ts}.csv``.
 
 Where the files are: ``PROF_*/mindstudio_profiler_output/`` (all devices in one set of files), else
 ``PROF_*/device_N/mindstudio_profiler_output/`` or ``PROF_*/device_N/summary/`` (one set per
@@ -39,8 +39,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
 from memgate.errors import InputError, cannot_read
+from memgate.loaders import registry
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.model import (
     BLOCK_COLUMNS,
@@ -53,8 +53,7 @@ from memgate.model import (
     typed_blocks,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import CsvTable
-from memgate.readers.limits import read_csv
+from memgate.readers.csvtable import CsvTable, read_csv
 from memgate.schemas import load_schema
 from memgate.table import Table
 
@@ -69,7 +68,6 @@ _FILE = re.compile(
     r"^(?P<kind>npu_module_mem|operator_memory|memory_record|static_op_mem|npu_mem)"
     r"(?:_slice_(?P<slice>[0-9]+))?_(?P<tail>[0-9][0-9_]*)\.csv$"
 )
-_RANK_DIR = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 _DEVICE_DIR = re.compile(r"^device_([0-9]+)$")
 
 
@@ -128,7 +126,7 @@ def claims(path: Path) -> bool:
 
 def _device(table: CsvTable) -> pd.Series:
     """``Device_id`` (validated digits) → ``npu:N``."""
-    ids = pc.cast(pa.array(table.ints("Device_id"), type=pa.int64()), pa.string())  # ints(): names a too-long id
+    ids = pc.cast(pa.array(table.parse_ints("Device_id"), type=pa.int64()), pa.string())  # parse_ints(): names a too-long id
     return convert.text(pc.binary_join_element_wise("npu:", ids, ""))
 
 
@@ -139,11 +137,11 @@ def _first(mask: np.ndarray) -> int:
 def read_operator_memory(path: Path) -> tuple[pd.DataFrame, set[str]]:
     """Blocks (with a ``device`` column) and how unfreed blocks were marked ('empty' / 'zero')."""
     table = read_csv(path, load_schema("cann.operator_memory"))
-    size = table.bytes("Size(KB)", KIB)
-    when = table.ns_from_us("Allocation Time(us)")
-    duration = table.ns_from_us("Duration(us)")
-    rel_alloc = table.bytes("Release Total Allocated(KB)", KIB)
-    rel_reserved = table.bytes("Release Total Reserved(KB)", KIB)
+    size = table.parse_bytes("Size(KB)", KIB)
+    when = table.parse_ns_from_us("Allocation Time(us)")
+    duration = table.parse_ns_from_us("Duration(us)")
+    rel_alloc = table.parse_bytes("Release Total Allocated(KB)", KIB)
+    rel_reserved = table.parse_bytes("Release Total Reserved(KB)", KIB)
     release_only = (size < 0).to_numpy(dtype=bool)
     no_time = when.isna().to_numpy(dtype=bool)
     if no_time.any():
@@ -174,7 +172,7 @@ def read_operator_memory(path: Path) -> tuple[pd.DataFrame, set[str]]:
             "stream": pd.Series(pd.NA, index=range(table.num_rows), dtype="string"),
             "owner": pd.Series(pd.NA, index=range(table.num_rows), dtype="string"),
             "component": pd.Series(FRAMEWORK_SERIES, index=range(table.num_rows), dtype="string"),
-            "alloc_total": table.bytes("Allocation Total Allocated(KB)", KIB),
+            "alloc_total": table.parse_bytes("Allocation Total Allocated(KB)", KIB),
         }
     )[list(BLOCK_COLUMNS)]
     blocks["device"] = _device(table)
@@ -189,7 +187,7 @@ def _series_frame(table: CsvTable, key: pd.Series, t_column: str, allocated: pd.
         {
             "device": _device(table),
             "key": key,
-            "t_ns": table.ns_from_us(t_column),
+            "t_ns": table.parse_ns_from_us(t_column),
             "allocated": allocated if allocated is not None else pd.Series(pd.NA, index=range(n), dtype="Int64"),
             "reserved": reserved,
             "active": pd.Series(pd.NA, index=range(n), dtype="Int64"),
@@ -200,8 +198,8 @@ def _series_frame(table: CsvTable, key: pd.Series, t_column: str, allocated: pd.
 def read_memory_record(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("cann.memory_record"))
     return _series_frame(table, convert.text(table.column("Component")), "Timestamp(us)",
-                         table.bytes("Total Allocated(KB)", KIB),
-                         table.bytes("Total Reserved(KB)", KIB))
+                         table.parse_bytes("Total Allocated(KB)", KIB),
+                         table.parse_bytes("Total Reserved(KB)", KIB))
 
 
 def read_npu_mem(path: Path) -> pd.DataFrame:
@@ -209,12 +207,12 @@ def read_npu_mem(path: Path) -> pd.DataFrame:
     event = convert.text(table.column("event"))
     key = event.map({"APP": "APP", "Device": DEVICE_SERIES}).astype("string")
     return _series_frame(table, key, "timestamp(us)", None,
-                         table.bytes("memory(KB)", KIB))
+                         table.parse_bytes("memory(KB)", KIB))
 
 
 def read_npu_module_mem(path: Path) -> pd.DataFrame:
     table = read_csv(path, load_schema("cann.npu_module_mem"))
-    reserved = table.bytes("Total Reserved(KB)", KIB)
+    reserved = table.parse_bytes("Total Reserved(KB)", KIB)
     reserved[reserved < 0] = pd.NA  # -1: the module only showed releases, no level
     return _series_frame(table, "module:" + convert.text(table.column("Component")), "Timestamp(us)", None, reserved)
 
@@ -227,7 +225,7 @@ def read_static_op_mem(path: Path) -> pd.DataFrame:
             "op": convert.text(table.column("Op Name")),
             "model": convert.text(table.column("Model Name")),
             "graph": convert.text(table.column("Graph ID")),
-            "size": table.bytes("Size(KB)", KIB),
+            "size": table.parse_bytes("Size(KB)", KIB),
         }
     )
 
@@ -337,21 +335,14 @@ def _load(path: Path) -> Profile:
 
 def rank_of(path: Path, devices: list[str]) -> str:
     """A ``rank_N`` in the directory names, else the device id (ids joined with '+' for several)."""
-    prof = path.parent if path.name == OUTPUT_DIR else path
-    for part in (prof.name, prof.parent.name):
-        if m := _RANK_DIR.search(part):
-            return str(int(m.group(1)))
     ids = [d.split(":")[1] for d in devices]
-    return "+".join(ids) if ids else "0"
+    return rank_hint(path) or ("+".join(ids) if ids else "0")
 
 
 def rank_hint(path: Path) -> str | None:
     """A ``rank_N`` directory names the rank; otherwise only the device ids inside can (a load)."""
     prof = path.parent if path.name == OUTPUT_DIR else path
-    for part in (prof.name, prof.parent.name):
-        if m := _RANK_DIR.search(part):
-            return str(int(m.group(1)))
-    return None
+    return registry.rank_in_names(prof.name, prof.parent.name)
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=rank_hint))
+registry.register(registry.Format(FORMAT, claims, load, rank_hint=rank_hint))

@@ -1,9 +1,9 @@
-"""MindSpore profiler output (FORMATS.md §2): ``*_ascend_ms`` directories and the memory tracker files.
+"""MindSpore profiler output (docs/formats.md §2): ``*_ascend_ms`` directories and the memory tracker files.
 
 What is read, and how it maps onto the model:
 
 - ``{worker}_{ts}_ascend_ms/ASCEND_PROFILER_OUTPUT/memory_record.csv`` (6 columns): components
-  ``MindSpore``, ``GE``, ``MindSpore+GE`` (the framework series, DESIGN.md) and ``APP``. Here
+  ``MindSpore``, ``GE``, ``MindSpore+GE`` (the framework series, docs/design.md) and ``APP``. Here
   **MB = KB / 1000** with KB = bytes / 1024, so bytes = MB × 1 024 000. MindSpore writes
   ``float(bytes) / 1024 / 1000`` as Python float text (shortest repr); parsing it back and
   multiplying by 1 024 000 recovers the integer bytes exactly below 2**51 bytes (the float's relative
@@ -58,8 +58,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memgate import discover, hints
+from memgate import hints
 from memgate.errors import InputError, MemgateError, cannot_read
+from memgate.loaders import registry
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.torch_npu import info_rank, rank_notes, read_profiler_info
 from memgate.loaders.torch_npu import run_window as torch_npu_run_window
@@ -76,8 +77,7 @@ from memgate.model import (
     untimed_steps,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import CsvTable, match_header, read_header
-from memgate.readers.limits import read_csv
+from memgate.readers.csvtable import CsvTable, match_header, read_csv, read_header
 from memgate.schemas import load_schema
 from memgate.table import Table
 
@@ -96,7 +96,6 @@ MEMORY_RECORD_HEADER = ["Component", "Timestamp(us)", "Total Allocated(MB)", "To
 
 _TRACKER_OP = re.compile(r"^operator_memory_([0-9]+)\.csv$")
 _CPU_RECORD = re.compile(r"^cpu_ms_memory_record_([0-9]+)\.txt$")
-_RANK_DIR = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 _NPU = re.compile(r"^NPU:([0-9]+)$")
 CPU_DEVICE = "cpu"
 TRACKER_LAYOUT = "memory tracker memory_block.csv"
@@ -331,10 +330,10 @@ def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[st
     frame = pd.DataFrame(
         {
             "component": component,
-            "t_ns": table.ns_from_us("Timestamp(us)"),
-            "allocated": table.bytes("Total Allocated(MB)", MS_MB),
-            "reserved": table.bytes("Total Reserved(MB)", MS_MB),
-            "active": table.bytes("Total Active(MB)", MS_MB),
+            "t_ns": table.parse_ns_from_us("Timestamp(us)"),
+            "allocated": table.parse_bytes("Total Allocated(MB)", MS_MB),
+            "reserved": table.parse_bytes("Total Reserved(MB)", MS_MB),
+            "active": table.parse_bytes("Total Active(MB)", MS_MB),
         }
     )
     # Placeholders the writer fills with 0.0: APP has only a reserved value, GE no active one.
@@ -353,7 +352,7 @@ def read_memory_record(path: Path, parts: _Parts | None = None) -> list[tuple[st
 def read_operator_memory(path: Path, parts: _Parts | None = None) -> Table:
     """Blocks of MindSpore's allocator; ``N/A`` = missing (not freed, no active columns)."""
     table = read_csv(path, load_schema("mindspore.operator_memory"))
-    size = table.bytes("Size(KB)", KIB)
+    size = table.parse_bytes("Size(KB)", KIB)
     alloc = convert.us_text_to_ns(convert.na_to_null(table.column("Allocation Time(us)")))
     release = convert.us_text_to_ns(convert.na_to_null(table.column("Release Time(us)")))
     release_only = (size < 0).to_numpy(dtype=bool)
@@ -402,7 +401,7 @@ def _check_order(path: Path, table: CsvTable, alloc: pd.Series, release: pd.Seri
 
 def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[str, Table]]:
     table = read_csv(path, load_schema("mindspore.npu_module_mem"))
-    reserved = table.bytes("Total Reserved(KB)", KIB)
+    reserved = table.parse_bytes("Total Reserved(KB)", KIB)
     reserved[reserved < 0] = pd.NA  # -1: the module only showed releases, no level
     if parts is not None:
         parts.note_labels(convert.text(table.column("Device")), path, "Device", table)
@@ -410,7 +409,7 @@ def read_npu_module_mem(path: Path, parts: _Parts | None = None) -> list[tuple[s
     frame = pd.DataFrame(
         {
             "component": convert.text(table.column("Component")),
-            "t_ns": table.ns_from_us("Timestamp(us)"),
+            "t_ns": table.parse_ns_from_us("Timestamp(us)"),
             "allocated": pd.Series(pd.NA, index=range(n), dtype="Int64"),
             "reserved": reserved,
             "active": pd.Series(pd.NA, index=range(n), dtype="Int64"),
@@ -424,9 +423,9 @@ def read_kernel_steps(path: Path) -> Table:
     table = read_csv(path, load_schema("mindspore.kernel_details"))
     if not table.has("Step ID"):
         return empty_steps()
-    start = table.ns_from_us("Start Time(us)")
-    end = start + table.ns_from_us("Duration(us)")
-    frame = pd.DataFrame({"step": table.ints("Step ID"), "t_start": start, "t_end": end})
+    start = table.parse_ns_from_us("Start Time(us)")
+    end = start + table.parse_ns_from_us("Duration(us)")
+    frame = pd.DataFrame({"step": table.parse_ints("Step ID"), "t_start": start, "t_end": end})
     frame = frame.dropna(subset=["step"])
     grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
     return int_table(grouped.reset_index(), STEP_COLUMNS)
@@ -434,7 +433,7 @@ def read_kernel_steps(path: Path) -> Table:
 
 def read_step_numbers(path: Path) -> Table:
     table = read_csv(path, load_schema("mindspore.step_trace_time"))
-    return untimed_steps(table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
+    return untimed_steps(table.parse_ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
 
 
 def read_cpu_memory_record(path: Path) -> Table:
@@ -442,10 +441,10 @@ def read_cpu_memory_record(path: Path) -> Table:
     table = read_csv(path, load_schema("mindspore.cpu_ms_memory_record"))
     frame = pd.DataFrame(
         {
-            "t_ns": table.ns("Timestamp(ns)"),
-            "allocated": table.ints("Total Allocated(Byte)"),
-            "reserved": table.ints("Total Reserved(Byte)"),
-            "active": table.ints("Total Active(Byte)"),
+            "t_ns": table.parse_ns("Timestamp(ns)"),
+            "allocated": table.parse_ints("Total Allocated(Byte)"),
+            "reserved": table.parse_ints("Total Reserved(Byte)"),
+            "active": table.parse_ints("Total Active(Byte)"),
         }
     )
     return int_table(frame.sort_values("t_ns", kind="stable"), SERIES_COLUMNS)
@@ -456,15 +455,15 @@ def read_tracker_operator_memory(path: Path) -> Table:
     table = read_csv(path, load_schema("mindspore.tracker_operator_memory"))
     totals_per_unit = KIB if table.variant == "KB" else MIB
     unit = table.variant
-    size = table.bytes("Size(KB)", KIB)
+    size = table.parse_bytes("Size(KB)", KIB)
     negative = np.flatnonzero((size < 0).to_numpy(dtype=bool))
     if len(negative):
         row = int(negative[0])
         raise InputError("negative block size", file=path, line=table.line_of(row), column="Size(KB)",
                          expected="a size >= 0 (the tracker writes every block it saw allocated)",
                          found=repr(table.column("Size(KB)")[row].as_py()))
-    alloc = table.ns_from_us("Allocation Time(us)")
-    release = alloc + table.ns_from_us("Duration(us)")
+    alloc = table.parse_ns_from_us("Allocation Time(us)")
+    release = alloc + table.parse_ns_from_us("Duration(us)")
     n = table.num_rows
     blocks = pd.DataFrame(
         {
@@ -519,8 +518,8 @@ def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
                                 "in_side_somas_rows_dropped": 0, "tracker_actual_peak_bytes": None,
                                 "header": variant, "header_only": True}
     table = read_csv(path, schema)
-    start = table.ints("start_time_stamp")
-    end = table.ints("end_time_stamp")
+    start = table.parse_ints("start_time_stamp")
+    end = table.parse_ints("end_time_stamp")
     inside = (start < 0).to_numpy(dtype=bool)  # InSideSomas: a slice of a Somas block, counted there
     live = (end == NEVER_FREED).to_numpy(dtype=bool)
     bad = np.flatnonzero(~inside & ~live & (end < start).to_numpy(dtype=bool))
@@ -538,7 +537,7 @@ def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
     where = (file_name + ":" + line_num.fillna("?")).where(file_name.notna())
     blocks = pd.DataFrame(
         {
-            "size": table.ints("size"),
+            "size": table.parse_ints("size"),
             "t_alloc": start,
             "t_free": end.mask(pd.Series(live)),
             "op": node.fillna(task),
@@ -548,7 +547,7 @@ def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
             "alloc_total": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
     )
-    peaks = table.ints("actual_peak_memory")[~inside].dropna()
+    peaks = table.parse_ints("actual_peak_memory")[~inside].dropna()
     facts: dict[str, Any] = {
         "clock": "logical: the memory tracker's event counter, not time (no steps)",
         "in_side_somas_rows_dropped": int(inside.sum()),
@@ -556,10 +555,10 @@ def read_memory_block(path: Path) -> tuple[Table, dict[str, Any]]:
         "header": table.variant,
     }
     if table.has("actual_used_memory"):
-        used = table.ints("actual_used_memory")[~inside].dropna()
+        used = table.parse_ints("actual_used_memory")[~inside].dropna()
         facts["tracker_used_peak_bytes"] = int(used.max()) if len(used) else None
     if table.has("is_persistent"):
-        persistent = table.ints("is_persistent")[~inside].fillna(0).to_numpy(dtype=np.int64) == 1
+        persistent = table.parse_ints("is_persistent")[~inside].fillna(0).to_numpy(dtype=np.int64) == 1
         facts["persistent_blocks"] = int(persistent.sum())
     pools = sorted(str(p) for p in pool[~inside].dropna().unique())
     if pools:
@@ -576,11 +575,7 @@ def _header_alone(path: Path) -> bool:
 
 def _load_memory_block(path: Path) -> Profile:
     blocks, facts = read_memory_block(path)
-    rank = "0"
-    for part in (path.parent.name, path.parent.parent.name):
-        if m := _RANK_DIR.search(part):
-            rank = str(int(m.group(1)))
-            break
+    rank = registry.rank_in_names(path.parent.name, path.parent.parent.name) or "0"
     metadata: dict[str, Any] = {"layout": TRACKER_LAYOUT, **facts}
     if len(blocks) or facts["in_side_somas_rows_dropped"]:
         pools = " ".join(facts.get("pools", ())).lower()
@@ -608,10 +603,7 @@ def rank_of(profile_dir: Path, info: dict[str, Any], cpu_record: Path | None) ->
         return str(rank)
     if cpu_record is not None and (m := _CPU_RECORD.match(cpu_record.name)):
         return str(int(m.group(1)))
-    for part in (profile_dir.name, profile_dir.parent.name):
-        if m := _RANK_DIR.search(part):
-            return str(int(m.group(1)))
-    return "0"
+    return registry.rank_in_names(profile_dir.name, profile_dir.parent.name) or "0"
 
 
 def _cpu_facts() -> dict[str, Any]:
@@ -659,4 +651,4 @@ def run_window(path: Path) -> tuple[int, int] | None:
     return torch_npu_run_window(path) if path.is_dir() else None
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=rank_hint, run_window=run_window), before="torch_npu")
+registry.register(registry.Format(FORMAT, claims, load, rank_hint=rank_hint, run_window=run_window), before="torch_npu")

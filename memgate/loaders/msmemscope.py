@@ -1,6 +1,6 @@
 """msMemScope dumps: ``memscope_dump_{ts}.csv`` / ``.db`` (and ``leaks_dump_{ts}.csv`` of msleaks).
 
-FORMATS.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
+docs/formats.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
 plus ``Call Stack(Python)`` / ``Call Stack(C)`` when stacks were collected (msleaks wrote
 ``Timestamp(us)``); the db holds the same columns in table ``memscope_dump``.
 
@@ -55,8 +55,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
 from memgate.errors import InputError, cannot_read
+from memgate.loaders import registry
 from memgate.model import (
     SERIES_COLUMNS,
     STEP_COLUMNS,
@@ -68,8 +68,9 @@ from memgate.model import (
     typed_blocks,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import describe
-from memgate.readers.limits import check_rows, read_csv
+from memgate.readers.csvcheck import describe
+from memgate.readers.csvtable import read_csv
+from memgate.readers.limits import check_rows
 from memgate.readers.numtext import offsets_and_text
 from memgate.readers.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
 from memgate.schemas import load_schema, re2_pattern
@@ -491,6 +492,66 @@ def build_profile(rows: Rows) -> Profile:
     seq = _int_or(rows, "ID", -1)
     pid = _int_or(rows, "Process Id", -1)
     is_malloc = _np_bool(pc.equal(event, "MALLOC"))
+    mem = _memory_rows(rows, event, sub, t_ns, seq, pid, is_malloc)
+    notes: list[str] = [time_note] if time_note else []
+    processes = sorted(int(p) for p in np.unique(mem.pid))
+    pairs = pair_events((mem.pid, pd.factorize(mem.component)[0], mem.ptr), mem.t, mem.seq, mem.is_alloc)
+    notes += repair_notes(pairs, "MALLOC", "FREE")
+    label = _device_labels(rows, mem, pairs, processes, notes)
+    # HAL / host blocks are the driver's segments under the pools: naming them after the op that
+    # triggered them would count the op's memory twice, so only pool blocks get an op.
+    framework = is_malloc.copy()
+    framework[mem.index] &= ~mem.pool.isin(["HAL", *HOST_POOLS]).fillna(True).to_numpy(dtype=bool)
+    ops = enclosing_ops(*_span_inputs(rows, event, sub, pid, t_ns, seq, framework))
+    blocks, block_label = _blocks(mem, pairs, label, ops, notes)
+    device_series = _pool_series(rows.path, mem, label, notes)
+    steps = read_steps(rows, event, sub, pid, t_ns, seq)
+    models = []
+    labels = block_label.to_numpy(dtype=object)
+    for device in sorted(set(labels.tolist()) | set(device_series)):
+        device_blocks = blocks[labels == device].reset_index(drop=True)
+        models.append(DeviceModel(
+            device=str(device),
+            series=device_series.get(str(device), {}),
+            blocks=typed_blocks(device_blocks),
+            blocks_source=str(rows.path) if len(device_blocks) else None,
+        ))
+    metadata: dict[str, Any] = {
+        "timestamp_unit": "us" if (rows.time_unit == "us" or time_note) else "ns",
+        "processes": processes,
+        "unmatched_frees": int((pairs.alloc_rows < 0).sum()),
+    }
+    if notes:
+        metadata["notes"] = notes
+    return Profile(
+        path=str(rows.path),
+        format=FORMAT,
+        rank=_rank(rows.path),
+        devices=tuple(models),
+        steps=steps,
+        steps_source=str(rows.path) if len(steps) else None,
+        metadata=metadata,
+    )
+
+
+@dataclass(frozen=True)
+class _MemoryRows:
+    """The dump's MALLOC/FREE rows, checked: one entry per such row, in file order."""
+
+    index: np.ndarray  # the row in the dump
+    is_alloc: np.ndarray  # a MALLOC (else a FREE)
+    attr: Attr
+    pool: pd.Series  # Event Type, upper case
+    component: pd.Series  # the pool's component name (POOL_COMPONENTS)
+    ptr: np.ndarray  # uint64 address
+    pid: np.ndarray
+    t: np.ndarray  # ns
+    seq: np.ndarray  # ID
+
+
+def _memory_rows(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, t_ns: np.ndarray, seq: np.ndarray,
+                 pid: np.ndarray, is_malloc: np.ndarray) -> _MemoryRows:
+    """The MALLOC/FREE rows; an error names the first without a process id, size or address."""
     memory = is_malloc | _np_bool(pc.equal(event, "FREE"))
     if (memory & (pid < 0)).any():
         row = int(np.flatnonzero(memory & (pid < 0))[0])
@@ -519,51 +580,50 @@ def build_profile(rows: Rows) -> Profile:
         k = _first_bad_ptr(ptr_text)
         raise rows.error(int(mem_idx[k]), "address out of range or not hex/decimal", "Ptr",
                          expected="a 64-bit address", found=repr(ptr_text.iloc[k])) from None
-    notes: list[str] = [time_note] if time_note else []
-    m_pid = pid[mem_idx]
-    m_t_raw = t_ns[mem_idx]
-    m_seq = seq[mem_idx]
-    processes = sorted(int(p) for p in np.unique(m_pid))
-    comp_code = pd.factorize(m_comp)[0]
-    pairs = pair_events((m_pid, comp_code, ptr), m_t_raw, m_seq, m_alloc)
-    notes += repair_notes(pairs, "MALLOC", "FREE")
+    return _MemoryRows(mem_idx, m_alloc, attr, m_pool, m_comp, ptr, pid[mem_idx], t_ns[mem_idx], seq[mem_idx])
 
-    # Device of each memory row: its own, else (FREE rows with N/A) its MALLOC's, else the process's only one.
-    m_dev = _strings(convert.na_to_null(rows.col("Device Id")).take(take_mem))
+
+def _device_labels(rows: Rows, mem: _MemoryRows, pairs: Pairs, processes: list[int], notes: list[str]) -> pd.Series:
+    """The device of each memory row: its own, else (FREE rows with N/A) its MALLOC's, else the
+    process's only one (NA where none: noted); ``/pid<pid>`` added when the dump holds several processes."""
+    m_dev = _strings(convert.na_to_null(rows.col("Device Id")).take(pa.array(mem.index, type=pa.int64())))
     a, f = pairs.alloc_rows, pairs.free_rows
     both = (a >= 0) & (f >= 0)
-    both[both] = ~m_alloc[f[both]]  # a FREE row; a reused block ends at the next MALLOC, which has its own
+    both[both] = ~mem.is_alloc[f[both]]  # a FREE row; a reused block ends at the next MALLOC, which has its own
     from_malloc = pd.Series(pd.NA, index=range(len(m_dev)), dtype="string")
     from_malloc.iloc[f[both]] = m_dev.iloc[a[both]].to_numpy()
     m_dev = m_dev.fillna(from_malloc)
     if m_dev.isna().any():
-        per_pid = pd.DataFrame({"pid": m_pid, "dev": m_dev}).dropna().drop_duplicates()
+        per_pid = pd.DataFrame({"pid": mem.pid, "dev": m_dev}).dropna().drop_duplicates()
         counts = per_pid.groupby("pid")["dev"].transform("size")
         only = per_pid[counts == 1].set_index("pid")["dev"]
-        m_dev = m_dev.fillna(pd.Series(m_pid).map(only).astype("string"))
+        m_dev = m_dev.fillna(pd.Series(mem.pid).map(only).astype("string"))
     unplaced = int(m_dev.isna().sum())
     if unplaced:
         notes.append(f"{unplaced} FREE row(s) with Device Id N/A and no MALLOC to take a device from: dropped")
-    host = (m_comp.isin(list(HOST_POOLS)) | m_dev.isin(list(HOST_DEVICES))).fillna(False)
+    host = (mem.component.isin(list(HOST_POOLS)) | m_dev.isin(list(HOST_DEVICES))).fillna(False)
     label = ("npu:" + m_dev).where(~host, "cpu")
     if len(processes) > 1:
-        label = label + "/pid" + pd.Series(m_pid).astype("string")
+        label = label + "/pid" + pd.Series(mem.pid).astype("string")
+    return label
 
-    # Blocks. HAL / host blocks are the driver's segments under the pools: naming them after the op
-    # that triggered them would count the op's memory twice, so only pool blocks get an op.
-    framework = is_malloc.copy()
-    framework[mem_idx] &= ~m_pool.isin(["HAL", *HOST_POOLS]).fillna(True).to_numpy(dtype=bool)
-    ops = enclosing_ops(*_span_inputs(rows, event, sub, pid, t_ns, seq, framework))
-    m_t = pd.Series(pd.array(m_t_raw, dtype="Int64"))
+
+def _blocks(mem: _MemoryRows, pairs: Pairs, label: pd.Series, ops: pd.Series,
+            notes: list[str]) -> tuple[pd.DataFrame, pd.Series]:
+    """The blocks in (start, ID) order, and each one's device label; a FREE without a MALLOC and
+    without a size, and a block on no device, are dropped (noted)."""
+    a, f = pairs.alloc_rows, pairs.free_rows
+    attr = mem.attr
+    m_t = pd.Series(pd.array(mem.t, dtype="Int64"))
     first = np.where(a >= 0, a, f)
     blocks = pd.DataFrame({
         "size": take(attr.size, first).abs(),
         "t_alloc": take(m_t, a),
         "t_free": take(m_t, f),
-        "op": take(ops.iloc[mem_idx].reset_index(drop=True), a),
+        "op": take(ops.iloc[mem.index].reset_index(drop=True), a),
         "stream": pd.Series(pd.NA, index=range(len(first)), dtype="string"),
         "owner": take(attr.owner, a),
-        "component": take(m_comp, first),
+        "component": take(mem.component, first),
         "alloc_total": take(attr.used, a),
     })
     block_label = take(label, first)
@@ -572,15 +632,18 @@ def build_profile(rows: Rows) -> Profile:
         notes.append(f"{int(sizeless.sum())} FREE row(s) without a MALLOC and without a size: dropped")
     keep = ~sizeless & block_label.notna().to_numpy(dtype=bool)
     order = np.flatnonzero(keep)
-    start = np.where(a >= 0, m_t_raw[np.maximum(a, 0)], m_t_raw[np.maximum(f, 0)])
-    order = order[np.lexsort((m_seq[first[order]], start[order]))]
-    blocks, block_label = blocks.iloc[order].reset_index(drop=True), block_label.iloc[order].reset_index(drop=True)
+    start = np.where(a >= 0, mem.t[np.maximum(a, 0)], mem.t[np.maximum(f, 0)])
+    order = order[np.lexsort((mem.seq[first[order]], start[order]))]
+    return blocks.iloc[order].reset_index(drop=True), block_label.iloc[order].reset_index(drop=True)
 
-    # Series: a pool's used/total after each of its events.
+
+def _pool_series(path: Path, mem: _MemoryRows, label: pd.Series, notes: list[str]) -> dict[str, dict[str, Series]]:
+    """By device and pool: the pool's used/total after each of its events (allocated / reserved)."""
+    attr = mem.attr
     sampled = (attr.used.notna() & label.notna()).to_numpy(dtype=bool)
     series_rows = pd.DataFrame({
-        "device": label[sampled].to_numpy(), "component": m_comp[sampled].to_numpy(), "t_ns": m_t_raw[sampled],
-        "seq": m_seq[sampled], "allocated": attr.used[sampled].to_numpy(), "reserved": attr.total[sampled].to_numpy(),
+        "device": label[sampled].to_numpy(), "component": mem.component[sampled].to_numpy(), "t_ns": mem.t[sampled],
+        "seq": mem.seq[sampled], "allocated": attr.used[sampled].to_numpy(), "reserved": attr.total[sampled].to_numpy(),
     })
     device_series: dict[str, dict[str, Series]] = {}
     for (device, comp), group in series_rows.groupby(["device", "component"], sort=True):
@@ -595,36 +658,9 @@ def build_profile(rows: Rows) -> Profile:
             notes.append(f"{device} {comp}: Attr 'total' is below 'used' (not the pool's reserved size in this "
                          "writer version): reserved left empty")
             frame["reserved"] = pd.array([pd.NA] * len(frame), dtype="Int64")
-        series = Series(str(comp), int_table(frame, SERIES_COLUMNS), str(rows.path))
+        series = Series(str(comp), int_table(frame, SERIES_COLUMNS), str(path))
         device_series.setdefault(str(device), {})[str(comp)] = series
-
-    steps = read_steps(rows, event, sub, pid, t_ns, seq)
-    models = []
-    labels = block_label.to_numpy(dtype=object)
-    for device in sorted(set(labels.tolist()) | set(device_series)):
-        device_blocks = blocks[labels == device].reset_index(drop=True)
-        models.append(DeviceModel(
-            device=str(device),
-            series=device_series.get(str(device), {}),
-            blocks=typed_blocks(device_blocks),
-            blocks_source=str(rows.path) if len(device_blocks) else None,
-        ))
-    metadata: dict[str, Any] = {
-        "timestamp_unit": "us" if (rows.time_unit == "us" or time_note) else "ns",
-        "processes": processes,
-        "unmatched_frees": int((a < 0).sum()),
-    }
-    if notes:
-        metadata["notes"] = notes
-    return Profile(
-        path=str(rows.path),
-        format=FORMAT,
-        rank=_rank(rows.path),
-        devices=tuple(models),
-        steps=steps,
-        steps_source=str(rows.path) if len(steps) else None,
-        metadata=metadata,
-    )
+    return device_series
 
 
 def _span_inputs(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np.ndarray, t_ns: np.ndarray,
@@ -679,16 +715,10 @@ def read_steps(rows: Rows, event: pa.ChunkedArray, sub: pa.ChunkedArray, pid: np
     return int_table(steps, STEP_COLUMNS)
 
 
-_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
-
-
 def _rank(path: Path) -> str:
-    """msMemScope records no rank: a ``rank_N`` directory names it, else "0"."""
-    for part in reversed(path.parts[:-1]):
-        if m := _DIR_RANK.search(part):
-            return str(int(m.group(1)))
-    return "0"
+    """msMemScope records no rank: a ``rank_N`` directory names it (the nearest), else "0"."""
+    return registry.rank_in_names(*reversed(path.parts[:-1])) or "0"
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank,
+registry.register(registry.Format(FORMAT, claims, load, rank_hint=_rank,
                                   named=lambda path: path.is_file() and bool(CSV_NAME.search(path.name.lower()))))

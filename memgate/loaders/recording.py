@@ -31,9 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from memgate import discover
 from memgate.errors import InputError
-from memgate.loaders import kineto, snapshot
+from memgate.loaders import kineto, registry, snapshot
 from memgate.model import APP_COMPONENT, DeviceModel, Profile, Series
 from memgate.readers import limits
 from memgate.schemas import load_schema
@@ -247,4 +246,4 @@ def _max_entries(manifest: dict[str, Any] | None, name: str) -> int | None:
     return None
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=lambda path: None))
+registry.register(registry.Format(FORMAT, claims, load, rank_hint=lambda path: None))

@@ -1,4 +1,4 @@
-"""PyTorch caching-allocator memory snapshots (``_dump_snapshot`` pickles), every era. FORMATS.md §4.
+"""PyTorch caching-allocator memory snapshots (``_dump_snapshot`` pickles), every era. docs/formats.md §4.
 
 Eras read: a bare list of segments (oldest); legacy ``history`` blocks without ``address`` (≤ 2.0:
 the address is derived from the segment address and the sizes before the block); trace entries
@@ -46,11 +46,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover, fastexit
+from memgate import fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
-from memgate.loaders import block_sizes
+from memgate.loaders import block_sizes, registry
 from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
+from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
 from memgate.model import DeviceModel, PoolState, Profile, Series, check_bytes, empty_steps, step_number
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
@@ -929,19 +930,11 @@ def _has_npu_frames(stacks: Any) -> bool:
     return False
 
 
-_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
-
-
-def _rank_of(path: Path) -> str:
-    m = _RANK.search(path.stem) or _RANK.search(path.parent.name)
-    return str(int(m.group(1))) if m else "0"
-
-
 def load_every_frame(path: Path) -> Profile:
     """:func:`load` that checks every frame (``memgate validate``)."""
     return load(path, every_frame=True)
 
 
-discover.register(discover.Format(FORMAT, claims, load, rank_hint=_rank_of,
+registry.register(registry.Format(FORMAT, claims, load, rank_hint=_rank_of,
                                   named=lambda path: path.suffix.lower() in SUFFIXES and path.is_file(),
                                   load_thorough=load_every_frame))

@@ -1,6 +1,6 @@
 """torch_npu profiler text export: ``*_ascend_pt/ASCEND_PROFILER_OUTPUT/*.csv`` and friends.
 
-Both header generations (≤2.5 and 2.6+) of every file; see FORMATS.md §1.
+Both header generations (≤2.5 and 2.6+) of every file; see docs/formats.md §1.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate import discover
 from memgate.errors import InputError, cannot_read, show
+from memgate.loaders import registry
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.trace_view import read_trace_view
 from memgate.model import (
@@ -40,9 +40,11 @@ from memgate.model import (
     untimed_steps,
 )
 from memgate.readers import convert
-from memgate.readers.csvtable import Converter, CsvTable
+from memgate.readers.csvcheck import Converter
+from memgate.readers.csvtable import CsvTable, read_csv
+from memgate.readers.files import check_readable
 from memgate.readers.jsonstream import loads_unique
-from memgate.readers.limits import check_file_size, check_readable, read_csv
+from memgate.readers.limits import check_file_size
 from memgate.readers.memory import release_free_memory
 from memgate.schemas import load_schema
 from memgate.table import Ints, Table, Texts, coded_chunks, texts_from_arrow
@@ -89,13 +91,39 @@ def _load(profile_dir: Path) -> Profile:
     info = read_profiler_info(profile_dir)
     if not any((out / name).exists() for name in MARKER_FILES):
         raise _no_memory_data(profile_dir, out, info)
-    devices: dict[str, dict[str, Any]] = {}
+    devices: dict[str, _Parts] = {}
+    _read_memory_files(out, devices)
+    steps, steps_source = _read_trace_view(out, devices, info)
+    if steps_source is None:
+        steps, steps_source = _untraced_steps(out)
+    if not devices:
+        raise _no_memory_data(profile_dir, out, info)
+    models = _device_models(devices)
+    metadata = _metadata(info, profile_dir)
+    metadata["cross_file"] = cross_file_facts(models, profile_dir, steps, steps_source)
+    return Profile(
+        path=str(profile_dir),
+        format=FORMAT,
+        rank=rank_of(profile_dir, info),
+        devices=tuple(models),
+        steps=steps,
+        steps_source=steps_source,
+        metadata=metadata,
+    )
 
-    def slot(device: str) -> dict[str, Any]:
-        if device not in devices:
-            devices[device] = {"series": {}, "blocks": empty_blocks(), "blocks_source": None}
-        return devices[device]
 
+_Parts = dict[str, Any]  # what the files give one device: its "series", "blocks" and "blocks_source"
+
+
+def _slot(devices: dict[str, _Parts], device: str) -> _Parts:
+    if device not in devices:
+        devices[device] = {"series": {}, "blocks": empty_blocks(), "blocks_source": None}
+    return devices[device]
+
+
+def _read_memory_files(out: Path, devices: dict[str, _Parts]) -> None:
+    """The series of memory_record.csv and npu_module_mem.csv and the blocks of operator_memory.csv,
+    by device."""
     ops_path = out / "operator_memory.csv"
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="memgate-ops") as side:
         ops: Future[list[tuple[str, Table]] | None] | None = None
@@ -108,7 +136,7 @@ def _load(profile_dir: Path) -> Profile:
                 ops = side.submit(_read_operator_memory_after, ops_path, record_parsed, failed)
             try:
                 for device, component, frame in read_memory_record(path, record_parsed.set):
-                    slot(device)["series"][component] = Series(component, frame, str(path))
+                    _slot(devices, device)["series"][component] = Series(component, frame, str(path))
                 _require_operator_memory(out, devices)
             except BaseException:  # this file's error comes first; the other read stops or is not begun
                 failed.set()
@@ -117,42 +145,55 @@ def _load(profile_dir: Path) -> Profile:
         if ops is not None or ops_path.exists():
             blocks_list = ops.result() if ops is not None else read_operator_memory(ops_path)
             for device, blocks in blocks_list or []:
-                slot(device)["blocks"] = blocks
-                slot(device)["blocks_source"] = str(ops_path)
+                _slot(devices, device)["blocks"] = blocks
+                _slot(devices, device)["blocks_source"] = str(ops_path)
     if (out / "npu_module_mem.csv").exists():
         path = out / "npu_module_mem.csv"
         for device, component, frame in read_npu_module_mem(path):
-            slot(device)["series"][f"module:{component}"] = Series(f"module:{component}", frame, str(path))
+            _slot(devices, device)["series"][f"module:{component}"] = Series(f"module:{component}", frame, str(path))
 
+
+def _read_trace_view(out: Path, devices: dict[str, _Parts], info: dict[str, Any]) -> tuple[Table, str | None]:
+    """The steps of trace_view.json (and its path; None where it has none), its NPU MEM counters added
+    to ``devices``."""
     steps, steps_source = empty_steps(), None
-    if (out / "trace_view.json").exists():
-        path = out / "trace_view.json"
-        trace = read_trace_view(path)
-        if len(trace.steps):
-            check_steps(trace.steps, path, column="ProfilerStep")
-            steps, steps_source = trace.steps, str(path)
-        # NPU MEM counters: the device their process id names (trace_view.device_of_pid), each its
-        # own device; a pid that names none belongs to this rank's only device, if it has one.
-        targets = list(devices) or [_device_from_info(info)]
-        for device_id, counters in trace.counters.items():
-            if device_id is None and len(targets) != 1:
-                continue
-            device = targets[0] if device_id is None else f"npu:{device_id}"
-            for name, counter in counters.items():
-                slot(device)["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", _counter_series(counter), str(path))
-    if steps_source is None and (out / "kernel_details.csv").exists():
+    if not (out / "trace_view.json").exists():
+        return steps, steps_source
+    path = out / "trace_view.json"
+    trace = read_trace_view(path)
+    if len(trace.steps):
+        check_steps(trace.steps, path, column="ProfilerStep")
+        steps, steps_source = trace.steps, str(path)
+    # NPU MEM counters: the device their process id names (trace_view.device_of_pid), each its
+    # own device; a pid that names none belongs to this rank's only device, if it has one.
+    targets = list(devices) or [_device_from_info(info)]
+    for device_id, counters in trace.counters.items():
+        if device_id is None and len(targets) != 1:
+            continue
+        device = targets[0] if device_id is None else f"npu:{device_id}"
+        for name, counter in counters.items():
+            _slot(devices, device)["series"][f"NPU MEM {name}"] = Series(f"NPU MEM {name}", _counter_series(counter),
+                                                                          str(path))
+    return steps, steps_source
+
+
+def _untraced_steps(out: Path) -> tuple[Table, str | None]:
+    """Steps where trace_view.json has none: kernel_details.csv's step ranges, else step_trace_time.csv's
+    step numbers (and the file's path; None where neither has steps)."""
+    if (out / "kernel_details.csv").exists():
         path = out / "kernel_details.csv"
         kernel_steps = read_kernel_steps(path)
         if len(kernel_steps):
-            steps, steps_source = kernel_steps, str(path)
-    if steps_source is None and (out / "step_trace_time.csv").exists():
+            return kernel_steps, str(path)
+    if (out / "step_trace_time.csv").exists():
         path = out / "step_trace_time.csv"
         numbered = read_step_numbers(path)
         if len(numbered):
-            steps, steps_source = numbered, str(path)
+            return numbered, str(path)
+    return empty_steps(), None
 
-    if not devices:
-        raise _no_memory_data(profile_dir, out, info)
+
+def _device_models(devices: dict[str, _Parts]) -> list[DeviceModel]:
     models = []
     for device in sorted(devices):
         parts = devices[device]
@@ -168,17 +209,7 @@ def _load(profile_dir: Path) -> Profile:
                 sum_components={"PTA+GE": ("PTA", "GE")} if "PTA+GE" in series else {},
             )
         )
-    metadata = _metadata(info, profile_dir)
-    metadata["cross_file"] = cross_file_facts(models, profile_dir, steps, steps_source)
-    return Profile(
-        path=str(profile_dir),
-        format=FORMAT,
-        rank=rank_of(profile_dir, info),
-        devices=tuple(models),
-        steps=steps,
-        steps_source=steps_source,
-        metadata=metadata,
-    )
+    return models
 
 
 def _counter_series(counter: Table) -> Table:
@@ -189,7 +220,7 @@ def _counter_series(counter: Table) -> Table:
 
 
 def _take_texts(table: CsvTable, name: str) -> Texts:
-    """A text column as :class:`Texts`, releasing the Arrow column (as :meth:`CsvTable.take`)."""
+    """A text column as :class:`Texts`, releasing the Arrow column (as :meth:`CsvTable.pop_series`)."""
     texts = texts_from_arrow(table.column(name))
     del table.columns[name]
     return texts
@@ -210,7 +241,7 @@ def _check_links(out: Path) -> None:
                              expected="a file (or a symlink to one)", found=f"a link to {str(path.readlink())!r}")
 
 
-def _require_operator_memory(out: Path, devices: dict[str, dict[str, Any]]) -> None:
+def _require_operator_memory(out: Path, devices: dict[str, _Parts]) -> None:
     """memory_record.csv with allocator rows but no operator_memory.csv: the export stopped half-way.
 
     torch_npu writes both from the same memory data (an allocator row needs an allocation, which is
@@ -312,7 +343,7 @@ def read_memory_record(path: Path, parsed: Callable[[], None] | None = None) -> 
     def take(key: str) -> list[ChunkColumn]:
         if not table.has(columns[key]):  # torch_npu before 2.1 wrote no Total Active column
             return [(absent.values, absent.isna()) for absent in map(Ints.absent, map(len, pairs))]
-        chunks = table.take_int_chunks(columns[key])
+        chunks = table.pop_int_chunks(columns[key])
         offset = 0
         for values, missing in chunks if key != "t_ns" else ():
             below = values < 0 if missing is None else (values < 0) & ~missing
@@ -370,18 +401,18 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     table = read_csv(path, load_schema("torch_npu.operator_memory"), OPERATOR_MEMORY_COLUMNS,
                      joined=OPERATOR_MEMORY_INTS)
     # numpy (values, missing) pairs: the checks below run on 5M-row columns without pandas' masked ops
-    size, no_size = table.take_ints("Size(KB)")
-    alloc, no_alloc = table.take_ints("Allocation Time(us)")
+    size, no_size = table.pop_ints("Size(KB)")
+    alloc, no_alloc = table.pop_ints("Allocation Time(us)")
     # The allocator's allocated total drops at Active Release Time (the block is handed back);
     # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
-    released, no_released = table.take_ints("Release Time(us)")
+    released, no_released = table.pop_ints("Release Time(us)")
     before_2_1 = not table.has("Stream Ptr")  # no Active columns and no Stream Ptr were written then
     if before_2_1:
         absent = Ints.absent(len(size))
         active_released, no_active_released = absent.values, absent.isna()
         del absent  # its arrays go with the names below, before the blocks are built
     else:
-        active_released, no_active_released = table.take_ints("Active Release Time(us)")
+        active_released, no_active_released = table.pop_ints("Active Release Time(us)")
     release_free_memory()  # the number columns' text and the parse buffers, before the checks and the blocks
     release = np.where(no_active_released, released, active_released)
     no_release = no_active_released & no_released
@@ -418,7 +449,7 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     component = Texts.coded(np.logical_not(np.asarray(is_ge, dtype=bool)).view(np.int8).astype(np.int32), ("GE", "PTA"))
     del name, is_ge
     np.abs(size, out=size)
-    total, no_total = table.take_ints("Allocation Total Allocated(MB)")
+    total, no_total = table.pop_ints("Allocation Total Allocated(MB)")
     blocks = Table(
         {
             "size": Ints.of(size, no_size),
@@ -444,9 +475,9 @@ def read_npu_module_mem(path: Path) -> list[tuple[str, str, Table]]:
         {
             "device": convert.device_labels(table.column("Device")),
             "component": convert.text(table.column("Component")),
-            "t_ns": table.ns_from_us("Timestamp(us)"),
+            "t_ns": table.parse_ns_from_us("Timestamp(us)"),
             "allocated": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
-            "reserved": table.bytes("Total Reserved(MB)", MIB),
+            "reserved": table.parse_bytes("Total Reserved(MB)", MIB),
             "active": pd.Series(pd.NA, index=range(table.num_rows), dtype="Int64"),
         }
     )
@@ -460,9 +491,9 @@ def read_kernel_steps(path: Path) -> Table:
     step_column = "Step Id" if table.has("Step Id") else None
     if step_column is None:
         return empty_steps()
-    start = table.ns_from_us("Start Time(us)")
-    end = start + table.ns_from_us("Duration(us)")
-    frame = pd.DataFrame({"step": table.ints(step_column), "t_start": start, "t_end": end})
+    start = table.parse_ns_from_us("Start Time(us)")
+    end = start + table.parse_ns_from_us("Duration(us)")
+    frame = pd.DataFrame({"step": table.parse_ints(step_column), "t_start": start, "t_end": end})
     frame = frame.dropna(subset=["step"])
     grouped = frame.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"))
     return int_table(grouped.reset_index(), STEP_COLUMNS)
@@ -472,7 +503,7 @@ def read_kernel_steps(path: Path) -> Table:
 def read_step_numbers(path: Path) -> Table:
     """Step numbers without times (step_trace_time.csv holds durations only)."""
     table = read_csv(path, load_schema("torch_npu.step_trace_time"))
-    return untimed_steps(table.ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
+    return untimed_steps(table.parse_ints("Step").dropna().drop_duplicates().sort_values().to_numpy(dtype=np.int64))
 
 
 _INFO_NAME = re.compile(r"^profiler_info(?:_([0-9]+))?\.json$")
@@ -517,9 +548,6 @@ def _read_small_json(path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InputError("expected a JSON object", file=path, line=1, found=type(value).__name__)
     return value
-
-
-_DIR_RANK = re.compile(r"rank[_-]?([0-9]+)", re.IGNORECASE)
 
 
 def info_rank(profile_dir: Path, info: dict[str, Any]) -> int | None:
@@ -571,10 +599,8 @@ def rank_of(profile_dir: Path, info: dict[str, Any]) -> str:
     rank = info_rank(profile_dir, info)
     if rank is not None:
         return str(rank)
-    for part in (profile_dir.name, profile_dir.parent.name):
-        if (m := _DIR_RANK.search(part)) and int(m.group(1)) <= MAX_RANK:  # a longer number is no rank
-            return str(int(m.group(1)))
-    return "0"
+    # a number past MAX_RANK in a name is no rank
+    return registry.rank_in_names(profile_dir.name, profile_dir.parent.name, at_most=MAX_RANK) or "0"
 
 
 def rank_hint(profile_dir: Path) -> str:
@@ -631,4 +657,10 @@ def claims(path: Path) -> bool:
     return path.is_dir() and is_profile_dir(path)
 
 
-discover.register(discover.Format("torch_npu", claims, load, rank_hint, run_window))
+def profile_root(path: Path) -> Path | None:
+    """The profile an ``ASCEND_PROFILER_OUTPUT`` folder given directly belongs to: its parent (which
+    holds profiler_info, and so the rank)."""
+    return path.parent if path.name == OUTPUT_DIR and path.is_dir() and is_profile_dir(path) else None
+
+
+registry.register(registry.Format(FORMAT, claims, load, rank_hint, run_window, profile_root=profile_root))

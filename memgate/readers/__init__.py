@@ -1,2 +1,3 @@
-"""Bounded, safe reading primitives every loader builds on: CSV, sqlite, pickle, JSON streams,
-number text, conversions to int64, size and memory limits. They know no format; the loaders do."""
+"""Bounded, safe reading primitives every loader builds on: CSV, sqlite, pickle, JSON streams (a Chrome
+trace's events among them), number text, conversions to int64, size and memory limits. They know no
+profiler's format; the loaders do."""

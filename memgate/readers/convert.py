@@ -249,6 +249,13 @@ def int64_series(values: ArrowColumn) -> pd.Series:
     return pd.Series(pd.arrays.IntegerArray(data, missing), copy=False)
 
 
+def int64_or_zero(arr: pa.Array | None, n: int) -> np.ndarray:
+    """A checked integer column (or None: absent) as ``n`` int64 values, 0 where missing."""
+    if arr is None or pa.types.is_null(arr.type):
+        return np.zeros(n, dtype=np.int64)
+    return np.asarray(pc.fill_null(arr, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def int64_parts(values: ArrowColumn) -> tuple[np.ndarray, np.ndarray]:
     """(values, missing) of an int64 Arrow column, 0 where missing, copied once: each chunk's buffers
     are read in place (pandas' own conversion concatenates the chunks, then copies the result)."""

@@ -1,9 +1,10 @@
-"""Read a profiler CSV as text columns and validate every row against its JSON Schema.
+"""Read a profiler CSV: its header matched to the schema, every row validated, the planned columns kept.
 
-The check is vectorized over columns with pyarrow compute (no per-row Python loop) and implements
-the subset of JSON Schema the row schemas use: ``type`` string/null, ``pattern``, ``enum``,
-``required`` and ``additionalProperties``. ``tests/test_csvtable.py`` shows it agrees with
-``jsonschema`` validating the same rows one by one.
+:func:`read_csv` is the one way memgate reads a CSV: the file's size is checked against its cap
+before any read and its rows after (:mod:`memgate.readers.limits`), the header against the schema's
+header generations, and every cell against its column's property (:mod:`memgate.readers.csvcheck`,
+vectorized with pyarrow compute). An error names the file's line, found again here on error paths
+only (:func:`line_of`).
 
 A big file is read in byte ranges on a thread pool (:func:`_read_ranges`); each block of a range is
 checked and converted at once, the check's parse of a number column serving its conversion
@@ -29,26 +30,16 @@ from typing import Any, BinaryIO
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from memgate.errors import InputError
 from memgate.readers import convert
-from memgate.readers.limits import check_readable
-from memgate.readers.numtext import Parsed, prove
-from memgate.schemas import re2_pattern
+from memgate.readers.csvcheck import CellError, Checks, Converter, NotUtf8, check_convert, keep_text
+from memgate.readers.files import check_readable
+from memgate.readers.limits import check_file_size, check_rows
 
 _HEADER_UNIT = re.compile(r"^(?P<base>.*?)\((?P<unit>[^()]*)\)$")
 _ARROW_ROW = re.compile(r"Row #([0-9]+)")
-
-
-# Converts one text column of one block to what the loader keeps (e.g. int64 ns); raises
-# convert.OutOfRange with the row within that block.
-Converter = Callable[[pa.Array], pa.Array]
-
-
-def keep_text(col: pa.Array) -> pa.Array:
-    return col
 
 
 @dataclass(frozen=True)
@@ -78,23 +69,23 @@ class CsvTable:
         """A kept column as pandas: int64 → ``Int64``, dictionary → ``category``, text → ``string``."""
         return _to_pandas(self.column(name))
 
-    def take(self, name: str) -> pd.Series:
+    def pop_series(self, name: str) -> pd.Series:
         """:meth:`series`, releasing the Arrow column: building a frame column by column then never
         holds a file's columns twice (later messages read the cell's text from the file)."""
         series = self.series(name)
         del self.columns[name]
         return series
 
-    def take_ints(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`take` of an int64 column as numpy (values, missing), values 0 where missing."""
+    def pop_ints(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`pop_series` of an int64 column as numpy (values, missing), values 0 where missing."""
         if name in self.joined:
             return self.joined.pop(name)
         parts = convert.int64_parts(self.column(name))
         del self.columns[name]
         return parts
 
-    def take_int_chunks(self, name: str) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """:meth:`take` of an int64 column as its chunks (:func:`convert.int64_chunks`), not joined."""
+    def pop_int_chunks(self, name: str) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """:meth:`pop_series` of an int64 column as its chunks (:func:`convert.int64_chunks`), not joined."""
         chunks = convert.int64_chunks(self.column(name))
         del self.columns[name]
         return chunks
@@ -118,17 +109,17 @@ class CsvTable:
     def line_of(self, row: int) -> int:
         return line_of(self.path, row, self.num_rows)
 
-    # Conversions of a raw text column that name the cell when a number does not fit (convert.OutOfRange).
-    def bytes(self, name: str, bytes_per_unit: float) -> pd.Series:
+    # A raw text column parsed to int64 pandas; the cell is named when a number does not fit (convert.OutOfRange).
+    def parse_bytes(self, name: str, bytes_per_unit: float) -> pd.Series:
         return self._convert(name, lambda col: convert.unit_text_to_bytes(col, bytes_per_unit))
 
-    def ns_from_us(self, name: str) -> pd.Series:
+    def parse_ns_from_us(self, name: str) -> pd.Series:
         return self._convert(name, convert.us_text_to_ns)
 
-    def ns(self, name: str) -> pd.Series:
+    def parse_ns(self, name: str) -> pd.Series:
         return self._convert(name, convert.ns_text_to_ns)
 
-    def ints(self, name: str) -> pd.Series:
+    def parse_ints(self, name: str) -> pd.Series:
         return self._convert(name, convert.int_text)
 
     def _convert(self, name: str, fn: Callable[[pa.ChunkedArray], pd.Series]) -> pd.Series:
@@ -268,12 +259,14 @@ def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter
     """Read ``path``, check its header against ``schema`` and validate every row.
 
     ``joined``: planned int64 columns joined into one numpy array each while the file is read
-    (:meth:`CsvTable.take_ints` hands them over), instead of kept as Arrow chunks.
+    (:meth:`CsvTable.pop_ints` hands them over), instead of kept as Arrow chunks.
 
     The file is read in byte ranges, each parsed, validated and its ``columns`` converted block by
     block on a thread pool (Arrow's parser and kernels release the GIL), so only the converted
-    columns stay in memory. Without ``columns``, every known column is kept as text.
+    columns stay in memory. Without ``columns``, every known column is kept as text. Its size is
+    checked before any read, its rows once all are read (the caps of :mod:`memgate.readers.limits`).
     """
+    check_file_size(path)
     header = read_header(path)
     variant, _ = match_header(path, header, schema)
     if variant == "":  # pragma: no cover - match_header raised
@@ -305,6 +298,7 @@ def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter
                 kept[name].extend(arrays)
     if rows == 0:
         raise InputError("header only: the file has no data rows", file=path, line=2)
+    check_rows(path, rows)
     return CsvTable(path=path, header=tuple(header), variant=variant, num_rows=rows,
                     text_columns=frozenset(name for name, converter in plan.items() if converter is keep_text),
                     columns={name: pa.chunked_array(chunks) for name, chunks in kept.items()},
@@ -361,8 +355,8 @@ BLOCK_BYTES = 4 << 20
 
 
 def _open_csv(path: Path, names: list[str], include: list[str], start: int = 0) -> Iterator[pa.RecordBatch]:
-    """The file's data rows (from byte ``start``, a line start) as batches of bytes (:func:`_texts`
-    makes them text), Arrow's parse errors turned into InputError."""
+    """The file's data rows (from byte ``start``, a line start) as batches of bytes (the check
+    makes them text: :func:`memgate.readers.csvcheck.check_convert`), Arrow's parse errors turned into InputError."""
     source = pa.OSFile(str(path))
     try:
         source.seek(start)
@@ -388,7 +382,7 @@ def _read_options(names: list[str], start: int, use_threads: bool) -> pacsv.Read
 
 def _convert_options(names: list[str], include: list[str]) -> pacsv.ConvertOptions:
     # Cells are read as bytes: Arrow's UTF-8 check would read every byte of the number columns, which
-    # their proofs read anyway (a proven cell is ASCII); :func:`_texts` checks the other columns.
+    # their proofs read anyway (a proven cell is ASCII); csvcheck checks the other columns.
     return pacsv.ConvertOptions(column_types={n: pa.binary() for n in names}, include_columns=include,
                                 strings_can_be_null=True, null_values=[""], quoted_strings_can_be_null=True)
 
@@ -429,22 +423,6 @@ class _RangeRead:
     bytes: int
 
 
-class _NotUtf8(Exception):
-    """A block holds a cell that is not UTF-8 (the file's first such line is found by the caller)."""
-
-
-class _CellError(Exception):
-    """A bad cell at a 0-based row of a block or range (its file line is found by the caller)."""
-
-    def __init__(self, row: int, column: str, problem: str, expected: str | None, found: str | None) -> None:
-        super().__init__(problem)
-        self.row, self.column, self.problem, self.expected, self.found = row, column, problem, expected, found
-
-    def error(self, path: Path, line: int | None) -> InputError:
-        return InputError(self.problem, file=path, line=line, column=self.column, expected=self.expected,
-                          found=self.found)
-
-
 def _cuts(path: Path, size: int) -> list[int]:
     """Byte offsets where the ranges start: 0, then the first line start at or after each multiple of
     RANGE_BYTES (a lone-CR file has none: it is one range)."""
@@ -469,7 +447,7 @@ def _cuts(path: Path, size: int) -> list[int]:
     return starts
 
 
-def _read_ranges(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+def _read_ranges(path: Path, names: list[str], wanted: list[str], checks: Checks,
                  plan: dict[str, Converter]) -> Iterator[tuple[int, dict[str, list[pa.Array]], int | None]]:
     """(rows, converted column chunks, the byte the range ends at) of each range, in file order; the
     byte is None where the file is read as one stream."""
@@ -498,7 +476,7 @@ def _read_ranges(path: Path, names: list[str], wanted: list[str], checks: list[t
             start, future = pending.popleft()
             try:
                 result = future.result()
-            except _CellError as exc:
+            except CellError as exc:
                 raise exc.error(path, _range_line(path, start, exc.row)) from None
             if result is None:  # a quote character in this range: the rest is one stream
                 for _, later in pending:
@@ -515,7 +493,7 @@ def _read_ranges(path: Path, names: list[str], wanted: list[str], checks: list[t
             future.cancel()
 
 
-def _read_range(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+def _read_range(path: Path, names: list[str], wanted: list[str], checks: Checks,
                 plan: dict[str, Converter], start: int, end: int, buffers: _Buffers) -> _RangeRead | None:
     """Parse, check and convert the lines in bytes [start, end) (a worker's task); None when the range
     holds a quote character (a cut after it may fall inside a quoted cell)."""
@@ -538,7 +516,7 @@ def _read_range(path: Path, names: list[str], wanted: list[str], checks: list[tu
             pa.default_memory_pool().release_unused()  # asks: an idle worker would hold its text
 
 
-def _parse_range(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+def _parse_range(path: Path, names: list[str], wanted: list[str], checks: Checks,
                  plan: dict[str, Converter], start: int, data: memoryview) -> _RangeRead:
     kept: dict[str, list[pa.Array]] = {name: [] for name in plan}
     rows = 0
@@ -548,8 +526,8 @@ def _parse_range(path: Path, names: list[str], wanted: list[str], checks: list[t
                                 parse_options=_PARSE, convert_options=_convert_options(names, wanted))
         for batch in reader:
             try:
-                block = _check_convert(batch, checks, plan)
-            except _CellError as exc:
+                block = check_convert(batch, checks, plan)
+            except CellError as exc:
                 exc.row += rows
                 raise
             for name, array in block.items():
@@ -557,7 +535,7 @@ def _parse_range(path: Path, names: list[str], wanted: list[str], checks: list[t
             rows += batch.num_rows
     except pa.ArrowInvalid as exc:
         raise _arrow_error(path, exc, len(names), start) from None
-    except (UnicodeDecodeError, _NotUtf8):
+    except (UnicodeDecodeError, NotUtf8):
         raise _encoding_error(path) from None
     return _RangeRead(rows, kept, len(data))
 
@@ -594,7 +572,7 @@ def _range_line(path: Path, start: int, row: int) -> int:
     return _count_lines(path, start) + row + (2 if start == 0 else 1)
 
 
-def _blocks(path: Path, names: list[str], wanted: list[str], checks: list[tuple[str, dict[str, Any]]],
+def _blocks(path: Path, names: list[str], wanted: list[str], checks: Checks,
             plan: dict[str, Converter], start: int = 0,
             row_offset: int = 0) -> Iterator[tuple[int, dict[str, pa.Array]]]:
     """(rows, converted columns) of each block from byte ``start`` in file order; this thread parses,
@@ -627,102 +605,15 @@ def _blocks(path: Path, names: list[str], wanted: list[str], checks: list[tuple[
                 future.cancel()
 
 
-def _process(path: Path, batch: pa.RecordBatch, offset: int, checks: list[tuple[str, dict[str, Any]]],
+def _process(path: Path, batch: pa.RecordBatch, offset: int, checks: Checks,
              plan: dict[str, Converter]) -> dict[str, pa.Array]:
     """Validate one block, then convert its planned columns; errors name the cell's file line."""
     try:
-        return _check_convert(batch, checks, plan)
-    except _CellError as exc:
+        return check_convert(batch, checks, plan)
+    except CellError as exc:
         raise exc.error(path, line_of(path, offset + exc.row)) from None
-    except _NotUtf8:
+    except NotUtf8:
         raise _encoding_error(path) from None
-
-
-def _check_convert(batch: pa.RecordBatch, checks: list[tuple[str, dict[str, Any]]],
-                   plan: dict[str, Converter]) -> dict[str, pa.Array]:
-    """Validate one block, then convert its planned columns, each cell read once where the check's
-    work serves the conversion (:class:`convert.FromParsed`); :class:`_CellError` names the row."""
-    first: tuple[int, str, str, str] | None = None  # row, column, problem, expected
-    raw = dict(zip(batch.schema.names, batch.columns))
-    # A column equal cell for cell to an earlier one under the same property (torch_npu writes its
-    # allocated and active totals from one value when nothing waits to be freed) gets that column's
-    # check and conversion: comparing two columns costs a fraction of checking one.
-    twin_of: dict[str, str] = {}
-    for at, (name, prop) in enumerate(checks):
-        twin = next((other for other, other_prop in checks[:at]
-                     if other not in twin_of and other_prop == prop and raw[other].equals(raw[name])), None)
-        if twin is not None:
-            twin_of[name] = twin
-    columns, found = _texts(raw, checks, plan, twin_of)
-    parsed: dict[str, Parsed] = {}
-    results: dict[str, tuple[int | None, str, Parsed | None]] = {}
-    for name, prop in checks:
-        if name not in twin_of:
-            proof, encoded = found.get(name, (None, None))
-            results[name] = _first_bad_parsed(columns[name], prop, proof, tried=True, encoded=encoded)
-        bad_row, problem, proof = results[twin_of.get(name, name)]
-        if proof is not None:
-            parsed[name] = proof
-        if bad_row is not None and (first is None or bad_row < first[0]):
-            first = (bad_row, name, problem, describe(prop))
-    if first is not None:
-        row, name, problem, expected = first
-        value = columns[name][row].as_py()
-        raise _CellError(row, name, problem, expected, repr(value) if value is not None else "an empty cell")
-    out: dict[str, pa.Array] = {}
-    for name, converter in plan.items():
-        twin = twin_of.get(name)
-        if twin is not None and twin in out and plan[twin] == converter:
-            out[name] = out[twin]
-            continue
-        column = columns[name]
-        encoded = found.get(name, (None, None))[1]
-        known = parsed.get(name) or (Parsed(encoded=encoded) if encoded is not None else None)
-        try:
-            if isinstance(converter, convert.FromParsed):
-                out[name] = converter(column, known)
-            else:
-                out[name] = converter(column)
-        except convert.OutOfRange as exc:
-            raise _CellError(exc.row, name, exc.message, exc.expected, exc.found) from None
-    return out
-
-
-def _texts(raw: dict[str, pa.Array], checks: list[tuple[str, dict[str, Any]]], plan: dict[str, Converter],
-           twin_of: dict[str, str]) -> tuple[dict[str, pa.Array], dict[str, tuple[Parsed | None, pa.Array | None]]]:
-    """The block's columns as text, and for each column what reading it found: the proof of a
-    number column (:func:`numtext.prove`), the dictionary encoding of a column of few distinct
-    values or of one converted to categories.
-
-    Arrow reads the cells as bytes. A proven column is ASCII (digits, dots, signs, TABs): its bytes
-    are text as they are. Of an encoded column only the distinct values are checked to be UTF-8;
-    every other column is checked whole. All before any cell of the block is judged, as when
-    Arrow's parse checked the text. Raises :class:`_NotUtf8`.
-    """
-    props = dict(checks)
-    columns: dict[str, pa.Array] = {}
-    found: dict[str, tuple[Parsed | None, pa.Array | None]] = {}
-    for name, column in raw.items():
-        if name in twin_of:
-            continue
-        if pa.types.is_binary(column.type):
-            view, prop = column.view(pa.string()), props.get(name, {})
-            proof = prove(view, prop["pattern"]) if "pattern" in prop else None
-            encoded = None
-            if proof is None and (isinstance(plan.get(name), convert.ToCategories)
-                                  or (("pattern" in prop or "enum" in prop) and _few_distinct(view))):
-                encoded = pc.dictionary_encode(view)
-            try:
-                if proof is None:
-                    (encoded.dictionary if encoded is not None else view).validate(full=True)
-            except pa.ArrowInvalid:
-                raise _NotUtf8 from None
-            column = view
-            found[name] = (proof, encoded)
-        columns[name] = column
-    for name, twin in twin_of.items():
-        columns[name] = columns[twin]
-    return columns, found
 
 
 def _arrow_error(path: Path, exc: Exception, fields: int, start: int = 0) -> InputError:
@@ -835,85 +726,6 @@ def _encoding_error(path: Path) -> InputError:
                 return InputError(f"file is not UTF-8 text (byte {exc.start + 1} of the line)", file=path, line=number,
                                   expected="UTF-8 text", found=repr(raw[exc.start:exc.start + 4]))
     return InputError("file is not UTF-8 text", file=path, expected="UTF-8 text")
-
-
-def describe(prop: dict[str, Any]) -> str:
-    """What a cell should look like, in words, for error messages."""
-    unit = prop.get("x-unit")
-    pattern = prop.get("pattern", "")
-    if "enum" in prop:
-        return "one of " + ", ".join(repr(v) for v in prop["enum"] if v is not None)
-    if pattern.startswith(("^-?[0-9]+(\\.", "^[0-9]+(\\.")):
-        what = "a timestamp" if unit == "us" and "\\t" in pattern else "a decimal number"
-    elif pattern in ("^[0-9]+$", "^-?[0-9]+$"):
-        what = "an integer"
-    elif pattern:
-        what = f"text matching {pattern}"
-    else:
-        what = "text"
-    return f"{what} in {unit}" if unit else what
-
-
-def _first_bad(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[int | None, str]:
-    """(row, problem) of the first cell ``prop`` rejects, or (None, "").
-
-    A column of few distinct values (device, component, a reserved total that rarely moves) is
-    checked on its distinct values, null included; only when one of them fails is every cell
-    checked, to name the first bad row.
-    """
-    row, problem, _ = _first_bad_parsed(col, prop)
-    return row, problem
-
-
-def _first_bad_parsed(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any], proof: Parsed | None = None,
-                      tried: bool = False, encoded: pa.Array | None = None) -> tuple[int | None, str, Parsed | None]:
-    """:func:`_first_bad`, with what proving the column valid computed (for its conversion);
-    ``tried``: ``proof`` is what :func:`numtext.prove` gave already, and ``encoded`` the column's
-    dictionary encoding where it has few distinct values (None: it was not encoded)."""
-    if not tried:
-        proof = prove(col, prop["pattern"]) if "pattern" in prop and isinstance(col, pa.Array) else None
-    if proof is not None:  # left to check: empty cells, enum
-        prop = {key: value for key, value in prop.items() if key != "pattern"}
-    few = (encoded is not None) if tried else (("pattern" in prop or "enum" in prop) and _few_distinct(col))
-    if ("pattern" in prop or "enum" in prop) and few:
-        if encoded is None and isinstance(col, pa.Array):
-            encoded = pc.dictionary_encode(col)
-        distinct = encoded.dictionary if encoded is not None else pc.unique(col)
-        if col.null_count and encoded is not None:
-            distinct = pa.concat_arrays([distinct, pa.nulls(1, distinct.type)])
-        if _check(distinct, prop)[0] is None:
-            return None, "", Parsed(encoded=encoded) if encoded is not None else proof
-    row, problem = _check(col, prop)
-    return row, problem, proof
-
-
-def _few_distinct(col: pa.ChunkedArray | pa.Array, sample: int = 1024, most: int = 64) -> bool:
-    return len(col) > sample and len(pc.unique(col.slice(0, sample))) <= most
-
-
-def _check(col: pa.ChunkedArray | pa.Array, prop: dict[str, Any]) -> tuple[int | None, str]:
-    types = prop.get("type", ["string", "null"])
-    nullable = "null" in types if isinstance(types, list) else types == "null"
-    candidates: list[tuple[int, str]] = []
-    if not nullable and col.null_count:
-        candidates.append((_first_true(pc.is_null(col)), "empty cell"))
-    if "enum" in prop:
-        allowed = pa.array([v for v in prop["enum"] if v is not None], type=pa.string())
-        bad = pc.and_(pc.invert(pc.is_in(col, value_set=allowed)), pc.is_valid(col))
-        if pc.any(bad).as_py():
-            candidates.append((_first_true(bad), "value not allowed"))
-    if "pattern" in prop:
-        ok = pc.match_substring_regex(col, re2_pattern(prop["pattern"]))
-        bad = pc.invert(pc.fill_null(ok, True))
-        if pc.any(bad).as_py():
-            candidates.append((_first_true(bad), "malformed value"))
-    if not candidates:
-        return None, ""
-    return min(candidates)
-
-
-def _first_true(mask: pa.ChunkedArray) -> int:
-    return int(pc.index(mask, True).as_py())
 
 
 def rows_as_dicts(table: CsvTable) -> list[dict[str, str | None]]:

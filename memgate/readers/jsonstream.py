@@ -37,7 +37,7 @@ import numpy as np
 
 from memgate.errors import InputError, show
 from memgate.readers import limits
-from memgate.readers.limits import check_readable
+from memgate.readers.files import check_readable
 
 # Past this size a syntax error names the element index only: locating it means json.loads of the
 # whole file, whose objects take ~10x the file's size.

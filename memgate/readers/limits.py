@@ -22,8 +22,8 @@ environment (the CLI's ``--max-file-size`` and the plugin's ``--memgate-max-file
   inflate to tens of GB, which the file cap alone let a loader read for minutes: now a 1 MB
   bomb stops after 100 MB (:class:`InflateCap`).
 
-Loaders check the file size before reading (:func:`check_file_size`) and the row count after
-parsing (:func:`check_rows`); :func:`read_csv` does both around :func:`memgate.readers.csvtable.read_csv`.
+Readers check the file size before reading (:func:`check_file_size`) and the row count after
+parsing (:func:`check_rows`), :func:`memgate.readers.csvtable.read_csv` included.
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ from __future__ import annotations
 import io
 import os
 import re
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO
 
 from memgate.errors import ConfigError, InputError
 from memgate.sizes import format_size, parse_size
-
-if TYPE_CHECKING:
-    from memgate.readers.csvtable import Converter, CsvTable
 
 FILE_BYTES_ENV = "MEMGATE_MAX_FILE_BYTES"
 ROWS_ENV = "MEMGATE_MAX_ROWS"
@@ -192,29 +188,6 @@ def check_rows(path: Path, rows: int, *, what: str = "rows", column: str | None 
             expected=f"at most {cap} {what} per file (raise the limit with ${ROWS_ENV})",
             found=f"{rows} {what}",
         )
-
-
-def check_readable(path: Path) -> None:
-    """The file exists, is a regular file, can be read and is not empty; InputError otherwise."""
-    if not path.exists():
-        raise InputError("no such file", file=path)
-    if not path.is_file():
-        raise InputError("not a regular file", file=path)
-    if not os.access(path, os.R_OK):
-        raise InputError("file is not readable (permission denied)", file=path)
-    if path.stat().st_size == 0:
-        raise InputError("empty file (0 bytes)", file=path)
-
-
-def read_csv(path: Path, schema: dict[str, Any], columns: Mapping[str, Converter] | None = None,
-             joined: Collection[str] = ()) -> CsvTable:
-    """:func:`memgate.readers.csvtable.read_csv` between the size check and the row check."""
-    from memgate.readers.csvtable import read_csv as _read_csv  # pandas and Arrow's CSV reader: CSV loads only
-
-    check_file_size(path)
-    table = _read_csv(path, schema, columns, joined)
-    check_rows(path, table.num_rows)
-    return table
 
 
 # --- sqlite query budget ---------------------------------------------------------------------------

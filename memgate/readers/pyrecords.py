@@ -388,6 +388,8 @@ def _check_records(
     prefix: str,
     objects: dict[str, list[Any]] | None = None,
 ) -> _Problem | None:
+    """:func:`check_records` of one level of objects (``prefix``: the path of the nested property
+    they are, their columns named under it); the first bad record's problem, or None."""
     n = len(records)
     required = set(schema.get("required", ()))
     properties = {name: resolve(raw, root) for name, raw in schema.get("properties", {}).items()}
@@ -397,20 +399,9 @@ def _check_records(
     # only properties of the schema and each key of every record is one read with a value (the counts agree).
     later = [name for name in properties if n and name not in required and name not in head]
     first_read = [name for name in properties if name not in later]
-    # every record is a dict, and how many keys they hold in all: in the one pass that gathers the columns
-    gathered = gather_columns(records, first_read) if len(first_read) > 1 else None
-    if gathered is not None:
-        first_values, keys_held = dict(zip(first_read, gathered[0])), gathered[1]
-    else:
-        first_values = {}
-        try:
-            keys_held = sum(map(dict.__len__, records))
-        except TypeError:
-            bad = next(i for i, r in enumerate(records) if not isinstance(r, dict))
-            # a record before it may be wrong already: the first bad record is reported
-            before = _check_records(records[:bad], schema, root, where, {}, prefix) if bad else None
-            return before or _Problem(bad, where(bad) or "(top level)", "expected an object", "an object",
-                                      _found(records[bad]))
+    first_values, keys_held = _first_columns(records, first_read)
+    if keys_held is None:
+        return _first_non_object(records, schema, root, where, prefix)
     prove_absent = bool(later) and all(k in properties for k in head)
     held = 0  # non-null values in the columns read (each one key of one record)
     problems: list[_Problem] = []
@@ -462,11 +453,29 @@ def _check_records(
             columns[key] = read.pop(key)
     if problems:
         return min(problems, key=lambda p: p.index)
-    for clause in schema.get("allOf", ()):
-        found = _check_if_then(records, clause, where, columns, prefix)
-        if found is not None:
-            problems.append(found)
-    return min(problems, key=lambda p: p.index) if problems else None
+    clauses = (_check_if_then(records, clause, where, columns, prefix) for clause in schema.get("allOf", ()))
+    return min((found for found in clauses if found is not None), key=lambda p: p.index, default=None)
+
+
+def _first_columns(records: Sequence[Any], names: list[str]) -> tuple[dict[str, list[Any]], int | None]:
+    """The columns ``names`` (one :func:`gather_columns` pass where there are several; else none yet),
+    and how many keys the records hold in all: None where a record is not an object."""
+    gathered = gather_columns(records, names) if len(names) > 1 else None
+    if gathered is not None:
+        return dict(zip(names, gathered[0])), gathered[1]
+    try:
+        return {}, sum(map(dict.__len__, records))
+    except TypeError:
+        return {}, None
+
+
+def _first_non_object(records: Sequence[Any], schema: Mapping[str, Any], root: Mapping[str, Any], where: Where,
+                      prefix: str) -> _Problem | None:
+    """The problem of the first record that is not an object, or of a record before it (the first bad
+    record is the one reported)."""
+    bad = next(i for i, r in enumerate(records) if not isinstance(r, dict))
+    before = _check_records(records[:bad], schema, root, where, {}, prefix) if bad else None
+    return before or _Problem(bad, where(bad) or "(top level)", "expected an object", "an object", _found(records[bad]))
 
 
 def _check_if_then(records: Sequence[dict[str, Any]], clause: Mapping[str, Any], where: Where,

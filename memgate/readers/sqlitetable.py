@@ -39,14 +39,8 @@ import pandas as pd
 import pyarrow as pa
 
 from memgate.errors import InputError, cannot_read
-from memgate.readers.limits import (
-    QUERY_SECONDS_ENV,
-    check_file_size,
-    check_readable,
-    check_rows,
-    current,
-    max_query_seconds,
-)
+from memgate.readers.files import check_readable
+from memgate.readers.limits import QUERY_SECONDS_ENV, check_file_size, check_rows, current, max_query_seconds
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_SIZE = 100

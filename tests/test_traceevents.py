@@ -1,7 +1,7 @@
-"""The two readers of a Kineto trace's events: chunked json and ijson.
+"""The two readers of a Chrome trace's events (memgate.readers.traceevents): chunked json and ijson.
 
-The json reader (``kineto._json_batches``) parses the traceEvents array a chunk at a time and
-gives up (``_Unproven``) on anything it cannot vouch for; the ijson reader then reads the file and
+The json reader (``traceevents.json_batches``) parses the traceEvents array a chunk at a time and
+gives up (``Unproven``) on anything it cannot vouch for; the ijson reader then reads the file and
 names its first error. These tests hold it to that contract on generated and mutated JSON: when
 the json reader answers, ijson accepts the file too and reads the very same events (same keys in
 the same order, same Python types, same ``Decimal`` text), whatever the chunk size. They also pin
@@ -28,10 +28,8 @@ from hypothesis import strategies as st
 from memgate.errors import InputError
 from memgate.loaders import kineto
 from memgate.metrics import profile_metrics
-from memgate.readers import jsonstream
-from memgate.readers.jsonstream import guard, same_json
-from memgate.readers.pyrecords import check_column, resolve
-from memgate.schemas import load_schema
+from memgate.readers import jsonstream, traceevents
+from memgate.readers.jsonstream import NumberText, guard, same_json
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"
 LEAK = TORCH / "cpu_train_leak_profile_memory.json"
@@ -42,7 +40,7 @@ RELAXED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, H
 def canon(value: Any) -> Any:
     """A value with its Python types spelled out (1 vs Decimal('1.0') vs '1', key order kept); the json
     reader's number text stands for the Decimal that ijson reads."""
-    if type(value) is kineto._Number:
+    if type(value) is NumberText:
         return "Decimal", str(Decimal(value))
     if isinstance(value, dict):
         return [(k, canon(v)) for k, v in value.items()]
@@ -53,10 +51,11 @@ def canon(value: Any) -> Any:
 
 def json_reader(data: bytes, chunk: int) -> list[Any] | None:
     """The json reader's events with ``chunk``-byte reads; None when it gives up."""
-    with mock.patch.object(kineto, "CHUNK_BYTES", chunk), mock.patch.object(kineto, "_TAIL", max(chunk // 2, 1)):
+    with mock.patch.object(traceevents, "CHUNK_BYTES", chunk), \
+            mock.patch.object(traceevents, "_TAIL", max(chunk // 2, 1)):
         try:
-            return [e for batch in kineto._json_batches(guard(io.BytesIO(data))) for e in batch]
-        except kineto._Unproven:
+            return [e for batch in traceevents.json_batches(guard(io.BytesIO(data))) for e in batch]
+        except traceevents.Unproven:
             return None
 
 
@@ -65,7 +64,7 @@ def ijson_reader(data: bytes, tmp: Path) -> list[Any] | InputError:
     path.write_bytes(data)
     try:
         with open(path, "rb") as fh:
-            return [e for batch in kineto._ijson_batches(path, fh, gz=False) for e in batch]
+            return [e for batch in traceevents.ijson_batches(path, fh, gz=False) for e in batch]
     except InputError as exc:
         return exc
 
@@ -200,13 +199,13 @@ def no_ijson(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail if the loader falls back to the ijson reader."""
     def refuse(*args: Any) -> Iterator[list[dict[str, Any]]]:
         raise AssertionError("the json reader gave up")
-    monkeypatch.setattr(kineto, "_ijson_batches", refuse)
+    monkeypatch.setattr(traceevents, "ijson_batches", refuse)
 
 
 @pytest.mark.parametrize("chunk", [64, 1000, 1 << 20])
 def test_chunk_size_does_not_change_the_profile(chunk: int, no_ijson: None, monkeypatch: pytest.MonkeyPatch) -> None:
     [expected] = profile_metrics(kineto.load(LEAK))
-    monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(traceevents, "CHUNK_BYTES", chunk)
     profile = kineto.load(LEAK)
     [got] = profile_metrics(profile)
     assert got.values == expected.values and got.peak_t_ns == expected.peak_t_ns
@@ -218,7 +217,7 @@ def test_an_array_of_objects_after_the_events_keeps_the_json_reader(tmp_path: Pa
     text = LEAK.read_bytes().rstrip().removesuffix(b"}") + b', "devices": [{"id": 0}, {"id": 1}]}'
     path = tmp_path / "tail.pt.trace.json"
     path.write_bytes(text)
-    monkeypatch.setattr(kineto, "CHUNK_BYTES", len(text) - 20)  # the last cut falls in the tail
+    monkeypatch.setattr(traceevents, "CHUNK_BYTES", len(text) - 20)  # the last cut falls in the tail
     [got] = profile_metrics(kineto.load(path))
     [expected] = profile_metrics(kineto.load(LEAK))
     assert got.values == expected.values
@@ -234,7 +233,7 @@ def test_of_several_bad_events_the_first_is_reported_at_any_batch_size(tmp_path:
     path = tmp_path / "bad.pt.trace.json"
     path.write_text(json.dumps(trace, indent=1))
     for chunk in (300, 1 << 20):
-        monkeypatch.setattr(kineto, "CHUNK_BYTES", chunk)
+        monkeypatch.setattr(traceevents, "CHUNK_BYTES", chunk)
         with pytest.raises(InputError) as info:
             kineto.load(path)
         assert info.value.column == f"traceEvents[{mem[2]}].args.Device Type", chunk
@@ -257,58 +256,6 @@ def test_the_sampled_digit_run_check_is_exact(runs: list[tuple[int, int]], size:
     data = bytes(chunk)
     longer = b"0" * (jsonstream.MAX_NUMBER + 1) in data.translate(jsonstream._DIGIT_MAP)
     assert jsonstream._has_digit_run(data) == longer
-
-
-# ---- µs to ns without check_column ----------------------------------------------------------------
-
-US_TEXT = st.one_of(st.from_regex(r"(0|[1-9][0-9]{0,16})\.[0-9]{1,11}", fullmatch=True), NUMBERS,
-                    st.sampled_from(["9000000000000000.000", "8999999999999999.9999", "9000000000000000.0001",
-                                     "0.0", "-0.0", "1e3", "1E-3", "0.0005", "0.0004999999999"]))
-KINETO_US = st.from_regex(r"(0|[1-9][0-9]{0,14})\.[0-9]{3}", fullmatch=True)  # below the 9e15 cap
-SCHEMA = load_schema("kineto")
-TS_PROP = resolve(SCHEMA["$defs"]["x_event"]["properties"]["ts"], SCHEMA)
-
-
-@given(texts=st.lists(US_TEXT, min_size=1, max_size=6), ints=st.lists(st.integers(-5, 10**16), max_size=2),
-       as_text=st.booleans())
-@example(texts=["0E-20"], ints=[], as_text=False)  # arrow's bound check needed precision 39 and raised
-@example(texts=["-1E-910"], ints=[], as_text=False)  # Arrow converts it to 0 without an error
-def test_plain_us_ns_is_what_check_column_and_us_to_ns_give(texts: list[str], ints: list[int], as_text: bool) -> None:
-    """Where the shortcut answers, check_column accepts the values (as ijson reads them) and us_to_ns
-    converts them to the same ns (values near a bound, or odd ones, may take the long way)."""
-    values: list[Any] = [kineto._Number(t) if as_text else Decimal(t) for t in texts] + ints
-    got = kineto._plain_us_ns(values, TS_PROP)
-    if got is not None:
-        legacy = [kineto._legacy(v) for v in values]
-        _, problem = check_column(legacy, TS_PROP, name="ts", where=str, required=True)
-        assert problem is None
-        assert got.tolist() == kineto.us_to_ns(legacy, 0).tolist()
-
-
-@given(texts=st.lists(KINETO_US, min_size=1, max_size=6), as_text=st.booleans())
-def test_plain_us_ns_answers_for_kineto_times(texts: list[str], as_text: bool) -> None:
-    values = [kineto._Number(t) if as_text else Decimal(t) for t in texts]
-    got = kineto._plain_us_ns(values, TS_PROP)
-    assert got is not None and got.tolist() == [int(Decimal(t) * 1000) for t in texts]
-
-
-def test_memory_events_split_by_device(tmp_path: Path) -> None:
-    """Device Type and Device Id name the device; a CPU id and a negative id do not appear."""
-    trace = json.loads(LEAK.read_bytes())  # floats: repr round-trips the 3-decimal µs text
-    devices = {(1, 3): "cuda:3", (1, 12): "cuda:12", (20, 3): "npu:3", (1, -1): "cuda", (0, 5): "cpu"}
-    addrs = sorted({e["args"]["Addr"] for e in trace["traceEvents"] if e.get("name") == "[memory]"})
-    for e in trace["traceEvents"]:
-        if e.get("name") == "[memory]":  # an address keeps its device, so allocs and frees still pair
-            e["args"]["Device Type"], e["args"]["Device Id"] = list(devices)[addrs.index(e["args"]["Addr"]) % 5]
-    path = tmp_path / "devices.pt.trace.json"
-    path.write_text(json.dumps(trace))
-    profile = kineto.load(path)
-    assert [d.device for d in profile.devices] == sorted(devices.values())
-    allocs = {label: 0 for label in devices.values()}
-    for e in trace["traceEvents"]:
-        if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0:
-            allocs[devices[(e["args"]["Device Type"], e["args"]["Device Id"])]] += 1
-    assert {d.device: int(d.blocks.ints("t_alloc").present().sum()) for d in profile.devices} == allocs
 
 
 # ==== issue 11: keys an object repeats --------------------------------------------------------------------
@@ -432,7 +379,7 @@ def test_a_name_torch_left_unescaped_is_read_as_its_text(name: str, tmp_path: Pa
     [note] = repaired.metadata["notes"]
     assert f"line(s) {line}" in note
     assert "notes" not in original.metadata and "repaired_names" not in original.metadata
-    with kineto._open(path, repair=True) as fh:
+    with traceevents.open_trace(path, repair=True) as fh:
         events = json.loads(fh.read())["traceEvents"]
     assert events[0]["name"] == ODD_NAME and events[0]["cat"] == "python_function"
 
