@@ -14,6 +14,7 @@ from typing import Any
 
 from memgate import __version__
 from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
+from memgate.metric_specs import keys_where
 
 BASELINE_FORMAT = 1
 RUN_LAYOUT = 1  # a saved run's memgate_run.layout (memgate.autosave.LAYOUT: .memgate/v1/)
@@ -53,7 +54,7 @@ def _baseline_keys(entries: list[dict[str, Any]]) -> list[str]:
 
 
 # who held the peak and how many blocks were live then: not numbers a baseline compares
-_NOT_BASELINED = ("top_at_peak", "live_at_peak_count")
+_NOT_BASELINED = keys_where(baselined=False)  # who held the peak, not a number
 
 
 def baseline_from_entries(entries: list[dict[str, Any]], *, commit: str | None = None,

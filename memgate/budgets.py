@@ -20,28 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from memgate.errors import ConfigError
-from memgate.metric_cache import MetricCache as MetricCache  # noqa: PLC0414  (a re-export: see the note at the end)
+from memgate.metric_specs import budget_limits
 from memgate.metrics import MetricOptions
 from memgate.schemas import load_schema
 from memgate.sizes import format_share, parse_share, parse_size
 from memgate.toml_lines import key_lines, line_of
-from memgate.verdict import Outcome as Outcome  # noqa: PLC0414  (a re-export: see the note at the end)
 
-# Budget key → (metric key in the report, kind)
-LIMITS: dict[str, tuple[str, str]] = {
-    "peak_allocated": ("peak_allocated_bytes", "size"),
-    "peak_reserved": ("peak_reserved_bytes", "size"),
-    "peak_app_reserved": ("peak_app_reserved_bytes", "size"),
-    "fragmentation": ("fragmentation", "ratio"),
-    "external_fragmentation": ("external_fragmentation", "ratio"),
-    "step_growth": ("step_growth_bytes", "size"),
-    "leaked": ("leaked_bytes", "size"),
-    "leak_undetermined": ("leak_undetermined_bytes", "size"),
-    "allocated_at_dump": ("allocated_at_dump_bytes", "size"),
-    "reserved_at_dump": ("reserved_at_dump_bytes", "size"),
-    "largest_free_block": ("largest_free_block_bytes", "size"),
-    "free_block_fragmentation": ("free_block_fragmentation", "ratio"),
-}
+# Budget key → (metric key in the report, kind), from the one table of metrics
+LIMITS: dict[str, tuple[str, str]] = budget_limits()
 SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps", "leak_horizon_steps")
 CROSS_RANK = "rank_imbalance"  # judged over every profile a budget selects, not per profile
 MARKER_KEYS = frozenset(LIMITS) | {"op_caps", "owner_caps", "device_capacity", *SELECTORS}
@@ -474,8 +460,3 @@ def find_budget_file(rootdir: Path, *, default_leak_horizon: int = 1) -> BudgetF
                 return loaded
     return None
 
-
-# Note: Outcome (memgate.verdict) and MetricCache (memgate.metric_cache) are imported above only so that
-# `from memgate.budgets import ...` in memgate.report and memgate.cache, restructured apart from this
-# module, keeps working; new code imports them from their own modules, and these two names go when
-# those imports move.

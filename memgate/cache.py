@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memgate import __version__
-from memgate.budgets import MetricCache
 from memgate.discover import Found, load
 from memgate.errors import ConfigError, InputError
 from memgate.lazy import arrow_without_pandas, lazy_module
+from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, MetricOptions
 from memgate.model import MAX_BYTES, DeviceModel, PoolState, Profile, ProfileInfo, Series, check_byte_ranges
 from memgate.table import Ints, Table, Texts
@@ -274,7 +274,7 @@ def _check_info(info: Any) -> None:
 def _check_devices(devices: Any) -> None:
     """Stored metric results as a JSON report holds them (schemas/report.schema.json: types, byte
     counts within 2**56, ratios within [0, 1]); else _Corrupt."""
-    from memgate.compare import schema_error
+    from memgate.documents import schema_error
 
     if not isinstance(devices, list):
         raise _Corrupt("devices is not a list")

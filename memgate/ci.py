@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from memgate.budgets import LIMITS
+from memgate.metric_specs import BUDGET_SPECS
 from memgate.sizes import format_size
 
 
@@ -40,24 +40,24 @@ def github_annotations(outcomes: list[dict[str, Any]], errors: Iterable[dict[str
     return lines
 
 
-def metric_kind(metric: str) -> str:
-    """``"size"`` or ``"ratio"`` for an outcome's metric: a LIMITS budget key by its kind there,
+def check_kind(check: str) -> str:
+    """``"size"`` or ``"ratio"`` for what a check measures: a budget key by the metric table,
     ``op_caps[glob]`` / ``owner_caps[glob]`` a size, ``rank_imbalance[metric]`` a ratio."""
-    base = metric.split("[")[0]
+    base = check.split("[")[0]
     if base == "rank_imbalance":
         return "ratio"
-    return LIMITS[base][1] if base in LIMITS else "size"
+    return BUDGET_SPECS[base].kind if base in BUDGET_SPECS else "size"
 
 
 def unit_of(metric: str) -> str:
     """The unit word of a metric's values in JUnit properties and benchmark records."""
-    return "ratio" if metric_kind(metric) == "ratio" else "bytes"
+    return "ratio" if check_kind(metric) == "ratio" else "bytes"
 
 
 def _cell(metric: str, value: Any) -> str:
     if value is None:
         return "–"
-    return f"{value:.3f}" if metric_kind(metric) == "ratio" else format_size(value)
+    return f"{value:.3f}" if check_kind(metric) == "ratio" else format_size(value)
 
 
 PYTEST_ORDER = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
@@ -115,7 +115,8 @@ def benchmark_export(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     records = []
     for entry in sorted(entries, key=lambda e: (e["rank"], e["path"])):
         for dev in entry["devices"]:
-            for budget_key, (metric_key, _) in LIMITS.items():
+            for budget_key, spec in BUDGET_SPECS.items():
+                metric_key = spec.key
                 value = dev["metrics"].get(metric_key)
                 if value is None:
                     continue

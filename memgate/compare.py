@@ -23,9 +23,9 @@ from typing import Any
 
 from memgate.baselines import baseline_entries, comparable_key, pair_entries
 from memgate.budgets import LIMITS
-from memgate.documents import schema_error as schema_error  # noqa: PLC0414  (a re-export: see the note at the end)
 from memgate.errors import ConfigError, printable
 from memgate.identity import pair_devices, profile_labels
+from memgate.metric_specs import BUDGET_SPECS
 from memgate.sizes import format_size, parse_size
 
 RATIO_DECIMALS = 3
@@ -35,7 +35,7 @@ _RATIO_TEXT = re.compile(r"\A\s*[0-9]+(?:\.[0-9]+)?\s*\Z")
 
 def metric_kind(budget_key: str) -> str:
     """``"size"`` or ``"ratio"``: how a budget key's values are measured, printed and limited."""
-    return LIMITS[budget_key][1]
+    return BUDGET_SPECS[budget_key].kind
 
 
 def format_metric(kind: str, value: float) -> str:
@@ -344,7 +344,7 @@ def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> d
             "changed": changed}
 
 
-_KIND_OF_METRIC = {key: (budget_key, kind) for budget_key, (key, kind) in LIMITS.items()}
+_KIND_OF_METRIC = {spec.key: (budget_key, spec.kind) for budget_key, spec in BUDGET_SPECS.items()}
 
 
 def diff_metric_line(key: str, row: dict[str, Any]) -> str:
@@ -406,6 +406,3 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
         lines.append(f"no change: {len(diff['ranks'])} profile(s) paired, every metric and operator equal")
     return lines
 
-
-# Note: schema_error (memgate.documents) is imported above only so that memgate.cache, restructured apart
-# from this module, keeps finding it here; new code imports it from memgate.documents.

@@ -1,6 +1,6 @@
 """Find the profiles under a ``--memgate`` root: one profile per rank's output.
 
-Detection goes by file name and header only (docs/formats.md), never by guessing from values: each
+Detection goes by file name and header only (docs/formats-reference.md), never by guessing from values: each
 format of :mod:`memgate.loaders.registry` says whether it claims a path, and loads it.
 
 Several profiles of one rank under one root are normal (the profiling cycles of one run, jobs of a

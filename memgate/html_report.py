@@ -416,7 +416,7 @@ def render_html(
     """The whole page as a string.
 
     ``entries``: :func:`memgate.report.profile_entry` dicts; ``outcomes``: budget outcome dicts
-    (:func:`memgate.report.outcome_entry`, or the error rows of :func:`memgate.session.error_outcome`);
+    (:meth:`memgate.rows.CheckRow.as_json`: verdicts and the error rows of :meth:`memgate.rows.CheckRow.unjudged`);
     ``profiles``: the normalized profiles, matched to entries by ``path``, for the curves (without
     them the page has every table but no chart); ``max_points``: samples drawn per curve at most
     (+1 for the peak); ``errors``: profiles that failed to load (``{"profile", "error"}``).

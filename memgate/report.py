@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from memgate import __version__
-from memgate.budgets import CROSS_RANK, Outcome
+from memgate.budgets import CROSS_RANK
 from memgate.identity import profile_labels
 from memgate.metric_specs import BUDGET_SPECS, keys_where
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
 from memgate.sizes import format_size
+from memgate.verdict import Outcome
 
 
 def profile_entry(info: ProfileInfo, metrics: list[DeviceMetrics]) -> dict[str, Any]:

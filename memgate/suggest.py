@@ -17,6 +17,7 @@ from typing import Any
 from memgate.budgets import LIMITS
 from memgate.compare import RATIO_DECIMALS, format_metric
 from memgate.errors import BIDI_CONTROLS, ConfigError, printable
+from memgate.metric_specs import budget_keys_suggested, not_suggested
 from memgate.sizes import format_size, parse_size
 
 MIB = 1 << 20
@@ -30,13 +31,7 @@ RATIO_FLOOR = Decimal("0.010")
 # A ratio is at most 1, so a ratio limit of 1 can never fail: the highest suggested is this.
 RATIO_CAP = Decimal("0.999")
 # Budget keys measured but not suggested, and why (printed as a comment in the block).
-NOT_SUGGESTED = {
-    # Budgets pass when value <= limit, and the largest free block is no cost: a larger one means
-    # the pool can serve a larger request without growing. An upper limit on it fails when the pool
-    # gets less fragmented or caches more, i.e. on an improvement or on a change the reserved budgets
-    # already judge. What it is evidence of is budgeted by free_block_fragmentation and reserved_at_dump.
-    "largest_free_block": "a larger free block is no regression (use free_block_fragmentation, reserved_at_dump)",
-}
+NOT_SUGGESTED = not_suggested()  # budget key → why no limit is proposed (the metric table says)
 
 
 def _toml_string(text: str) -> str:
@@ -137,10 +132,10 @@ def rank_imbalance_measured(entries: list[dict[str, Any]], metric: str = "peak_a
 # Budget keys that judge growth or leaks: suggested from what the cleanest profile measured, never
 # from the worst (a leak measured in one profile must not become everyone's allowance), and with no
 # floor (a measured 0 B of growth is suggested as "0 B").
-GROWTH_KEYS = ("step_growth", "leaked")
+GROWTH_KEYS = budget_keys_suggested("least")
 # Live blocks of the last steps: a leak or the loop's own last activations (a clean loop measures
 # some), so not bounded by the cleanest profile; but, as growth, with no floor: 0 B stays 0 B.
-NO_FLOOR_KEYS = (*GROWTH_KEYS, "leak_undetermined")
+NO_FLOOR_KEYS = budget_keys_suggested("least", "worst, no floor")
 FORMS = ("pyproject", "toml", "marker")
 
 

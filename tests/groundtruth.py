@@ -3,7 +3,7 @@
 Test-side writers (``tests/writers/``) render a :class:`Trace` in each documented format; the
 property tests read the files back through memgate and compare with :func:`expected_metrics`.
 Nothing here imports memgate: the reference definitions are plain loops over the trace, written
-from DESIGN.md's metric table.
+from docs/design.md's metric table.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def pool_figures(allocated: list[tuple[int, int]], reserved: list[tuple[int, int
 
 def expected_metrics(trace: Trace, warmup_steps: int = 1, *, separate_allocators: bool = False,
                      leak_horizon_steps: int = 1) -> dict[str, object]:
-    """DESIGN.md's metrics of the whole device (all components together), by the definitions.
+    """docs/design.md's metrics of the whole device (all components together), by the definitions.
 
     ``separate_allocators``: each component is its own pool (torch_npu PTA and GE), and reserved is
     the sum of each component's own reserved curve (``PTA+GE`` = PTA + GE), see

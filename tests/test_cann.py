@@ -1,4 +1,4 @@
-"""CANN msprof loader (FORMATS.md §3): ground-truth traces written by tests/writers/cann.py read back.
+"""CANN msprof loader (docs/formats-reference.md §3): ground-truth traces written by tests/writers/cann.py read back.
 
 Exactness: CANN writes KB = bytes / 1024 as float text, an exact binary fraction for integer bytes
 below 2**53, and µs with 3 decimals (exact ns); the loader multiplies back and rounds to the byte,

@@ -1,5 +1,5 @@
 """One model, same numbers: the same ground-truth trace written by every format's test-side writer
-(each follows FORMATS.md, not the loaders) reads back to the same metrics.
+(each follows docs/formats-reference.md, not the loaders) reads back to the same metrics.
 
 The trace is first put in the shape every format can carry exactly:
 - every instant on a whole µs (snapshot ``time_us`` resolution; the other formats keep ns or 3-decimal
@@ -47,7 +47,7 @@ WRITERS: dict[str, Callable[[Trace, Path], Path]] = {
     "msmemscope": lambda t, d: write_csv(t, d / "memscope_dump_20251203120000.csv"),
     "msmemscope_db": lambda t, d: write_memscope_db(t, d / "memscope_dump_20251203120000.db"),
 }
-# Metrics a format has no data for (by FORMATS.md), so it is not compared there.
+# Metrics a format has no data for (by docs/formats-reference.md), so it is not compared there.
 CANNOT_CARRY = {
     "cann": {"step_growth_bytes", "leaked_bytes"},  # no step records in the msprof memory CSVs
 }

@@ -1,4 +1,4 @@
-"""Fragmentation is judged per allocator pool (DESIGN.md, Metrics), never on a combined series.
+"""Fragmentation is judged per allocator pool (docs/design.md, Metrics), never on a combined series.
 
 Every profile here is written by hand with exact sizes (MB = MiB in torch_npu files, MB = KB/1000 in
 MindSpore's), so each expected value is a fraction known by construction; the tests compute it by

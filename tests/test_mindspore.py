@@ -1,4 +1,4 @@
-"""MindSpore loader (FORMATS.md §2): ground-truth traces written by tests/writers/mindspore.py read back.
+"""MindSpore loader (docs/formats-reference.md §2): ground-truth traces written by tests/writers/mindspore.py read back.
 
 Exactness: memory_record.csv's MindSpore MB (= bytes / 1024 / 1000 as Python float text) is parsed
 and multiplied back by 1 024 000; for integer bytes below 2**51 the float error (2**-53 per step)

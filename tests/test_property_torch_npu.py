@@ -1,6 +1,6 @@
 """Properties: a ground-truth trace written as a torch_npu text export reads back to its own metrics.
 
-The writer (tests/writers/torch_npu.py) follows FORMATS.md §1 and the real samples; the expected
+The writer (tests/writers/torch_npu.py) follows docs/formats-reference.md §1 and the real samples; the expected
 values come from tests/groundtruth.py, which does not import memgate. Every comparison is exact:
 the writer's only rounding is bytes → KB/MB float text and ns → µs text with 3 decimals, and both
 are lossless (bytes/1024**k is an exact binary fraction for integer bytes < 2**53 and ``repr``

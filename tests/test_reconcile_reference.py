@@ -2,7 +2,7 @@
 
 The sum check (a total series against the sum of its parts at each instant) and the block curve
 with its baseline estimates are computed with sorted searches, suffixes and an inverted sort order;
-the references below walk the rows one by one, as DESIGN.md states the definitions. Random series
+the references below walk the rows one by one, as docs/design.md states the definitions. Random series
 carry null values, repeated timestamps, parts that start late or hold only nulls; random blocks carry
 missing totals, pre-window and open blocks and time ties between frees and allocations.
 """

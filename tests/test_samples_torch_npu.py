@@ -1,7 +1,7 @@
 """The real torch_npu samples: memgate's metrics equal the values derived here from the raw files.
 
 The expected values are computed with the ``csv``/``json`` modules and ``Decimal`` only, straight
-from the files (DESIGN.md metric table), never copied from memgate's output. Then the same
+from the files (docs/design.md metric table), never copied from memgate's output. Then the same
 profiles in every directory layout torch_npu writes (and CRLF/LF) must give the same numbers.
 """
 

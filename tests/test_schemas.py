@@ -24,7 +24,7 @@ SAMPLE_CSVS = sorted(
 )
 TEXT_SAMPLES = sorted(p for p in ASCEND.iterdir() if p.is_dir() and not any(p.glob("*.db")))
 
-# The budget table of DESIGN.md ("Budget file"), verbatim.
+# The budget table of docs/design.md ("Budget file"), verbatim.
 DESIGN_BUDGETS = """
 [tool.memgate]
 profiles = "prof_dir"            # optional default root when --memgate has no value

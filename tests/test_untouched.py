@@ -1,4 +1,4 @@
-"""memgate never writes into a profile tree (DESIGN.md "Bad input": never a write into the profile dir).
+"""memgate never writes into a profile tree (docs/design.md "Bad input": never a write into the profile dir).
 
 A tree holding every real sample and a writer-made profile of every format is hashed -- content,
 mode and mtime of every file, mtime of every folder (a temp file created and removed again still

@@ -2,7 +2,7 @@
 torch.profiler (profile_memory=True), and the leak / growth metrics memgate reads from them.
 
 Every expected value is derived from how the loop was built (tests/torchloops.py) and the metric
-definitions of DESIGN.md, never from memgate's output:
+definitions of docs/design.md, never from memgate's output:
 
 - counted steps = the ProfilerStep#N of the trace in step order minus the first ``warmup_steps``;
   iteration ``i`` of a loop is ProfilerStep#i, and the trace holds ``Loop.active_iterations``.

@@ -4,7 +4,7 @@ torch's CPU memory reporter (c10 ProfiledCPUMemoryReporter) adds a block to its 
 total only when it is allocated while a profiler records, and takes it out only when it is freed
 while a profiler records. A block allocated in one session and freed after it stopped stays in
 both: the next session of the process starts with its bytes in ``Total Allocated`` although the
-memory is free (FORMATS.md §5). memgate marks CPU Kineto devices window-relative, measures what the
+memory is free (docs/formats-reference.md §5). memgate marks CPU Kineto devices window-relative, measures what the
 totals carry in from before the trace that no block of the trace accounts for
 (``carried_over_bytes``) and leaves it out of ``peak_allocated_bytes``.
 

@@ -1,6 +1,6 @@
 """Ascend profiler sqlite exports: ``ascend_pytorch_profiler[_{rank}].db`` and CANN ``msprof_*.db``.
 
-docs/formats.md §1 (db part) and §3: every value is bytes or ns, missing is NULL, and text lives in
+docs/formats-reference.md §1 (db part) and §3: every value is bytes or ns, missing is NULL, and text lives in
 ``STRING_IDS`` (ids) / ``ENUM_MODULE``. Each table read is validated first against its schema
 ``memgate/schemas/ascend_db.<table>.schema.json`` (one SQL scan per table, see
 :mod:`memgate.readers.sqlitetable`); the file is opened read-only and nothing is written next to it.

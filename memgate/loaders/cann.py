@@ -1,4 +1,4 @@
-"""CANN msprof text export (docs/formats.md §3): ``PROF_*/mindstudio_profiler_output/*_{ts}.csv``.
+"""CANN msprof text export (docs/formats-reference.md §3): ``PROF_*/mindstudio_profiler_output/*_{ts}.csv``.
 
 Where the files are: ``PROF_*/mindstudio_profiler_output/`` (all devices in one set of files), else
 ``PROF_*/device_N/mindstudio_profiler_output/`` or ``PROF_*/device_N/summary/`` (one set per

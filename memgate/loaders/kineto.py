@@ -1,4 +1,4 @@
-"""Kineto / torch.profiler Chrome traces recorded with ``profile_memory=True``. docs/formats.md §5.
+"""Kineto / torch.profiler Chrome traces recorded with ``profile_memory=True``. docs/formats-reference.md §5.
 
 ``*.json`` or ``*.json.gz``, streamed (:mod:`memgate.readers.traceevents`; never loaded whole). What
 is read (:mod:`memgate.loaders.kineto_events` keeps it, batch by batch):
@@ -61,7 +61,7 @@ SCHEMA = "kineto"
 COMPONENT = "allocator"
 UNPAIRED = "allocations without Addr"  # the blocks of a trace whose [memory] events carry no Addr
 STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)\Z")
-# c10::DeviceType, lower-cased; PrivateUse1 is torch_npu's NPU (docs/formats.md).
+# c10::DeviceType, lower-cased; PrivateUse1 is torch_npu's NPU (docs/formats-reference.md).
 DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip", 7: "fpga",
                 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu",
                 16: "ve", 17: "lazy", 18: "ipu", 19: "mtia", 20: "npu"}
@@ -377,7 +377,7 @@ def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.
         })
         series[COMPONENT] = Series(COMPONENT, frame, str(path))
     # torch's CPU reporter counts only what was allocated while a profiler ran, and never forgets
-    # bytes freed while none ran: its totals are window-relative (see docs/formats.md §5).
+    # bytes freed while none ran: its totals are window-relative (see docs/formats-reference.md §5).
     return DeviceModel(device=label, series=series, blocks=blocks, blocks_source=str(path), window_relative=cpu)
 
 

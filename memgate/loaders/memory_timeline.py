@@ -7,7 +7,7 @@
 
 Neither records the device it was exported for, so the device is ``unknown``, nor which allocation a
 free releases nor which operator allocated it: the allocator series is all they give (the Kineto trace
-of the same run has the rest). docs/formats.md §5.
+of the same run has the rest). docs/formats-reference.md §5.
 """
 
 from __future__ import annotations

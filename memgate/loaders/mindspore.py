@@ -1,4 +1,4 @@
-"""MindSpore profiler output (docs/formats.md §2): ``*_ascend_ms`` directories and the memory tracker files.
+"""MindSpore profiler output (docs/formats-reference.md §2): ``*_ascend_ms`` directories and the memory tracker files.
 
 What is read, and how it maps onto the model:
 
@@ -585,7 +585,7 @@ def _load_memory_block(path: Path) -> Profile:
         # all in MindSpore's CPU pool (a CPU-target run), which this file cannot show.
         device = CPU_DEVICE
         metadata.update(_cpu_facts())
-        from memgate.metrics import METRIC_KEYS  # the metrics this file cannot give, named one by one
+        from memgate.metric_specs import METRIC_KEYS  # the metrics this file cannot give, named one by one
 
         why = hints.mindspore_tracker_cpu_pool()
         metadata["not_measurable"] = {key: why for key in METRIC_KEYS}

@@ -1,6 +1,6 @@
 """msMemScope dumps: ``memscope_dump_{ts}.csv`` / ``.db`` (and ``leaks_dump_{ts}.csv`` of msleaks).
 
-docs/formats.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
+docs/formats-reference.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
 plus ``Call Stack(Python)`` / ``Call Stack(C)`` when stacks were collected (msleaks wrote
 ``Timestamp(us)``); the db holds the same columns in table ``memscope_dump``.
 

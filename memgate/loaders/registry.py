@@ -5,7 +5,7 @@ imported; :mod:`memgate.discover` asks them, in order, which claims a path. The 
 listed once, in :data:`LOADERS`, with the names of the paths each may claim: a module is imported
 only when a path may be its own (:func:`import_loaders`), so ``memgate inspect x.pickle`` imports
 the snapshot loader alone, not the Ascend stack (tests/test_imports.py checks both the import graph
-and that no claim is missed). Detection goes by file name and header only (docs/formats.md), never
+and that no claim is missed). Detection goes by file name and header only (docs/formats-reference.md), never
 by guessing from values.
 
 The rank a profile's file or folder names (``rank3``, ``rank_3``, ``rank-3``, any case) is read by
@@ -94,7 +94,7 @@ def rank_of_file(path: Path) -> str:
 
 # ---- the loader modules -------------------------------------------------------------------------------
 
-# Ascend output folders by name, and the files that make a folder a text export (docs/formats.md §1-3).
+# Ascend output folders by name, and the files that make a folder a text export (docs/formats-reference.md §1-3).
 _ASCEND_DIR_SUFFIXES = ("_ascend_pt", "_ascend_ms")
 _ASCEND_DIR_NAMES = ("ASCEND_PROFILER_OUTPUT", "mindstudio_profiler_output")
 _ASCEND_EXPORTS = ("memory_record.csv", "operator_memory.csv", "trace_view.json")

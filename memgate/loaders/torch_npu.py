@@ -1,6 +1,6 @@
 """torch_npu profiler text export: ``*_ascend_pt/ASCEND_PROFILER_OUTPUT/*.csv`` and friends.
 
-Both header generations (≤2.5 and 2.6+) of every file; see docs/formats.md §1.
+Both header generations (≤2.5 and 2.6+) of every file; see docs/formats-reference.md §1.
 """
 
 from __future__ import annotations

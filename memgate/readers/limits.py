@@ -2,7 +2,7 @@
 
 The defaults are generous (no real profile comes near them); they turn a runaway or hostile file
 into a clear InputError instead of an out-of-memory kill. Each has an override through the
-environment (the CLI's ``--max-file-size`` and the plugin's ``--memgate-max-file-size`` set them):
+environment (the same for the CLI, the plugin and xdist workers):
 
 - ``MEMGATE_MAX_FILE_BYTES``: bytes per file, a size (``"64 GiB"``, ``"512MiB"``, bare int = bytes).
 - ``MEMGATE_MAX_ROWS``: rows (CSV lines, db rows) or events (JSON elements) per file, an integer.
@@ -53,7 +53,6 @@ PICKLE_MEMORY_FLOOR = 256 << 20
 INFLATED_BYTES_ENV = "MEMGATE_MAX_INFLATED_BYTES"
 INFLATE_RATIO = 100
 MIN_INFLATED_BYTES = 16 << 20
-FILE_FLAGS = "--max-file-size (CLI) / --memgate-max-file-size (pytest)"
 _INTEGER = re.compile(r"\A\s*[0-9][0-9_]*\s*\Z")
 
 
@@ -167,7 +166,7 @@ def check_file_size(path: Path, *, limit: int | None = None, why: str | None = N
         return 0  # the reader's own checks say what is wrong with a missing or unreadable file
     if size > cap:
         fixed = limit is not None and limit < configured
-        how = (why or "a fixed limit") if fixed else f"raise the limit with {FILE_FLAGS} or ${FILE_BYTES_ENV}"
+        how = (why or "a fixed limit") if fixed else f"raise the limit with ${FILE_BYTES_ENV}"
         raise InputError(
             f"file is {format_size(size)}, over the {format_size(cap)} size limit",
             file=path,

@@ -1,4 +1,4 @@
-"""Render a ground-truth :class:`groundtruth.Trace` as Ascend profiler sqlite dbs (FORMATS.md §1, §3).
+"""Render a ground-truth :class:`groundtruth.Trace` as Ascend profiler sqlite dbs (docs/formats-reference.md §1, §3).
 
 - :func:`write_torch_db`: ``ascend_pytorch_profiler[_{rank}].db`` as torch_npu's db parsers write it:
   ``MEMORY_RECORD`` (PTA and GE rows after every event, each followed by a ``PTA+GE`` row = the sum

@@ -1,4 +1,4 @@
-"""Render ground-truth Traces as a CANN msprof text export (FORMATS.md §3), without memgate.
+"""Render ground-truth Traces as a CANN msprof text export (docs/formats-reference.md §3), without memgate.
 
 ``PROF_{n}_{ts}_{id}/mindstudio_profiler_output/{kind}_{ts}.csv`` (every device's rows in one set of
 files) or ``PROF_*/device_N/summary/{kind}_{ts}.csv`` (one set per device); ``slices > 1`` splits every

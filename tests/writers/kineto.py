@@ -1,4 +1,4 @@
-"""Render a ground-truth Trace as a Kineto / torch.profiler Chrome trace (FORMATS.md §5), without memgate.
+"""Render a ground-truth Trace as a Kineto / torch.profiler Chrome trace (docs/formats-reference.md §5), without memgate.
 
 What the real files (tests/data/samples/torch/cpu_train_*.json) show and this writer reproduces:
 - An object with a header (``schemaVersion``, ``deviceProperties``, ``baseTimeNanoseconds``,

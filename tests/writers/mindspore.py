@@ -1,4 +1,4 @@
-"""Render a ground-truth Trace as MindSpore profiler output (FORMATS.md §2), without memgate.
+"""Render a ground-truth Trace as MindSpore profiler output (docs/formats-reference.md §2), without memgate.
 
 Layout: ``{worker}_{ts}_ascend_ms/profiler_info_{rank}.json``, ``ASCEND_PROFILER_OUTPUT/`` with
 memory_record.csv (6 columns), operator_memory.csv, npu_module_mem.csv, step_trace_time.csv,

@@ -1,4 +1,4 @@
-"""Render a ground-truth :class:`groundtruth.Trace` as an msMemScope dump (FORMATS.md §6).
+"""Render a ground-truth :class:`groundtruth.Trace` as an msMemScope dump (docs/formats-reference.md §6).
 
 The trace's blocks are one PTA caching allocator of one process on ``npu:<device_id>``:
 

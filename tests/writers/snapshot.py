@@ -1,4 +1,4 @@
-"""Render a ground-truth Trace as a PyTorch memory snapshot pickle (FORMATS.md §4), without memgate.
+"""Render a ground-truth Trace as a PyTorch memory snapshot pickle (docs/formats-reference.md §4), without memgate.
 
 Three eras, as real files have them:
 - ``modern``: ``time_us`` on every entry, ``free_requested`` then ``free_completed``, blocks with

@@ -1,4 +1,4 @@
-"""Render a ground-truth Trace as a torch_npu text export (FORMATS.md §1), without memgate.
+"""Render a ground-truth Trace as a torch_npu text export (docs/formats-reference.md §1), without memgate.
 
 Layout written: ``{host}_{pid}_{ts}_ascend_pt/profiler_info[_{rank}].json`` (+ ``profiler_metadata.json``
 for 2.6+) and ``ASCEND_PROFILER_OUTPUT/`` with memory_record.csv, operator_memory.csv,
