@@ -28,7 +28,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -110,10 +110,12 @@ def check_run_id(run_id: str) -> str:
                                "a bare --memgate-compare takes the next argument as its ID: write --memgate-compare=ID")
 
 
-def find_run(storage: Path, key: dict[str, Any], run_id: str = "") -> SavedRun | None:
+def find_run(storage: Path, key: dict[str, Any], run_id: str = "", *,
+             besides: Collection[Path] = ()) -> SavedRun | None:
     """The saved run to compare a profile of comparability ``key`` with: the latest (``""``), run
-    number ``run_id``, or the latest run at a commit starting with ``run_id``."""
-    runs = saved_runs(storage, configuration_name(key))
+    number ``run_id``, or the latest run at a commit starting with ``run_id``; never one of the files
+    in ``besides`` (what this session saved: a run is not compared with itself)."""
+    runs = [r for r in saved_runs(storage, configuration_name(key)) if r.path not in besides]
     run_id = run_id.strip()
     if run_id in ("", "latest"):
         return runs[-1] if runs else None

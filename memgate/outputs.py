@@ -75,14 +75,16 @@ def save_baseline(path: Path, entries: list[dict[str, Any]], rootdir: Path, *, k
     write_json_atomic(path, baseline)
 
 
-def comparison_lines(entries: list[dict[str, Any]], storage: Path, compare_id: str) -> list[str]:
-    """Every metric's change against the saved run each profile is compared with (``--memgate-compare``)."""
+def comparison_lines(entries: list[dict[str, Any]], storage: Path, compare_id: str,
+                     saved: Sequence[Path] = ()) -> list[str]:
+    """Every metric's change against the saved run each profile is compared with (``--memgate-compare``);
+    ``saved``: the files this session saved (``--memgate-autosave``), which are not that run."""
     from memgate.compare import diff_entries, diff_text  # only with --memgate-compare
 
     groups: dict[str, list[dict[str, Any]]] = {}
     missing = []
     for entry in entries:
-        run = find_run(storage, comparable_key(entry), compare_id)
+        run = find_run(storage, comparable_key(entry), compare_id, besides=saved)
         if run is None:
             missing.append(missing_run(storage, comparable_key(entry), compare_id))
         else:
@@ -204,7 +206,7 @@ class RunOutputs:
             out.append(("section", "memgate"))
             out += [("line", printable(line)) for line in summary_table(rows_json(rows))]
         if s.compare_id is not None and (self.entries or self.marker_entries):
-            lines = comparison_lines(self.history_entries(), s.storage, s.compare_id)
+            lines = comparison_lines(self.history_entries(), s.storage, s.compare_id, self.saved)
             out += [("section", "memgate compare"), *(("line", line) for line in lines)]
         if os.environ.get("GITHUB_ACTIONS") == "true":
             annotations = github_annotations(rows_json(rows), errors_json(self.errors),

@@ -267,3 +267,17 @@ def test_memgate_runs_lists_and_diff_compares_any_two(project: pytest.Pytester, 
 def test_memgate_runs_with_none_saved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", "--storage", str(tmp_path / "nowhere")]) == 0
     assert capsys.readouterr().out == f"no saved runs in {tmp_path / 'nowhere' / 'v1'} (pytest --memgate-autosave saves one)\n"
+
+
+def test_autosave_and_compare_in_one_run_compare_with_the_run_before(project: pytest.Pytester) -> None:
+    """The comparison printed is with the latest run saved before this one, not the one it just saved."""
+    project.runpytest("--memgate=base", "--memgate-autosave").assert_outcomes(passed=1)
+    result = project.runpytest("--memgate=heavy", "--memgate-autosave", "--memgate-compare", RULE)
+    result.assert_outcomes(passed=1, failed=1)
+    first = project.path / ".memgate" / "v1" / NPU / "0001_nogit.json"
+    result.stdout.fnmatch_lines([
+        "*= memgate compare =*",
+        f"compared with {first}:",
+        "*peak_allocated*1.23 GiB ->*1.35 GiB*+126.1? MiB (+10.0%)*",
+        f"memgate: run saved to {first.with_name('0002_nogit.json')}",
+    ])
