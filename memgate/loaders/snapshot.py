@@ -1,4 +1,4 @@
-"""PyTorch caching-allocator memory snapshots (``_dump_snapshot`` pickles), every era. docs/formats.md §4.
+"""PyTorch caching-allocator memory snapshots (``_dump_snapshot`` pickles), every era. docs/formats-reference.md §4.
 
 Eras read: a bare list of segments (oldest); legacy ``history`` blocks without ``address`` (≤ 2.0:
 the address is derived from the segment address and the sizes before the block); trace entries
@@ -22,9 +22,11 @@ What one device becomes:
   without history; a snapshot without history measures only this (HISTORY_METRICS are not measurable).
 - **steps**: ``external_annotations`` named ``ProfilerStep#N`` (START/END).
 
-Sizes are the *requested* sizes the trace records (what the memory viewer plots); the allocator
-rounds each block up (to 512 B, or more when it does not split), so ``allocated`` here can be a few
-percent below ``torch.cuda.memory_allocated()`` and the fragmentation figure includes that rounding.
+Sizes are the caching allocator's *block* sizes (:mod:`memgate.loaders.block_sizes`: the 512 B
+rounding, ``roundup_power2_divisions``, a large-pool remainder it does not split), what
+``torch.cuda.memory_allocated()`` and ``max_memory_allocated()`` count; the requested sizes the trace
+records are kept for ``peak_requested_bytes``. A snapshot of a non-caching allocator (or one whose
+blocks are not multiples of 512 B, as ``_profile_to_snapshot`` of a CPU run) keeps its requested sizes.
 
 Time: ``t_ns = time_us * 1000`` when the entries carry ``time_us``, sorted stably by it (torch_npu's
 front-inserted entries are out of order). Without ``time_us`` the clock is the 1-based position in
@@ -36,9 +38,10 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from itertools import chain, compress, repeat
+from functools import cached_property
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +207,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profil
                          expected="time_us on every entry of every device, or on none")
     t_origin = min((int(p.t_ns[0]) for p in parsed if len(p.t_ns)), default=0) if time_base == "time_us" else 0
 
-    npu = _is_npu(snapshot)
+    npu = _is_npu(snapshot, parsed)
     settings = block_sizes.Settings.of(snapshot.get("allocator_settings"))
     if any(isinstance(s, dict) and s.get("is_expandable") is True for s in snapshot["segments"]):
         settings = replace(settings, expandable=True)
@@ -387,6 +390,17 @@ class _Trace:
     t_ns: np.ndarray  # per sorted entry
     order: np.ndarray  # sorted position -> index in the file's list
     frames: Sequence[Any]  # per entry in the file's order, its frames list (None without one)
+
+    @cached_property
+    def first_equal(self) -> np.ndarray:
+        """Per entry in the file's order, the first entry whose frames list equals its own
+        (:func:`_first_equal`): the distinct stacks, found once for the torch_npu scan and the attribution."""
+        return _first_equal(self.frames)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether :attr:`first_equal` is known (a file labelled npu by its settings never groups them all)."""
+        return "first_equal" in self.__dict__
 
 
 def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, Any]) -> _Trace:
@@ -660,11 +674,15 @@ def _attribution(path: Path, trace: _Trace, allocs: np.ndarray) -> tuple[Texts, 
     return _op_owner_each(*_frames_at(path, trace, allocs))
 
 
-def _frames_at(path: Path, trace: _Trace, at: np.ndarray) -> tuple[list[Any], Path, Callable[[int], str]]:
-    """:func:`_op_owner_each`'s arguments for the entries at sorted positions ``at``."""
-    rows = trace.order[at].tolist()
-    return (list(map(trace.frames.__getitem__, rows)), path,
-            lambda j: f"device_traces[{trace.device}][{rows[j]}].frames")
+def _frames_at(path: Path, trace: _Trace, at: np.ndarray,
+               ) -> tuple[list[Any], Path, Callable[[int], str], np.ndarray | None]:
+    """:func:`_op_owner_each`'s arguments for the entries at sorted positions ``at``, with the trace's
+    grouping of all its frames lists where the torch_npu scan made it (:attr:`_Trace.first_equal`)."""
+    rows = trace.order[at]
+    first = _first_of_label(trace.first_equal[rows]) if trace.grouped else None  # else grouped on their own
+    rows_list = rows.tolist()
+    return (list(map(trace.frames.__getitem__, rows_list)), path,
+            lambda j: f"device_traces[{trace.device}][{rows_list[j]}].frames", first)
 
 
 def _ops_of_frames(path: Path, segs: _Segments, rows: np.ndarray) -> tuple[Texts, Texts]:
@@ -672,16 +690,17 @@ def _ops_of_frames(path: Path, segs: _Segments, rows: np.ndarray) -> tuple[Texts
     return _op_owner_each([segs.frames[i] for i in picked], path, lambda j: f"{segs.where[picked[j]]}.frames")
 
 
-def _op_owner_each(frames: list[Any], path: Path | None, where: Callable[[int], str]) -> tuple[Texts, Texts]:
+def _op_owner_each(frames: list[Any], path: Path | None, where: Callable[[int], str],
+                   first: np.ndarray | None = None) -> tuple[Texts, Texts]:
     """:func:`op_owner` of each frames list (None: no frames), each distinct stack read once.
 
     torch gives every trace entry a list of its own but shares the frame dicts among them (a real
     snapshot: ~8k lists, ~170 distinct stacks; the benchmark's 1M entries: 335k allocations over 187
     stacks). :func:`_first_equal` groups the lists by content in C; the stacks are read in order of
     first use, so a bad one is reported where it first occurs, and each frame dict once (``roles``),
-    however many stacks share it.
+    however many stacks share it. ``first``: that grouping where it is known already.
     """
-    first = _first_equal(frames)
+    first = _first_equal(frames) if first is None else first
     reps = np.flatnonzero(first == np.arange(len(first)))  # each stack's first list, in order of first use
     number = np.zeros(len(first), dtype=np.int64)
     number[reps] = np.arange(len(reps))
@@ -699,14 +718,13 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 def _first_equal(lists: Sequence[Any]) -> np.ndarray:
     """For each frames list, the index of the first list equal to it (``==``: the same frames).
 
-    Grouping by the identities of the frames costs a Python int per frame (6M for the benchmark's
-    335k allocations). Here each list is compared instead, in C (identity is checked first, so a
-    shared frame costs a pointer comparison), with a candidate: the first list not yet placed with
-    its length and its innermost frame. A list equal to its candidate is placed; the others meet the
-    next candidate of their kind in the next round. The lists are read as tuples: compact copies,
-    read ~3x faster than the lists the unpickler scattered. None and empty lists (no frames) are one
-    group; a value that is no list or tuple never joins a list of frame dicts (:func:`op_owner`
-    reports the first such value).
+    Grouping by the identities of the frames costs a Python int per frame (20M for the benchmark's
+    1M entries). Here each list is compared instead, in C (identity is checked first, so a shared
+    frame costs a pointer comparison), with a candidate: the first list not yet placed with its
+    length and its innermost frame. A list equal to its candidate is placed; the others meet the
+    next candidate of their kind in the next round. None and empty lists (no frames) are one group;
+    a tuple groups as the list of its frames; a value that is no list or tuple never joins a list of
+    frame dicts (:func:`op_owner` reports the first such value).
 
     Lists equal by ``==`` hold the same frames or equal frame dicts (the same name and filename
     strings), so :func:`op_owner` gives them the same answer; only a ``line`` of another type than
@@ -714,43 +732,58 @@ def _first_equal(lists: Sequence[Any]) -> np.ndarray:
     """
     m = len(lists)
     first = np.arange(m, dtype=np.int64)
-    try:  # torch's case: all lists (tuple() of a str or a dict is harmless: no list of frame dicts equals it)
-        rows = list(map(tuple, lists))
-        lens = np.fromiter(map(len, rows), dtype=np.int64, count=m)
-        blank = lens == 0
-        if blank.any():  # an empty str or dict is no empty list: alone (op_owner reports it)
-            at = np.flatnonzero(blank)
-            blank[at] = np.fromiter(map(isinstance, map(lists.__getitem__, at.tolist()), repeat((list, tuple))),
-                                    dtype=bool, count=len(at))
-    except TypeError:  # None (no frames), or what op_owner will report: a value of another type
-        rows = [tuple(x) if isinstance(x, (list, tuple)) else () for x in lists]
-        lens = np.fromiter(map(len, rows), dtype=np.int64, count=m)
+    rows: Sequence[Any] = lists  # the lists compared (tuples made lists: a list never equals a tuple)
+    try:  # torch's case, all lists: their lengths, in the one pass that proves them lists
+        lens = np.fromiter(map(list.__len__, lists), dtype=np.int64, count=m)
+        is_seq = np.ones(m, dtype=bool)
+    except TypeError:  # None (no frames), tuples, or what op_owner will report: a value of another type
         is_seq = np.fromiter(map(isinstance, lists, repeat((list, tuple))), dtype=bool, count=m)
-        blank = (is_seq & (lens == 0)) | np.fromiter(map(operator.is_, lists, repeat(None)), dtype=bool, count=m)
-        lens[~is_seq] = 0  # the other types: each alone (first = itself)
+        tuples = np.flatnonzero(np.fromiter(map(isinstance, lists, repeat(tuple)), dtype=bool, count=m)).tolist()
+        if tuples:
+            rows = list(lists)
+            for i in tuples:
+                rows[i] = list(rows[i])
+        lens = np.zeros(m, dtype=np.int64)
+        at = np.flatnonzero(is_seq)
+        lens[at] = np.fromiter(map(len, map(rows.__getitem__, at.tolist())), dtype=np.int64, count=len(at))
+    blank = is_seq & (lens == 0)
+    if not is_seq.all():
+        blank |= np.fromiter(map(operator.is_, lists, repeat(None)), dtype=bool, count=m)
     if blank.any():
         first[blank] = np.flatnonzero(blank)[0]
-    todo = np.flatnonzero(lens > 0)
-    placing = rows if len(todo) == m else list(map(rows.__getitem__, todo.tolist()))  # the lists of ``todo``
-    heads = np.fromiter(map(id, map(operator.itemgetter(0), placing)), dtype=np.uint64, count=len(todo))
+    def lists_at(at: np.ndarray) -> Iterable[Any]:
+        return rows if len(at) == m else map(rows.__getitem__, at.tolist())
+
+    todo = np.flatnonzero(lens > 0)  # the other types: each alone (first = itself)
+    heads = np.fromiter(map(id, map(operator.itemgetter(0), lists_at(todo))), dtype=np.uint64, count=len(todo))
     key = lens[todo].astype(np.uint64) * _MIX + heads  # wraps around: a key only proposes, == decides
     for _ in range(_ROUNDS):
         if not len(todo):
             break
-        _, at, kind = np.unique(key, return_index=True, return_inverse=True)
-        candidate = todo[at[kind]]  # the first of its kind still to place (itself for that one)
+        candidate = todo[_first_of_label(key)]  # the first of its kind still to place (itself for that one)
         try:
-            same = np.fromiter(map(operator.eq, placing, map(rows.__getitem__, candidate.tolist())), dtype=bool,
-                               count=len(todo))
+            same = np.fromiter(map(operator.eq, lists_at(todo), map(rows.__getitem__, candidate.tolist())),
+                               dtype=bool, count=len(todo))
         except RecursionError:  # a list that holds itself (only a crafted pickle): what is left goes by identity
             break
         first[todo[same]] = candidate[same]
         todo, key = todo[~same], key[~same]
-        placing = list(compress(placing, (~same).tolist()))
     seen: dict[tuple[int, ...], int] = {}
     for i in todo.tolist():
         first[i] = seen.setdefault(tuple(map(id, rows[i])), i)
     return first
+
+
+def _first_of_label(labels: np.ndarray) -> np.ndarray:
+    """For each position, the first position with the same label (``np.unique``'s first index, by one
+    stable sort)."""
+    order = np.argsort(labels, kind="stable")
+    ordered = labels[order]
+    starts = np.ones(len(order), dtype=bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    out = np.empty_like(order)
+    out[order] = order[starts][np.cumsum(starts) - 1]
+    return out
 
 
 def _int_text(values: np.ndarray) -> Texts:
@@ -859,12 +892,12 @@ def _optimizer_steps(names: list[Any], stages: list[Any], times: list[int], t_fi
     return Table({"step": Ints.of(range(len(ends))), "t_start": Ints.of(begins), "t_end": Ints.of(ends)}), first
 
 
-def _is_npu(snapshot: dict[str, Any]) -> bool:
+def _is_npu(snapshot: dict[str, Any], parsed: Sequence[_Trace]) -> bool:
     """Whether torch_npu wrote the snapshot (the same format as torch's, labelled ``npu:N``).
 
-    Its signs: an allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries, or a stack frame
-    from a file inside a ``torch_npu`` directory (its Python package, its C++ sources) — the only
-    sign a snapshot without either carries. Each is looked for in the first entries only.
+    Its signs: an allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries (in the first entries
+    of a trace), or a stack frame from a file inside a ``torch_npu`` directory (its Python package, its
+    C++ sources) — the only sign a snapshot without either carries. ``parsed``: the device traces.
     """
     settings = snapshot.get("allocator_settings")
     if isinstance(settings, dict) and any("NPU" in str(k) for k in settings):
@@ -875,6 +908,12 @@ def _is_npu(snapshot: dict[str, Any]) -> bool:
         return True
     # The frames: the segments' first, then every entry of every trace, until _SCAN_VISITS frames were
     # read (a torch_npu frame may first show past the first thousand entries, or deep in the segments).
+    # That walk reads each list's every frame (20M for the benchmark's 1M entries, ~1.5 s), so it is
+    # taken only where a torch_npu frame is somewhere at all: in the segments' frames or in a distinct
+    # stack of a trace (a list equal to a stack holds frames with its file names; _first_equal).
+    distinct = (p.frames[j] for p in parsed for j in np.flatnonzero(p.first_equal == np.arange(len(p.frames))).tolist())
+    if not _has_npu_frames(chain(_segment_frames(snapshot.get("segments")), distinct), bounded=False):
+        return False
     return _has_npu_frames(chain(
         _segment_frames(snapshot.get("segments")),
         (e.get("frames") for t in traces for e in t if isinstance(e, dict))))
@@ -903,11 +942,12 @@ def _segment_frames(segments: Any) -> Any:
                     yield history[0].get("frames")
 
 
-def _has_npu_frames(stacks: Any) -> bool:
+def _has_npu_frames(stacks: Any, *, bounded: bool = True) -> bool:
     """Whether a frame of ``stacks`` (frames lists, None where absent) lies in a torch_npu directory.
 
     Frames lists and frame dicts are read once each by identity: torch shares the dicts among
-    entries, so a thousand entries hold a few hundred distinct frames.
+    entries, so a thousand entries hold a few hundred distinct frames. ``bounded``: False when every
+    frame must be read, whatever the _SCAN_FRAMES and _SCAN_VISITS limits.
     """
     seen_lists: set[int] = set()
     seen: set[int] = set()
@@ -925,7 +965,7 @@ def _has_npu_frames(stacks: Any) -> bool:
                 names.add(filename)
                 if "torch_npu" in filename and _NPU_PATH.search(filename):
                     return True
-            if len(names) >= _SCAN_FRAMES or len(seen) >= _SCAN_VISITS:
+            if bounded and (len(names) >= _SCAN_FRAMES or len(seen) >= _SCAN_VISITS):
                 return False
     return False
 
