@@ -188,3 +188,55 @@ def computed_cache(metrics: list[Any], metadata: dict[str, Any] | None = None) -
         raise AssertionError("not loaded")
 
     return MetricCache(info=ProfileInfo("p", "fmt", "0", metadata or {}, ()), load=load, store=_Computed(metrics))
+
+
+def judged_pta271() -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    """The PTA271 sample loaded, its report entry, and its outcomes of one budget over four metrics (its
+    peak_allocated limit exceeded): what the HTML report and the curve image draw."""
+    from memgate.budgets import budget_from_mapping
+    from memgate.discover import discover, load
+    from memgate.judge import judge
+    from memgate.metric_cache import MetricCache
+    from memgate.metrics import profile_metrics
+    from memgate.model import ProfileInfo
+    from memgate.report import outcome_entry, profile_entry
+
+    [found] = discover(PTA271)
+    profile = load(found)
+    entry = profile_entry(ProfileInfo.of(profile), profile_metrics(profile))
+    budget = budget_from_mapping(
+        {"name": "train-step", "peak_allocated": "10 GiB", "peak_reserved": "11 GiB",
+         "peak_app_reserved": "80 GiB", "fragmentation": 0.1},
+        origin="test",
+    )
+    cache = MetricCache(profile)
+    outcomes = [outcome_entry(judge(cache, budget, metric)) for metric in budget.checks()]
+    return profile, entry, outcomes
+
+
+def ring_buffer_cut(source: Path, into: Path) -> None:
+    """``source``'s snapshot as a filled ring buffer leaves it: the oldest entries gone, up to and including
+    a free_requested whose free_completed stays."""
+    import pickle
+
+    data = pickle.loads(source.read_bytes())  # our own sample (tests/data), not untrusted input
+    trace = data["device_traces"][0]
+    cut = next(i for i in range(20, len(trace) - 1) if trace[i]["action"] == "free_requested"
+               and trace[i + 1]["action"] == "free_completed" and trace[i + 1]["addr"] == trace[i]["addr"])
+    data["device_traces"][0] = trace[cut + 1:]
+    into.write_bytes(pickle.dumps(data))
+
+
+# A python_function event as torch 2.13 writes it (with_stack=True): the quotes in its name left unescaped,
+# so the file is not JSON until memgate.readers.jsonstream repairs the name line.
+ODD_NAME = 'torch/profiler/_cupti_monitor.py(0):     "seed",'
+ODD_EVENT = """  {
+    "ph": "X",
+    "cat": "python_function",
+    "name": "torch/profiler/_cupti_monitor.py(0):     "seed",",
+    "pid": 15437,
+    "tid": 15437,
+    "ts": 4633982515560.000,
+    "dur": 1.5
+  },
+"""

@@ -25,8 +25,12 @@ is needed for a metric to be observable at all from the files):
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from typing import Any
+
 from groundtruth import Block, Trace
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from writers.torch_npu import CSV_FILES, GENERATIONS, STEP_SOURCES, NpuOptions
 
@@ -147,3 +151,16 @@ def secondary_examples() -> settings:
     (tests/test_cross_format.py, the profile's full example count) already repeats for every writer:
     fewer examples keep the suite inside its time budget."""
     return settings(max_examples=min(50, settings.default.max_examples))
+
+
+# Fuzz and guard properties set their own example counts (the suite's time budget), not the profile's.
+CI = bool(os.environ.get("CI")) or os.environ.get("HYPOTHESIS_PROFILE") in ("ci", "thorough")
+SCALE = max(1, int(os.environ.get("MEMGATE_FUZZ_SCALE", "1") or 1))
+
+
+def fuzz_settings(ci: int, dev: int) -> Callable[[Any], Any]:
+    """Example counts set by the test (not by the profile): ``ci`` under CI, ``dev`` elsewhere, derandomized
+    there; ``MEMGATE_FUZZ_SCALE=20`` multiplies them for a long hunt."""
+    return settings(max_examples=(ci if CI else dev) * SCALE, deadline=None, derandomize=not CI and SCALE == 1,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])

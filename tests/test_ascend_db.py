@@ -1,5 +1,5 @@
-"""memgate.loaders.ascend_db + memgate.readers.sqlitetable: the real torch_npu db sample, the writers'
-round trip, and bad input.
+"""memgate.loaders.ascend_db (reading through memgate.readers.sqlitetable, whose own tests are
+tests/test_sqlitetable.py): the real torch_npu db sample, the writers' round trip, and bad input.
 
 Expected values are derived here from the raw file with sqlite3 (and csv for the text export),
 never copied from memgate's output.
@@ -514,46 +514,6 @@ def test_a_table_name_on_something_else_is_refused(tmp_path: Path, statements: t
     err = info.value
     assert (err.file, err.column, err.message) == (str(path), table, f"{table} is a {kind}, not a table")
     assert err.found == f"a {kind} named {table}"
-
-
-ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-
-
-def test_a_query_past_its_time_budget_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memgate.readers import limits
-    from memgate.readers.sqlitetable import open_db
-
-    monkeypatch.setenv(limits.QUERY_SECONDS_ENV, "0.2")
-    with open_db(DB) as db, pytest.raises(InputError) as info:
-        db.query(ENDLESS, table="MEMORY_RECORD")
-    err = info.value
-    assert err.file == str(DB) and err.column == "MEMORY_RECORD"
-    assert "ran past the 0.2 s limit" in err.message and limits.QUERY_SECONDS_ENV in (err.expected or "")
-    with open_db(DB) as db:  # the handler is per query: the next one runs normally
-        assert db.query("SELECT count(*) FROM STEP_TIME") == raw("SELECT count(*) FROM STEP_TIME")
-
-
-def test_rows_are_capped_while_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
-    from memgate.readers import limits
-    from memgate.readers.sqlitetable import FETCH_ROWS, open_db
-
-    endless_rows = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"
-    with open_db(DB) as db, pytest.raises(InputError) as info:
-        monkeypatch.setenv(limits.ROWS_ENV, "10")
-        db.query(endless_rows, table="X")
-    assert info.value.message == f"{FETCH_ROWS} rows, over the limit of 10"
-
-
-@pytest.mark.parametrize("value", ["0", "-1", "soon", "1e3", "²"])
-def test_a_bad_query_budget_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    from memgate.errors import ConfigError
-    from memgate.readers import limits
-
-    monkeypatch.setenv(limits.QUERY_SECONDS_ENV, value)
-    with pytest.raises(ConfigError, match=limits.QUERY_SECONDS_ENV):
-        limits.max_query_seconds()
-    monkeypatch.setenv(limits.QUERY_SECONDS_ENV, "")
-    assert limits.max_query_seconds() == limits.DEFAULT_MAX_QUERY_SECONDS
 
 
 @pytest.mark.parametrize("value", ["²", "٣", "3.0", "three"])

@@ -388,45 +388,6 @@ def test_no_write_into_the_profile_dir(tmp_path: Path) -> None:
     assert {p: p.stat().st_mtime_ns for p in expect.root.rglob("*")} == before
 
 
-def test_unreadable_subfolder_is_an_error_not_a_skipped_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rank folder that cannot be listed must not silently drop out of the gate."""
-    root = tmp_path / "run"
-    copy_sample(PTA21_L1, root / "host_1_ascend_pt")
-    hidden = copy_sample(PTA21_L1, root / "host_2_ascend_pt")
-    real_scandir = os.scandir
-
-    def scandir(path: object = ".") -> object:
-        if os.fspath(path) == os.fspath(hidden):  # type: ignore[arg-type]
-            raise PermissionError(13, "Permission denied", os.fspath(hidden))
-        return real_scandir(path)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "scandir", scandir)  # what chmod 000 on the folder does for a non-root user
-    with pytest.raises(InputError) as info:
-        discover(root)
-    assert info.value.file == str(hidden)
-    assert "Permission denied" in info.value.one_line()
-
-
-
-@pytest.mark.parametrize(("name", "content", "says"), [
-    ("snapshot.pickle", b"\x80\x06\x95\x03\x00\x00\x00\x00\x00\x00\x00N.", "unsupported pickle protocol 6"),
-    ("ascend_pytorch_profiler_0.db", b"hello,world\n1,2\n", "not a sqlite database"),
-    ("x_memscope_dump_20250428113810.csv", b"", "empty file (0 bytes)"),
-])
-def test_a_file_named_as_a_format_names_it_says_what_is_wrong(tmp_path: Path, name: str, content: bytes,
-                                                               says: str) -> None:
-    # given directly, a file no format claims by content goes to the loader whose name it bears
-    path = tmp_path / name
-    path.write_bytes(content)
-    with pytest.raises(InputError) as info:
-        for found in discover(path):
-            load(found)
-    assert info.value.message.startswith(says) and info.value.file == str(path)
-    (tmp_path / "other.bin").write_bytes(content)
-    with pytest.raises(InputError, match="not a profile file of any known format"):
-        discover(tmp_path / "other.bin")
-
-
 # ---- files that are not regular files: never opened (a read could block forever or never end) ----
 
 

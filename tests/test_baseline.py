@@ -13,7 +13,7 @@ from memgate.compare import parse_rule
 from memgate.errors import ConfigError
 
 BUDGETS = BASE_AND_HEAVY_BUDGETS
-PEAK = 1322299392  # the example's peak allocated (PTA+GE), see tests/test_samples_torch_npu.py
+PEAK = 1322299392  # the example's peak allocated (PTA+GE), see tests/test_torch_npu.py
 
 
 @pytest.fixture

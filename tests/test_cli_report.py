@@ -10,7 +10,7 @@ import pytest
 from memgate.cli import main
 
 SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_st_pta271_level2_rank0"
-PEAK = 10782243840  # max PTA+GE Total Allocated(MB) x 2**20 of memory_record.csv (tests/test_samples_torch_npu.py)
+PEAK = 10782243840  # max PTA+GE Total Allocated(MB) x 2**20 of memory_record.csv (tests/test_torch_npu.py)
 
 
 def test_report_html_and_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -312,15 +312,7 @@ def test_peak_rss_stays_bounded(make: Callable[[Path], Path], tmp_path: Path) ->
     assert int(extra) < 300 << 20, f"{int(extra) >> 20} MiB extra"
 
 
-# ---- size and row caps (memgate.readers.limits) -------------------------------------------------------------------
-
-def test_default_limits_are_generous(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (limits.FILE_BYTES_ENV, limits.ROWS_ENV, limits.PICKLE_BYTES_ENV):
-        monkeypatch.delenv(name, raising=False)
-    assert limits.current() == limits.Limits(64 << 30, 2_000_000_000, 2 << 30)
-    monkeypatch.setenv(limits.FILE_BYTES_ENV, "1 GiB")
-    assert limits.max_pickle_bytes() == 1 << 30  # the smaller of the two caps
-
+# ---- size and row caps (memgate.readers.limits) through every loader; the caps themselves: tests/test_limits.py -----
 
 # The torch_npu / CANN / MindSpore / msMemScope CSVs go through csvtable.read_csv, trace_view.json
 # through jsonstream, the dbs through sqlitetable.open_db. The cap is set 1 byte below the largest

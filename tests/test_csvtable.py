@@ -4,7 +4,7 @@
 ``jsonschema.Draft202012Validator`` over each row as the ``csv`` module reads it (cells as text,
 empty = null). jsonschema evaluates ``pattern`` with Python's ``re.search``, so ``$`` also matches
 before one final newline: ``"12\\n"`` matches ``^[0-9]+$`` there, and must in memgate too.
-Plus unit tests of the exact text conversions in ``memgate.readers.convert``.
+The exact text conversions of ``memgate.readers.convert`` on their own: tests/test_convert.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from memgate.errors import InputError
-from memgate.readers.convert import ns_text_to_ns, unit_text_to_bytes, us_text_to_ns
+from memgate.readers.convert import unit_text_to_bytes
 from memgate.readers.csvtable import read_csv
 from memgate.schemas import load_schema, schema_names
 
@@ -181,46 +181,6 @@ def test_error_names_the_line_after_a_cell_spanning_lines(tmp_path: Path) -> Non
     with pytest.raises(InputError) as info:
         read_csv(path, schema)
     assert (info.value.line, info.value.column, info.value.found) == (6, "Size(KB)", "'0.5KB'")
-
-
-# -- exact conversions -------------------------------------------------------------------------------
-
-def test_us_text_to_ns_is_exact_digit_by_digit() -> None:
-    col = pa.array(["1764246877082702.440\t", "1764246877082702", "1764246877082702.4", "1764246877082702.44",
-                    "1764246877082702.123456\t", "1764246877082702.999999", "0.001", None, "9007199254740993.001"])
-    got = us_text_to_ns(col).tolist()
-    assert got[:7] == [1764246877082702440, 1764246877082702000, 1764246877082702400, 1764246877082702440,
-                       1764246877082702123, 1764246877082702999, 1]  # past 3 decimals: truncated, not rounded
-    assert got[7] is pd_na()
-    assert got[8] == 9007199254740993001  # beyond float64's exact integers
-    assert float("1764246877082702.440") * 1000 != 1764246877082702440  # why digits, not floats
-
-
-def pd_na() -> Any:
-    import pandas as pd
-
-    return pd.NA
-
-
-def test_us_text_to_ns_on_chunked_arrays() -> None:
-    col = pa.chunked_array([["1.5\t", None], ["2.250"]])
-    assert us_text_to_ns(col).tolist() == [1500, pd_na(), 2250]
-    assert ns_text_to_ns(pa.array(["1764246877082702440", "12"])).tolist() == [1764246877082702440, 12]
-
-
-@given(n_bytes=st.integers(-(1 << 53) + 1, (1 << 53) - 1))
-def test_unit_text_to_bytes_is_exact_for_python_float_text(n_bytes: int) -> None:
-    """torch_npu writes bytes/1024 and bytes/1024/1024 as Python float text: that round-trips exactly."""
-    kb, mb = repr(n_bytes / 1024), repr(n_bytes / 1024 / 1024)
-    assert unit_text_to_bytes(pa.array([kb]), 1024).tolist() == [n_bytes]
-    assert unit_text_to_bytes(pa.array([mb]), 1 << 20).tolist() == [n_bytes]
-
-
-def test_unit_text_to_bytes_rounds_decimal_text_to_the_nearest_byte() -> None:
-    # MindSpore-style MB = KB/1000 text is not a binary fraction: nearest byte, nulls stay null.
-    got = unit_text_to_bytes(pa.array(["0.001", "954.37060546875", "-0.5", "1e-05", None, "4304.95751953125"]), 1 << 20)
-    assert got.tolist() == [1049, 1000730112, -524288, 10, pd_na(), 4514075136]
-    assert str(got.dtype) == "Int64"
 
 
 # -- header and line shape (issue 11) ------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The self-contained HTML report (memgate.html_report) and the curve image (memgate.plot).
+"""The self-contained HTML report (memgate.html_report): its tables, and its chart (memgate.chart_data's
+curves drawn by memgate.html_chart) on the real sample; the same picture as an image: tests/test_plot.py.
 
 Numbers asserted here are derived from the raw CSV with the csv module, not copied from memgate.
 The browser test renders the page in headless Chromium (Debian's ``chromium`` package) and skips,
-saying so, where it is not installed; the image tests skip where matplotlib is missing.
+saying so, where it is not installed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import PTA271
+from helpers import PTA271, judged_pta271
 
 from memgate.budgets import budget_from_mapping
 from memgate.chart_data import device_curves
@@ -62,17 +63,7 @@ def raw_peaks(sample: Path) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def sample() -> tuple[Profile, dict[str, Any], list[dict[str, Any]]]:
-    [found] = discover(PTA271)
-    profile = load(found)
-    entry = profile_entry(ProfileInfo.of(profile), profile_metrics(profile))
-    budget = budget_from_mapping(
-        {"name": "train-step", "peak_allocated": "10 GiB", "peak_reserved": "11 GiB",
-         "peak_app_reserved": "80 GiB", "fragmentation": 0.1},
-        origin="test",
-    )
-    cache = MetricCache(profile)
-    outcomes = [outcome_entry(judge(cache, budget, metric)) for metric in budget.checks()]
-    return profile, entry, outcomes
+    return judged_pta271()
 
 
 @pytest.fixture(scope="module")
@@ -315,41 +306,6 @@ def test_labels_never_overlap_in_chromium(sample: tuple[Profile, dict[str, Any],
     assert [b["text"] for b in boxes if b["cls"] == "budgetlabel" and _overlap((b["x"], b["y"], b["w"], b["h"]), plot)] == []
     peak_label = next(b for b in boxes if b["cls"] == "peaklabel")
     assert plot[0] <= peak_label["x"] and peak_label["x"] + peak_label["w"] <= plot[0] + plot[2]  # inside the plot
-
-
-# ---- matplotlib image ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("suffix", [".png", ".svg"])
-def test_curve_image(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]], tmp_path: Path,
-                     suffix: str) -> None:
-    pytest.importorskip("matplotlib", reason="curve images need the optional extra memgate[plot]")
-    from memgate.plot import write_curve_image
-
-    profile, entry, outcomes = sample
-    target = write_curve_image(profile, entry, tmp_path / f"curves{suffix}", outcomes)
-    data = target.read_bytes()
-    if suffix == ".png":
-        assert data[:8] == b"\x89PNG\r\n\x1a\n"
-        from PIL import Image
-
-        pixels = np.asarray(Image.open(target).convert("RGB")).reshape(-1, 3).astype(int)
-        assert (np.abs(pixels - [0x1F, 0x6F, 0xB4]).sum(axis=1) < 40).sum() > 1000
-    else:
-        text = data.decode()
-        assert "<svg" in text and "peak 10.04 GiB (10782243840 B) · step 13" in text
-        assert "budget train-step peak_allocated ≤ 10.00 GiB EXCEEDED" in text
-
-
-def test_curve_image_rejects_unknown_suffix(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]],
-                                            tmp_path: Path) -> None:
-    from memgate.errors import ConfigError
-    from memgate.plot import write_curve_image
-
-    profile, entry, _ = sample
-    with pytest.raises(ConfigError, match=r"expected a file name ending in \.png or \.svg"):
-        write_curve_image(profile, entry, tmp_path / "curves.jpg")
-    assert not (tmp_path / "curves.jpg").exists()
 
 
 # ---- every metric in the metrics table ------------------------------------------------------------

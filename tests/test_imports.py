@@ -4,7 +4,8 @@
 snapshot or a Kineto trace imports its own loader only (not the Ascend stack, not jsonschema, which
 checks budget files). Discovery imports a loader only when a path passes the loader's name test
 (memgate.loaders.registry.LOADERS, may_claim): that test must hold for every path the loader's formats claim, checked
-here over the real samples and every input the corpus builds.
+here over the real samples and every input the corpus builds. (How memgate.lazy binds a module on
+first use and keeps pandas from pyarrow: tests/test_lazy.py.)
 """
 
 from __future__ import annotations
@@ -105,51 +106,6 @@ def test_inspect_imports_its_loader_only(sample: Path, loader: str, also_not: tu
     for name in ("jsonschema", "memgate.readers.sqlitetable", "memgate.loaders.trace_view", "memgate.compare",
                  "memgate.html_report", "memgate.plot", "memgate.cache", *also_not):
         assert name not in modules, name
-
-
-_ARROW_THEN_PANDAS = """
-import json, sys, threading
-import pyarrow as pa
-from memgate.cli import as_command
-from memgate.lazy import arrow_without_pandas
-
-seen = {}
-as_command()  # the memgate command's own process
-with arrow_without_pandas():
-    seen["types"] = [str(pa.array([1, None]).type), str(pa.array(["a", None]).type)]
-    seen["inside"] = "pandas" in sys.modules
-    other = threading.Thread(target=lambda: seen.setdefault("other_thread", __import__("pandas").__name__))
-    other.start()
-    other.join()
-import pandas as pd
-seen["nullable"] = pa.array(pd.Series([1, None], dtype="Int64")).to_pylist()
-seen["categorical"] = str(pa.array(pd.Categorical(["a", "b"])).type)
-seen["back"] = pa.table({"a": [1, 2]}).to_pandas()["a"].tolist()
-print(json.dumps(seen))
-"""
-
-
-def test_outside_the_command_arrow_without_pandas_changes_nothing() -> None:
-    """A pytest run or a library user never asked: pyarrow imports pandas as usual, and pandas'
-    scalars in Python lists stay understood."""
-    probe = ("import sys, pyarrow as pa\nfrom memgate.lazy import arrow_without_pandas\n"
-             "with arrow_without_pandas():\n    pa.array([1])\n    inside = 'pandas' in sys.modules\n"
-             "import pandas as pd\nprint(inside, pa.array([1, pd.NA], from_pandas=True).to_pylist())\n")
-    done = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["True", "[1,", "None]"]
-
-
-def test_arrow_builds_arrays_without_pandas_and_gets_it_back_once_imported() -> None:
-    """memgate.lazy.arrow_without_pandas: pyarrow imports pandas on pa.array() only to ask whether
-    the input is a pandas object; inside the block it does not, on that thread only, and after the
-    first real import pyarrow handles pandas objects as usual."""
-    done = subprocess.run([sys.executable, "-c", _ARROW_THEN_PANDAS], check=True, capture_output=True, text=True, timeout=120)
-    seen = json.loads(done.stdout)
-    assert seen["types"] == ["int64", "string"] and seen["inside"] is False
-    assert seen["other_thread"] == "pandas"  # another thread imports it as usual
-    assert seen["nullable"] == [1, None]
-    assert seen["categorical"].startswith("dictionary<")
-    assert seen["back"] == [1, 2]
 
 
 def test_a_folder_of_snapshots_imports_no_ascend_loader(tmp_path: Path) -> None:

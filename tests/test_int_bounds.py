@@ -5,6 +5,7 @@ Byte counts past 2**56 (64 PiB, more than any device holds) are refused where th
 counts that are added up (block sizes into curves, segment sizes into the reserved total, ddr + hbm)
 must sum below 2**62: int64 sums past it wrap into plausible peaks. Step numbers past int64, and a
 Kineto ts with an exponent Arrow's decimal conversion cannot take, are refused or read exactly.
+(The checks themselves, memgate.model.check_bytes and check_byte_ranges, are tested in tests/test_model.py.)
 """
 
 from __future__ import annotations
@@ -14,15 +15,12 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pytest
 from helpers import edited_db, run_cli
 from test_snapshot import MODERN, raw
 
 from memgate import discover
 from memgate.errors import InputError
-from memgate.model import DeviceModel, Profile, check_byte_ranges, typed_blocks
 
 DB = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_db_level0_rank0" / "ascend_pytorch_profiler_0.db"
 MEMORY = {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1,
@@ -109,16 +107,3 @@ def test_npu_mem_ddr_past_its_range_is_refused(tmp_path: Path) -> None:
                    "UPDATE NPU_MEM SET ddr = 9223372036854775807 WHERE rowid = (SELECT min(rowid) FROM NPU_MEM)")
     err = _load_error(db)
     assert (err.message, err.column, err.found) == ("byte count out of range", "NPU_MEM.ddr", str(2**63 - 1))
-
-
-def test_block_sizes_summing_past_int64_are_refused_before_any_curve() -> None:
-    # every size in range, 600 of 2**53 sum past 2**62: the curves would wrap
-    n = 600
-    blocks = typed_blocks(pd.DataFrame({"size": np.full(n, 2**53), "t_alloc": np.arange(n), "t_free": None,
-                                        "op": None, "stream": None, "owner": None, "component": "PTA",
-                                        "alloc_total": None}))
-    profile = Profile(path="p", format="test", rank="0", devices=(DeviceModel("npu:0", blocks=blocks),))
-    with pytest.raises(InputError) as info:
-        check_byte_ranges(profile)
-    assert (info.value.message, info.value.column) == ("byte counts out of range: they add up past int64",
-                                                       "npu:0 block sizes")

@@ -8,11 +8,9 @@ from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memgate.readers import convert
 from memgate.readers.numtext import _FLOAT_TEXT, _PATTERNS, fixed_column, proven_valid
 
 SCHEMAS = Path(__file__).parents[1] / "memgate" / "schemas"
@@ -69,13 +67,6 @@ def test_fixed_layout_values_are_exact(cells: list[str | None], decimals: int) -
         assert value <= 2**63 - 1
 
 
-def test_times_convert_alike_on_both_paths() -> None:
-    cells = ["1764246877082702.440\t", None, "1764246877082703.000\t", "0000000000000001.999\t"]
-    fast = convert.us_to_ns(pa.array(cells))
-    slow = convert.us_to_ns(pa.array(cells + ["5\t"]))  # another width: the general path
-    assert fast.to_pylist() == slow.to_pylist()[:4] == [1764246877082702440, None, 1764246877082703000, 1999]
-
-
 def test_past_int64_takes_the_general_path() -> None:
     assert fixed_column(pa.array(["9223372036854775.808"])).scaled_ints(3) is None
     assert fixed_column(pa.array(["9223372036854775.807"])).scaled_ints(3).to_pylist() == [2**63 - 1]
@@ -112,11 +103,3 @@ def test_float_text_edges() -> None:
         assert not proven_valid(pa.array(["12.5", cell]), _FLOAT_TEXT), cell
     assert proven_valid(pa.array(["12.5", "-0.25", "1e-5", "3E+07", None, "4301.658203125"]), _FLOAT_TEXT)
     assert proven_valid(pa.array(["12.5", "-0.25"]).slice(1), _FLOAT_TEXT)
-
-
-def test_to_int_names_the_first_value_past_int64_not_a_19_digit_one_that_fits() -> None:
-    for cells, bad in ((["1764753084425691000", "9" * 25], 1), ([None, "-9223372036854775808", "-9223372036854775809"], 2),
-                       (["0009223372036854775807", "09223372036854775808"], 1)):
-        with pytest.raises(convert.OutOfRange) as info:
-            convert.to_int(pa.array(cells, type=pa.string()))
-        assert info.value.row == bad, cells

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pytest
 from jsonschema import Draft202012Validator
@@ -15,13 +14,11 @@ from jsonschema import Draft202012Validator
 from memgate.loaders import kineto, msmemscope
 from memgate.loaders.events import is_torch_file
 from memgate.loaders.snapshot import op_owner
-from memgate.metrics import METRIC_KEYS, OTHER, bytes_at, live_rows, profile_metrics
-from memgate.model import BLOCK_COLUMNS, typed_blocks
+from memgate.metrics import METRIC_KEYS, profile_metrics
 from memgate.report import inspect_text
 from memgate.schemas import load_schema
 from memgate.session import measure
 from memgate.sizes import format_size
-from memgate.table import Table
 
 GIB = 1 << 30
 USER = "/home/u/train.py(5): step"
@@ -116,48 +113,6 @@ def test_real_sample_with_device_properties_added(tmp_path: Path) -> None:
     path = tmp_path / "cuda_trace.json"
     path.write_text(json.dumps(doc))
     assert kineto.load(path).metadata["device_capacity_bytes"] == {"cuda:0": 24 * GIB}
-
-
-def _blocks(rows: list[tuple[int, int | None, int | None, str | None, str | None, str | None]]) -> Table:
-    frame = pd.DataFrame({
-        "size": pd.array([r[0] for r in rows], dtype="Int64"),
-        "t_alloc": pd.array([r[1] for r in rows], dtype="Int64"),
-        "t_free": pd.array([r[2] for r in rows], dtype="Int64"),
-        "op": pd.array([r[3] for r in rows], dtype="string"),
-        "stream": pd.array([None] * len(rows), dtype="string"),
-        "owner": pd.array([r[4] for r in rows], dtype="string"),
-        "component": pd.array([r[5] for r in rows], dtype="string"),
-        "alloc_total": pd.array([None] * len(rows), dtype="Int64"),
-    })
-    return typed_blocks(frame[list(BLOCK_COLUMNS)])
-
-
-def test_bytes_at_liveness_components_and_unnamed() -> None:
-    blocks = _blocks([
-        (10, 5, None, "a", "X", "PTA"),  # allocated at the moment: live
-        (20, None, 6, "a", "X", "PTA"),  # before the window, freed after: live
-        (40, 6, None, "b", "Y", "PTA"),  # allocated after: not live
-        (80, 1, 5, "b", "Y", "PTA"),  # freed at the moment: not live
-        (160, 1, None, "b", None, None),  # no component: counted; no owner: not named
-        (320, 1, None, "c", "Z", "GE"),  # another component: filtered out
-    ])
-    assert bytes_at(blocks, live_rows(blocks, 5, ("PTA",)), "owner") == {"X": 30}
-    assert bytes_at(blocks, live_rows(blocks, 5, ("PTA",)), "op") == {"b": 160, "a": 30}
-    assert bytes_at(blocks, live_rows(blocks, 5, ()), "owner") == {"Z": 320, "X": 30}
-    none = blocks.take(np.zeros(0, dtype=np.int64))
-    assert bytes_at(none, live_rows(none, 5, ()), "owner") == {}
-
-
-def test_bytes_at_top_n_and_other() -> None:
-    # owners o0..o11 hold 100+k bytes; two of them hold the same (ties by name)
-    rows: list[tuple[int, int | None, int | None, str | None, str | None, str | None]] = [
-        (100 + k, 0, None, None, f"o{k:02d}", None) for k in range(12)]
-    rows.append((111, 0, None, None, "o00", None))  # o00: 100 + 111 = 211, the largest
-    result = bytes_at(_blocks(rows), live_rows(_blocks(rows), 0, ()), "owner")
-    assert list(result) == ["o00", "o11", "o10", "o09", "o08", "o07", "o06", "o05", "o04", "o03", OTHER]
-    assert result["o00"] == 211 and result[OTHER] == 101 + 102
-    only_ten = bytes_at(_blocks(rows[:10]), live_rows(_blocks(rows[:10]), 0, ()), "owner")
-    assert OTHER not in only_ten and len(only_ten) == 10
 
 
 def test_snapshot_owner_skips_torch_frames() -> None:

@@ -15,7 +15,7 @@ from memgate.schemas import load_schema
 
 SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_level1_rank0"
 # Derived from the raw memory_record.csv (max PTA+GE Total Allocated / Reserved * 2**20), checked
-# independently in tests/test_samples_torch_npu.py.
+# independently in tests/test_torch_npu.py.
 PEAK_ALLOCATED = 1322299392
 PEAK_RESERVED = 1600913408
 
@@ -263,7 +263,7 @@ def test_marker_body_failure_is_reported_as_is(pytester: pytest.Pytester) -> Non
 )
 def test_bad_marker_is_an_error_of_its_own_test_and_the_others_run(pytester: pytest.Pytester, marker: str,
                                                                      message: str) -> None:
-    pytester.makepyfile(test_model=f"""
+    pytester.makepyfile(test_user_model=f"""
         import pytest
 
         @pytest.mark.memgate({marker})
@@ -277,7 +277,7 @@ def test_bad_marker_is_an_error_of_its_own_test_and_the_others_run(pytester: pyt
     result.assert_outcomes(passed=1, errors=1)
     # The test's file and the marker's line (3), the test's id, the key; at setup, before the body.
     result.stdout.fnmatch_lines(["*ERROR at setup of test_model*"])
-    assert f"\nmemgate: error: test_model.py:3: memgate marker of test_model.py::test_model: {message}" in \
+    assert f"\nmemgate: error: test_user_model.py:3: memgate marker of test_user_model.py::test_model: {message}" in \
         result.stdout.str()
     assert "must not run" not in result.stdout.str()
 
@@ -384,7 +384,7 @@ def test_too_big(memgate_profile_dir):
 
 
 def test_two_marked_tests_are_two_rows_everywhere(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytester.makepyfile(test_model=TWO_MARKED)
+    pytester.makepyfile(test_user_model=TWO_MARKED)
     summary = pytester.path / "summary.md"
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
@@ -392,21 +392,21 @@ def test_two_marked_tests_are_two_rows_everywhere(pytester: pytest.Pytester, mon
     result = pytester.runpytest("--memgate-json=report.json", "--junitxml=junit.xml", "--memgate-html=report.html")
     result.assert_outcomes(passed=1, failed=1)
     # the terminal table: one row per test, named by its node id
-    result.stdout.fnmatch_lines(["*test_model.py::test_fits*peak_allocated*1.23 GiB*2.00 GiB*pass*"])
-    result.stdout.fnmatch_lines(["*test_model.py::test_too_big*peak_allocated*1.23 GiB*1.00 GiB*FAIL*"])
+    result.stdout.fnmatch_lines(["*test_user_model.py::test_fits*peak_allocated*1.23 GiB*2.00 GiB*pass*"])
+    result.stdout.fnmatch_lines(["*test_user_model.py::test_too_big*peak_allocated*1.23 GiB*1.00 GiB*FAIL*"])
     # the annotation: on the marker's line (4 and 8 of TWO_MARKED), titled with the test
     result.stdout.fnmatch_lines([
-        ("::error file=test_model.py,line=8,title=memgate test_model.py%3A%3Atest_too_big peak_allocated::"
+        ("::error file=test_user_model.py,line=8,title=memgate test_user_model.py%3A%3Atest_too_big peak_allocated::"
         "peak_allocated 1.23 GiB exceeds budget 1.00 GiB by 237.04 MiB (+23.1%25) — rank 0 npu:0")])
     assert sum(line.startswith("::error") for line in result.outlines) == 1
     # the JSON report: each row names its test; each test's profile is in it, with the test
     report = json.loads((pytester.path / "report.json").read_text())
     jsonschema.validate(report, load_schema("report"))
     rows = {b["test"]: (b["passed"], b["declared_in"]) for b in report["budgets"]}
-    assert rows == {"test_model.py::test_fits": (True, {"file": "test_model.py", "line": 4}),
-                    "test_model.py::test_too_big": (False, {"file": "test_model.py", "line": 8})}
-    assert sorted(p["metadata"]["test"] for p in report["profiles"]) == ["test_model.py::test_fits",
-                                                                        "test_model.py::test_too_big"]
+    assert rows == {"test_user_model.py::test_fits": (True, {"file": "test_user_model.py", "line": 4}),
+                    "test_user_model.py::test_too_big": (False, {"file": "test_user_model.py", "line": 8})}
+    assert sorted(p["metadata"]["test"] for p in report["profiles"]) == ["test_user_model.py::test_fits",
+                                                                        "test_user_model.py::test_too_big"]
     # JUnit: each testcase its own verdict and numbers
     cases = {c.get("name"): c for c in ET.parse(pytester.path / "junit.xml").iter("testcase")}
     failure = cases["test_too_big"].find("failure")
@@ -418,12 +418,12 @@ def test_two_marked_tests_are_two_rows_everywhere(pytester: pytest.Pytester, mon
     # the step summary counts tests as pytest does, and names them
     table = summary.read_text()
     assert table.startswith("### memgate: 1 failed, 1 passed (2 checks)\n")
-    assert "| ❌ FAIL | `test_model.py::test_too_big` | 0 | npu:0 | marker | `peak_allocated` | 1.23 GiB | 1.00 GiB |" in table
-    assert "| ✅ pass | `test_model.py::test_fits` | 0 | npu:0 | marker | `peak_allocated` | 1.23 GiB | 2.00 GiB |" in table
+    assert "| ❌ FAIL | `test_user_model.py::test_too_big` | 0 | npu:0 | marker | `peak_allocated` | 1.23 GiB | 1.00 GiB |" in table
+    assert "| ✅ pass | `test_user_model.py::test_fits` | 0 | npu:0 | marker | `peak_allocated` | 1.23 GiB | 2.00 GiB |" in table
     # the HTML: both recordings with their curves, rows and holders
     page = (pytester.path / "report.html").read_text()
     assert "2 profile(s)" in page and page.count("<svg") >= 2
-    assert "test_model.py::test_fits" in page and "test_model.py::test_too_big" in page
+    assert "test_user_model.py::test_fits" in page and "test_user_model.py::test_too_big" in page
     assert "aten::mm" in page  # a holder at the peak
 
 

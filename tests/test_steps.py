@@ -1,60 +1,21 @@
-"""Steps that overlap or repeat are an InputError naming the file and both steps (memgate.model.check_steps),
-through every loader that reads the steps a writer recorded: torch_npu trace_view.json ProfilerStep
-spans, the db's STEP_TIME, msMemScope STEP marks."""
+"""Steps that overlap or repeat are an InputError naming the file and both steps (memgate.model.check_steps,
+tested on its own in tests/test_model.py), through every loader that reads the steps a writer recorded:
+torch_npu trace_view.json ProfilerStep spans, the db's STEP_TIME, msMemScope STEP marks."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from helpers import ASCEND, PTA271, SAMPLES, copy_sample, edited_db, read_lines, write_lines
 
 from memgate.discover import discover, load
 from memgate.errors import InputError
 from memgate.loaders import ascend_db, msmemscope
-from memgate.model import check_steps
-from memgate.table import Table
-
-
-def steps(*rows: tuple[int, int | None, int | None]) -> Table:
-    return Table.from_pandas(pd.DataFrame(rows, columns=["step", "t_start", "t_end"]).astype("Int64"))
-
-
-def test_steps_one_after_another_pass() -> None:
-    check_steps(steps((1, 0, 10), (2, 10, 20), (3, 25, 30)), "f")  # touching is fine
-    check_steps(steps((3, 25, 30), (1, 0, 10), (2, 10, 20)), "f")  # in any row order
-    check_steps(steps((1, None, None), (2, None, None)), "f")  # numbers without times
-    check_steps(steps((1, 0, 0), (2, 0, 0)), "f")  # two empty steps at one instant do not overlap
-    check_steps(steps((7, 5, 9)), "f")
-    check_steps(steps(), "f")
-
-
-def test_a_repeated_step_names_both() -> None:
-    with pytest.raises(InputError) as info:
-        check_steps(steps((1, 0, 10), (2, 10, 20), (1, 30, 40)), "trace.json", column="ProfilerStep",
-                    where=["[3]", "[9]", "[12]"])
-    err = info.value
-    assert (err.file, err.column, err.message) == ("trace.json", "ProfilerStep", "step 1 appears twice")
-    assert (err.expected, err.found) == ("each step once", "step 1 ([3]) and again ([12])")
-    with pytest.raises(InputError, match="step 4 appears twice"):
-        check_steps(steps((4, None, None), (4, None, None)), "f")
-
-
-@pytest.mark.parametrize(("rows", "message", "found"), [
-    (((1, 0, 10), (2, 9, 20)), "steps 1 and 2 overlap", "step 1 0..10 ns, step 2 9..20 ns"),
-    (((2, 9, 20), (1, 0, 10)), "steps 1 and 2 overlap", "step 1 0..10 ns, step 2 9..20 ns"),
-    (((1, 0, 100), (2, 10, 20), (3, 30, 40)), "steps 1 and 2 overlap", "step 1 0..100 ns, step 2 10..20 ns"),
-    (((1, 0, 10), (2, 10, 20), (3, 15, 15)), "steps 2 and 3 overlap", "step 2 10..20 ns, step 3 15..15 ns"),
-])
-def test_overlapping_steps_name_both(rows: tuple[tuple[int, int, int], ...], message: str, found: str) -> None:
-    with pytest.raises(InputError) as info:
-        check_steps(steps(*rows), "f")
-    assert (info.value.message, info.value.found) == (message, found)
-
 
 # ---- through the loaders ------------------------------------------------------------------------------
+
 
 def _trace_view(events: list[tuple[int, str, str]]) -> str:
     return json.dumps([{"ph": "X", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": ts, "dur": dur,

@@ -4,7 +4,8 @@ An op name is whatever the model's code called it (``record_function`` labels, c
 holding ESC, a C1 control, a bidi override or a newline must not recolour or redraw the terminal,
 reorder what it shows, or start a line of its own (a GitHub Actions log runs a line starting with
 ``::`` as a workflow command). The JSON and HTML reports keep the name exactly (escaped by their
-own syntax); the text a person reads gets it with those characters written as escapes.
+own syntax); the text a person reads gets it with those characters written as escapes, end to end
+here (the CLI, pytest); memgate.errors.printable itself is tested in tests/test_errors.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import pytest
 from helpers import SAMPLES
 
 from memgate import cli
-from memgate.errors import InputError, printable
 
 TRACE = SAMPLES / "torch" / "cpu_train_profile_memory.json"
 # ESC colour, a C1 CSI, a right-to-left override, and a newline that starts a workflow command
@@ -36,22 +36,6 @@ def hostile_trace(tmp_path: Path) -> Path:
     path = tmp_path / "hostile.pt.trace.json"
     path.write_text(text.replace('"name": "aten::mm"', f'"name": {json.dumps(HOSTILE)}'), "utf-8")
     return path
-
-
-def test_printable_escapes_what_a_terminal_acts_on() -> None:
-    assert printable("a\x1b[31mb") == "a\\x1b[31mb"
-    assert printable("x\ny\rz") == "x\\x0ay\\x0dz"
-    assert printable("\x9b\x7f\u202e\u2066") == "\\x9b\\x7f\\u202e\\u2066"
-    assert printable("run\udcff\ud800") == "run\\xff\\ud800"  # a name's byte that is not UTF-8; a lone surrogate
-    # what a name may hold and a terminal shows as it is: tabs, accents, CJK, emoji
-    assert printable("aten::añadir\t層 🔥") == "aten::añadir\t層 🔥"
-
-
-def test_an_error_is_one_printable_line() -> None:
-    err = InputError("bad \x1b]0;title\x07 cell", file="dir\x1b[2J/f.csv", line=3, found="q\u202eq")
-    text = err.one_line()
-    assert not RAW.search(text), text
-    assert "\\x1b]0;title\\x07" in text and "\\u202e" in text
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import random
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -22,13 +21,14 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from helpers import ODD_EVENT, ODD_NAME
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memgate.errors import InputError
 from memgate.loaders import kineto
 from memgate.metrics import profile_metrics
-from memgate.readers import jsonstream, traceevents
+from memgate.readers import traceevents
 from memgate.readers.jsonstream import NumberText, guard, same_json
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"
@@ -240,24 +240,6 @@ def test_of_several_bad_events_the_first_is_reported_at_any_batch_size(tmp_path:
         assert "value too large" in info.value.message
 
 
-# ---- the digit-run check of the guard -------------------------------------------------------------
-
-
-@given(runs=st.lists(st.tuples(st.integers(0, 20_000), st.integers(1, jsonstream.MAX_NUMBER + 5)), max_size=4),
-       size=st.integers(0, 30_000), seed=st.integers(0, 2**16))
-@example(runs=[(0, jsonstream.MAX_NUMBER)], size=0, seed=0)  # at the limit: allowed
-@example(runs=[(0, jsonstream.MAX_NUMBER + 1)], size=0, seed=0)  # one over: a run
-def test_the_sampled_digit_run_check_is_exact(runs: list[tuple[int, int]], size: int, seed: int) -> None:
-    """A run is more than MAX_NUMBER digits in a row; the stride sample never misses one."""
-    rng = random.Random(seed)
-    chunk = bytearray(rng.choice(b'0123456789 ."{}[],:e') for _ in range(size))
-    for at, length in runs:
-        chunk[at:at + length] = b"7" * length
-    data = bytes(chunk)
-    longer = b"0" * (jsonstream.MAX_NUMBER + 1) in data.translate(jsonstream._DIGIT_MAP)
-    assert jsonstream._has_digit_run(data) == longer
-
-
 # ==== issue 11: keys an object repeats --------------------------------------------------------------------
 # A key repeated with the same value is read as once, by both readers alike; with another value the
 # json reader gives up and the ijson reader names the object's path and the key.
@@ -335,18 +317,7 @@ def test_repeats_in_later_events_of_one_buffer_are_named_in_their_own_event(tmp_
 
 # ---- torch's unescaped names (torch 2.13, with_stack=True) -----------------------------------------
 
-ACTIVE6 = TORCH / "cpu_train_active6_profile_memory.json"
-ODD_NAME = 'torch/profiler/_cupti_monitor.py(0):     "seed",'
-ODD_EVENT = """  {
-    "ph": "X",
-    "cat": "python_function",
-    "name": "torch/profiler/_cupti_monitor.py(0):     "seed",",
-    "pid": 15437,
-    "tid": 15437,
-    "ts": 4633982515560.000,
-    "dur": 1.5
-  },
-"""
+ACTIVE6 = TORCH / "cpu_train_active6_profile_memory.json"  # ODD_EVENT (tests/helpers.py) goes in it
 
 
 def _with_odd_name(tmp_path: Path, name: str) -> tuple[Path, int]:
@@ -382,18 +353,6 @@ def test_a_name_torch_left_unescaped_is_read_as_its_text(name: str, tmp_path: Pa
     with traceevents.open_trace(path, repair=True) as fh:
         events = json.loads(fh.read())["traceEvents"]
     assert events[0]["name"] == ODD_NAME and events[0]["cat"] == "python_function"
-
-
-@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
-def test_name_repair_streams_what_escape_names_repairs_at_once(chunk: int) -> None:
-    raw = ACTIVE6.read_bytes()
-    at = raw.index(b'"traceEvents": [\n') + len(b'"traceEvents": [\n')
-    data = raw[:at] + ODD_EVENT.encode() * 3 + raw[at:] + b'\n    "name": "a\\"b"'  # the last: valid, kept
-    stream = jsonstream.NameRepair(io.BytesIO(data))
-    out = b"".join(iter(lambda: stream.read(chunk), b""))
-    assert out == jsonstream.escape_names(data)
-    assert out.count(b"\n") == data.count(b"\n") and stream.count == 3
-    assert jsonstream.escape_names(raw) == raw
 
 
 @pytest.mark.parametrize("name", ["trace.json", "trace.json.gz"])

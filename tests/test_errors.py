@@ -1,4 +1,5 @@
-"""Building an error message never fails: ``found`` values are shown bounded (memgate.errors.show).
+"""memgate.errors: one error family, each error one line (``FILE:LINE: column 'C': message; expected E,
+found F``), printable on a terminal, and its ``found`` value shown bounded (:func:`memgate.errors.show`).
 
 ``repr()`` raises on an int of more than 4300 digits (``sys.int_max_str_digits``) and on a list
 nested deeper than the interpreter's recursion guard (a million deep passes it on any version), loops
@@ -9,6 +10,7 @@ expected texts are written out here, not taken from memgate.
 from __future__ import annotations
 
 import pickle
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memgate.discover import discover, load
-from memgate.errors import FOUND_CHARS, InputError, show
+from memgate.errors import (
+    FOUND_CHARS,
+    AmbiguousProfiles,
+    ConfigError,
+    InputError,
+    MemgateError,
+    NotMeasurable,
+    NotSelected,
+    cannot_read,
+    printable,
+    show,
+)
 
 
 def nested(depth: int) -> list[Any]:
@@ -115,3 +128,68 @@ def test_a_huge_integer_in_a_snapshot_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         load(discover(path)[0])
     assert info.value.column == "segments[0].total_size" and info.value.found == "<16610-bit integer>"
+
+
+# ---- the one-line message ---------------------------------------------------------------------------
+
+
+def test_one_line_names_the_file_line_and_column_then_says_what_was_expected_and_found() -> None:
+    err = InputError("bad cell", file=Path("a") / "f.csv", line=3, column="Size(KB)", expected="a number", found="12x")
+    assert err.one_line() == "a/f.csv:3: column 'Size(KB)': bad cell; expected a number, found '12x'"
+    assert str(err) == err.one_line() and err.file == "a/f.csv"  # a Path is kept as text
+    assert InputError("bad", file="f.csv").one_line() == "f.csv: bad"
+    assert InputError("bad", line=3).one_line() == "bad"  # a line without its file names nothing
+    assert InputError("two\nlines", found=[1, 2]).one_line() == "two lines, found '[1, 2]'"
+    assert InputError("m", found="'quoted'").one_line() == "m, found 'quoted'"  # text already quoted stays as is
+
+
+def test_lines_are_the_error_then_the_others_of_the_same_input_in_order() -> None:
+    first = ConfigError("first", file="b.toml", line=1)
+    assert first.lines() == ["b.toml:1: first"] and first.also == ()
+    first.also = (ConfigError("second", file="b.toml", line=4), ConfigError("third", file="b.toml", line=9))
+    assert first.lines() == ["b.toml:1: first", "b.toml:4: second", "b.toml:9: third"]
+    assert first.one_line() == "b.toml:1: first"
+
+
+@pytest.mark.parametrize("cls", [MemgateError, InputError, ConfigError, NotMeasurable, NotSelected, AmbiguousProfiles])
+def test_an_error_keeps_its_class_and_fields_through_pickle(cls: type[MemgateError]) -> None:
+    """Errors travel back from --jobs worker processes."""
+    err = cls("no device", file="p", line=2, column="devices", expected="npu:*", found="cpu")
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is cls
+    fields = ("message", "file", "line", "column", "expected", "found")
+    assert [getattr(again, f) for f in fields] == [getattr(err, f) for f in fields]
+
+
+def test_errors_are_one_family() -> None:
+    assert issubclass(InputError, MemgateError)
+    assert issubclass(ConfigError, MemgateError) and issubclass(NotMeasurable, MemgateError)
+    assert issubclass(NotSelected, NotMeasurable)  # a skip is a kind of "cannot measure here"
+    assert issubclass(AmbiguousProfiles, ConfigError)
+
+
+def test_cannot_read_names_the_file_the_os_names_else_the_path() -> None:
+    err = cannot_read(PermissionError(13, "Permission denied", "/x/y"), "/x")
+    assert isinstance(err, InputError) and err.one_line() == "/x/y: cannot read: Permission denied"
+    assert cannot_read(OSError("boom"), "/x", expected="z").one_line() == "/x: cannot read: boom; expected z"
+
+
+# ---- what a terminal shows --------------------------------------------------------------------------
+
+RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def test_printable_escapes_what_a_terminal_acts_on() -> None:
+    assert printable("a\x1b[31mb") == "a\\x1b[31mb"
+    assert printable("x\ny\rz") == "x\\x0ay\\x0dz"
+    assert printable("\x9b\x7f\u202e\u2066") == "\\x9b\\x7f\\u202e\\u2066"
+    assert printable("run\udcff\ud800") == "run\\xff\\ud800"  # a name's byte that is not UTF-8; a lone surrogate
+    # what a name may hold and a terminal shows as it is: tabs, accents, CJK, emoji
+    assert printable("aten::añadir\t層 🔥") == "aten::añadir\t層 🔥"
+
+
+def test_an_error_is_one_printable_line() -> None:
+    err = InputError("bad \x1b]0;title\x07 cell", file="dir\x1b[2J/f.csv", line=3, found="q\u202eq")
+    text = err.one_line()
+    assert not RAW.search(text), text
+    assert "\\x1b]0;title\\x07" in text and "\\u202e" in text

@@ -1,62 +1,23 @@
-"""Budget-file errors name the file and the TOML line of the offending key (memgate.toml_lines)."""
+"""memgate.budgets: budgets from a budget file or a marker's keywords. Every error names the file and the
+TOML line of the offending key (found with memgate.toml_lines), all of a file's errors at once."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from memgate.budgets import load_budget_file
+from memgate.budgets import (
+    BUDGET_KEYS,
+    Budget,
+    BudgetKeyError,
+    budget_from_mapping,
+    find_budget_file,
+    load_budget_file,
+    unknown_keys_message,
+)
 from memgate.errors import ConfigError
-from memgate.toml_lines import key_lines, line_of
-
-# Line numbers are written next to each line, so every expectation below is read off the text.
-DOCUMENT = '''\
-profiles = "prof"                        # 1
-                                         # 2
-[[budgets]]                              # 3
-name = "train"                           # 4
-peak_allocated = "2 GiB"                 # 5
-op_caps = { "aten::mm" = "1 GiB" }       # 6
-                                         # 7
-[[budgets]]                              # 8
-name = "eval"                            # 9
-note = """a [[budgets]] look-alike       # 10
-[[budgets]]
-peak_reserved = "x"
-"""                                      # 13
-ranks = [                                # 14
-  "[0]",                                 # 15
-]                                        # 16
-"peak_reserved" = "3 GiB"                # 17
-                                         # 18
-[budgets.op_caps]                        # 19
-"cann::*" = "1 MiB"                      # 20
-'aten::*'.x = 1                          # 21
-'''
-
-
-def test_key_lines_of_arrays_of_tables_quoted_keys_and_multiline_values() -> None:
-    lines = key_lines(DOCUMENT)
-    assert lines[("profiles",)] == 1
-    assert lines[("budgets", 0)] == 3
-    assert lines[("budgets", 0, "peak_allocated")] == 5
-    assert lines[("budgets", 0, "op_caps")] == 6
-    assert lines[("budgets", 1)] == 8
-    assert lines[("budgets", 1, "note")] == 10
-    assert ("budgets", 2) not in lines  # the look-alike inside the multi-line string is text
-    assert lines[("budgets", 1, "ranks")] == 14
-    assert lines[("budgets", 1, "peak_reserved")] == 17  # a quoted key, after the multi-line array
-    assert lines[("budgets", 1, "op_caps")] == 19  # a sub-table of the array's last element
-    assert lines[("budgets", 1, "op_caps", "cann::*")] == 20
-    assert lines[("budgets", 1, "op_caps", "aten::*", "x")] == 21
-
-
-def test_line_of_falls_back_to_the_longest_declared_prefix() -> None:
-    lines = key_lines(DOCUMENT)
-    assert line_of(lines, ("budgets", 0, "op_caps", "aten::mm")) == 6  # inside an inline table
-    assert line_of(lines, ("budgets", 0, "leaked")) == 3  # not written: the entry's header
-    assert line_of(lines, ("nothing",)) is None
 
 
 def _write(tmp_path: Path, text: str, name: str = "memgate.toml") -> Path:
@@ -182,10 +143,86 @@ def test_one_error_stays_one_line(tmp_path: Path) -> None:
 
 
 def test_marker_keywords_report_every_bad_key() -> None:
-    from memgate.budgets import BudgetKeyError, budget_from_mapping
-
     with pytest.raises(BudgetKeyError) as info:
         budget_from_mapping({"peak_allocated": "lots", "fragmentation": 2, "warmup_steps": -1}, origin="marker",
                             default_name="t")
     assert info.value.key == "peak_allocated"  # the first, as before
     assert [getattr(e, "key", None) for e in info.value.also] == ["fragmentation", "warmup_steps"]
+
+
+def test_unknown_keys_are_named_with_the_key_each_likely_means() -> None:
+    assert unknown_keys_message(["peak_alocated"], BUDGET_KEYS) == (
+        "unknown budget key 'peak_alocated' (did you mean 'peak_allocated'?)")
+    assert unknown_keys_message(["peak_alocated", "zzz"], BUDGET_KEYS) == (
+        "unknown budget keys 'peak_alocated' (did you mean 'peak_allocated'?), 'zzz'")  # no guess for nonsense
+    assert unknown_keys_message(["profile"], ["profiles", "budgets"], "key") == (
+        "unknown key 'profile' (did you mean 'profiles'?)")
+
+
+def test_memgate_toml_wins_over_pyproject_and_a_pyproject_without_memgate_is_no_budget_file(tmp_path: Path) -> None:
+    assert find_budget_file(tmp_path) is None
+    _write(tmp_path, '[project]\nname = "x"\n', "pyproject.toml")
+    assert find_budget_file(tmp_path) is None  # no [tool.memgate] table: not a budget file
+    _write(tmp_path, '[[tool.memgate.budgets]]\nname = "from_pyproject"\nleaked = "1 MiB"\n', "pyproject.toml")
+    found = find_budget_file(tmp_path)
+    assert found is not None and [b.name for b in found.budgets] == ["from_pyproject"]
+    _write(tmp_path, '[[budgets]]\nname = "from_memgate_toml"\nleaked = "1 MiB"\n')
+    found = find_budget_file(tmp_path)
+    assert found is not None and [b.name for b in found.budgets] == ["from_memgate_toml"]
+
+
+# ---- limits as a share of the device's capacity ---------------------------------------------------
+
+
+def _budget(**raw: Any) -> Budget:
+    return budget_from_mapping({"name": "b", **raw}, origin="test")
+
+
+def test_percent_parses_as_a_share() -> None:
+    budget = _budget(peak_reserved="92%", op_caps={"mm*": "10 %"}, device_capacity="64 GiB")
+    assert budget.shares == {"peak_reserved": 0.92, "op_caps[mm*]": 0.1}
+    assert budget.device_capacity == 64 << 30
+    assert budget.checks() == ["peak_reserved", "op_caps[mm*]"]
+    assert budget.declared_limit("peak_reserved") == "92%"
+
+
+@pytest.mark.parametrize("bad", ["0%", "-5%", "92 pct"])
+def test_bad_percent(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        _budget(peak_reserved=bad)
+
+
+def test_percent_in_a_budget_file(tmp_path: Path) -> None:
+    path = tmp_path / "memgate.toml"
+    path.write_text('[[budgets]]\nname = "b"\npeak_reserved = "92%"\ndevice_capacity = "64 GiB"\n')
+    [budget] = load_budget_file(path).budgets
+    assert budget.shares == {"peak_reserved": 0.92}
+    path.write_text('[[budgets]]\nname = "b"\npeak_reserved = "92%"\ndevice_capacity = "92%"\n')
+    with pytest.raises(ConfigError, match="device_capacity"):
+        load_budget_file(path)
+
+
+# ---- rank_imbalance and owner_caps ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "match"), [
+    ({"rank_imbalance": {"peak_alocated": 0.1}}, "did you mean 'peak_allocated'"),
+    ({"rank_imbalance": {"peak_allocated": 1.5}}, "a ratio between 0 and 1"),
+    ({"rank_imbalance": 0.1}, "a table of metric = ratio"),
+    ({"owner_caps": {"enc*": "lots"}}, "invalid b.owner_caps"),
+])
+def test_bad_keys(raw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _budget(**raw)
+    assert match in info.value.one_line()
+
+
+def test_budget_file_lines(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[budgets]]\nname = "b"\nowner_caps = { "enc*" = "1 GiB" }\n'
+                  'rank_imbalance = { peak_allocated = 0.05 }\n')
+    loaded = load_budget_file(path)
+    [budget] = loaded.budgets
+    assert budget.owner_caps == {"enc*": 1 << 30} and budget.rank_imbalance == {"peak_allocated": 0.05}
+    assert budget.checks() == ["owner_caps[enc*]"]
+    assert budget.cross_rank_checks() == ["rank_imbalance[peak_allocated]"]
+    assert loaded.line_of("b", "rank_imbalance[peak_allocated]") == 4

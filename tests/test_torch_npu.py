@@ -1,4 +1,5 @@
-"""The real torch_npu samples: memgate's metrics equal the values derived here from the raw files.
+"""memgate.loaders.torch_npu on the real torch_npu samples: memgate's metrics equal the values derived
+here from the raw files. (Generated profiles, read back to their ground truth: tests/test_property_torch_npu.py.)
 
 The expected values are computed with the ``csv``/``json`` modules and ``Decimal`` only, straight
 from the files (docs/design.md metric table), never copied from memgate's output. Then the same

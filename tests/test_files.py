@@ -1,0 +1,52 @@
+"""memgate.readers.files: what every reader checks of a file before it opens it. Each failure is an
+InputError naming the file, before a read could block (a named pipe), fail half-way or read nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from memgate.errors import InputError
+from memgate.readers.files import check_readable
+
+
+def _refusal(path: Path) -> str:
+    with pytest.raises(InputError) as info:
+        check_readable(path)
+    assert info.value.file == str(path)
+    return info.value.one_line()
+
+
+def test_a_readable_file_with_bytes_passes(tmp_path: Path) -> None:
+    path = tmp_path / "memory_record.csv"
+    path.write_text("Component\n")
+    check_readable(path)
+
+
+def test_what_is_not_a_readable_file_with_bytes_is_named(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_bytes(b"")
+    assert _refusal(tmp_path / "missing.csv") == f"{tmp_path / 'missing.csv'}: no such file"
+    assert _refusal(tmp_path) == f"{tmp_path}: not a regular file"
+    assert _refusal(empty) == f"{empty}: empty file (0 bytes)"
+    dangling = tmp_path / "gone.csv"
+    dangling.symlink_to(tmp_path / "nowhere")
+    assert _refusal(dangling) == f"{dangling}: no such file"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_a_named_pipe_is_refused_without_opening_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)
+    assert _refusal(fifo) == f"{fifo}: not a regular file"  # an open() would wait for a writer forever
+
+
+def test_a_file_without_read_permission(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "memory_record.csv"
+    path.write_text("Component\n")
+    real_access = os.access
+    # what chmod 000 does for a non-root user (root reads any file, so the check is simulated)
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path else real_access(p, mode))
+    assert _refusal(path) == f"{path}: file is not readable (permission denied)"
