@@ -101,6 +101,22 @@ def _owner_caps(devices: list[DeviceMetrics], metric: str, path: str) -> list[Ca
     return candidates
 
 
+def _category_caps(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
+    """``category_caps[category]``: per device, the bytes of that category live at the peak."""
+    category = metric[len("category_caps["):-1]
+    candidates: list[Candidate] = []
+    for m in devices:
+        by_category = m.values.get("category_bytes_at_peak")
+        if isinstance(by_category, dict) and by_category:
+            step = f", step {m.peak_step}" if m.peak_step is not None else ""
+            candidates.append((int(by_category.get(category, 0)), m, f"{category} at the peak{step}"))
+    if not candidates:
+        raise NotMeasurable(f"{metric}: the profile records no categories: record it with memgate_record (or "
+                            "memgate.record) and track the model and optimizer (rec.track(model, optimizer))",
+                            file=path)
+    return candidates
+
+
 def _measured(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
     """A budget key of LIMITS: per device its value, with the step, pool and note the verdict names."""
     key = LIMITS[metric][0]
@@ -132,6 +148,8 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         candidates, kind = _op_cap(devices, metric, profile.path), "size"
     elif metric.startswith("owner_caps["):
         candidates, kind = _owner_caps(devices, metric, profile.path), "size"
+    elif metric.startswith("category_caps["):
+        candidates, kind = _category_caps(devices, metric, profile.path), "size"
     else:
         candidates, kind = _measured(devices, metric, profile.path), LIMITS[metric][1]
     # The worst device: the most over (or least under) its limit; with one limit for all, the largest value.
@@ -156,7 +174,13 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         where=source_lines(worst, profile),
         share=budget.shares.get(metric),
         live_count=worst.values.get("live_at_peak_count"),
+        categories=dict(worst.values.get("category_bytes_at_peak") or {}) if _at_the_peak(metric) else {},
     )
+
+
+def _at_the_peak(metric: str) -> bool:
+    """A check whose value is measured at the allocated peak: its failure shows the peak by category."""
+    return metric == "peak_allocated" or metric.startswith(("category_caps[", "owner_caps["))
 
 
 def judge_profile(cache: MetricCache, budgets: Sequence[Budget]) -> list[CheckRow]:
