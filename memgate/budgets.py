@@ -32,7 +32,8 @@ LIMITS: dict[str, tuple[str, str]] = budget_limits()
 SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps", "leak_horizon_steps")
 CROSS_RANK = "rank_imbalance"  # judged over every profile a budget selects, not per profile
 CAP_KEYS = ("op_caps", "owner_caps", "category_caps")  # a table of name (glob, category) = size
-MARKER_KEYS = frozenset(LIMITS) | {*CAP_KEYS, "device_capacity", *SELECTORS}
+LEFT = "left_allocated"  # bytes allocated in the window and still allocated at its end (memgate.leftover)
+MARKER_KEYS = frozenset(LIMITS) | {*CAP_KEYS, LEFT, "device_capacity", *SELECTORS}
 BUDGET_KEYS = MARKER_KEYS | {CROSS_RANK}
 
 
@@ -52,6 +53,7 @@ class Budget:
     device_capacity: int | None = None  # bytes; for limits written as a percentage
     shares: dict[str, float] = field(default_factory=dict)  # check → limit as a share of the capacity
     category_caps: dict[str, int] = field(default_factory=dict)  # category → bytes live at the peak
+    left_allocated: int | None = None  # bytes left allocated at the end of the window, per device
 
     @property
     def options(self) -> MetricOptions:
@@ -59,7 +61,8 @@ class Budget:
 
     def checks(self) -> list[str]:
         """The metric names this budget produces items for, in a stable order."""
-        return ([k for k in LIMITS if k in self.limits or k in self.shares] + [f"op_caps[{g}]" for g in self.op_caps]
+        return ([k for k in LIMITS if k in self.limits or k in self.shares] + ([LEFT] if self.left_allocated is not None else [])
+                + [f"op_caps[{g}]" for g in self.op_caps]
                 + [f"owner_caps[{g}]" for g in self.owner_caps] + [f"category_caps[{c}]" for c in self.category_caps])
 
     def cross_rank_checks(self) -> list[str]:
@@ -72,6 +75,8 @@ class Budget:
             return format_share(self.shares[check])
         if check.startswith(f"{CROSS_RANK}["):
             return self.rank_imbalance[check[len(CROSS_RANK) + 1:-1]]
+        if check == LEFT and self.left_allocated is not None:
+            return self.left_allocated
         for prefix, caps in (("op_caps[", self.op_caps), ("owner_caps[", self.owner_caps),
                              ("category_caps[", self.category_caps)):
             if check.startswith(prefix):
@@ -144,8 +149,10 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     owner_caps = _caps(raw, "owner_caps", name, origin, shares, problems)
     category_caps = _caps(raw, "category_caps", name, origin, shares, problems)
     imbalance = _imbalance(raw, name, origin, problems)
-    capacity = None
+    capacity = left = None
     warmup, horizon = 1, default_leak_horizon
+    with problems.kept():
+        left = _parse_size_in(origin, raw[LEFT], f"{name}.{LEFT}", LEFT) if LEFT in raw else None
     with problems.kept():
         capacity = (_parse_size_in(origin, raw["device_capacity"], f"{name}.device_capacity", "device_capacity")
                     if "device_capacity" in raw else None)
@@ -158,9 +165,9 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
             problems.append(BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin,
                                            expected="a string"))
     # Said of an entry that is otherwise valid: with another error, a limit may be what is misspelled.
-    if not (limits or caps or shares or owner_caps or category_caps or imbalance or problems):
+    if not (limits or caps or shares or owner_caps or category_caps or imbalance or left is not None or problems):
         problems.append(BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
-                                       expected="at least one of " + ", ".join([*LIMITS, *CAP_KEYS, CROSS_RANK])))
+                                       expected="at least one of " + ", ".join([*LIMITS, LEFT, *CAP_KEYS, CROSS_RANK])))
     problems.raise_first()
     return Budget(
         name=name,
@@ -177,6 +184,7 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
         device_capacity=capacity,
         shares=shares,
         category_caps=category_caps,
+        left_allocated=left,
     )
 
 
@@ -345,11 +353,12 @@ def _size_errors(entries: list[Any], origin: str, line: _Line) -> _Found:
         for cap_key in CAP_KEYS:
             if isinstance(raw.get(cap_key), dict):
                 sizes += [((cap_key, glob), size, f"{name}.{cap_key}[{glob!r}]") for glob, size in raw[cap_key].items()]
-        if "device_capacity" in raw:
-            sizes.append((("device_capacity",), raw["device_capacity"], f"{name}.device_capacity"))
+        for key in ("device_capacity", LEFT):
+            if key in raw:
+                sizes.append(((key,), raw[key], f"{name}.{key}"))
         for keys, value, what in sizes:
             try:
-                if keys[0] == "device_capacity" or parse_share(value, what=what) is None:
+                if keys[0] in ("device_capacity", LEFT) or parse_share(value, what=what) is None:
                     parse_size(value, what=what)
             except ConfigError as exc:
                 found.append((("budgets", index, *keys), BudgetKeyError(

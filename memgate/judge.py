@@ -13,8 +13,9 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memgate.budgets import CROSS_RANK, LIMITS, Budget
+from memgate.budgets import CROSS_RANK, LEFT, LIMITS, Budget
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
@@ -117,6 +118,23 @@ def _category_caps(devices: list[DeviceMetrics], metric: str, path: str) -> list
     return candidates
 
 
+def _left_allocated(cache: MetricCache, devices: list[DeviceMetrics], path: str) -> tuple[list[Candidate],
+                                                                                             dict[str, LeftOn]]:
+    """``left_allocated``: per device, the bytes allocated in the window and still allocated at its end
+    (:mod:`memgate.leftover`); and each device's blocks left, for the holders."""
+    wanted = {m.device for m in devices}
+    left = {d.device: left_on(cache.profile, d) for d in cache.profile.devices if d.device in wanted}
+    candidates: list[Candidate] = []
+    for m in devices:
+        found = left.get(m.device)
+        if found is not None and found.bytes is not None:
+            candidates.append((found.bytes, m, f"{found.count} block(s) still allocated at the end of the window"))
+    if not candidates:
+        why = "; ".join(f"{d}: {f.why}" for d, f in left.items()) or "no device"
+        raise NotMeasurable(f"{LEFT} is not measurable: {why}", file=path)
+    return candidates, left
+
+
 def _measured(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
     """A budget key of LIMITS: per device its value, with the step, pool and note the verdict names."""
     key = LIMITS[metric][0]
@@ -150,6 +168,8 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         candidates, kind = _owner_caps(devices, metric, profile.path), "size"
     elif metric.startswith("category_caps["):
         candidates, kind = _category_caps(devices, metric, profile.path), "size"
+    elif metric == LEFT:
+        (candidates, left), kind = _left_allocated(cache, devices, profile.path), "size"
     else:
         candidates, kind = _measured(devices, metric, profile.path), LIMITS[metric][1]
     # The worst device: the most over (or least under) its limit; with one limit for all, the largest value.
@@ -159,6 +179,11 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         judged.append((value - limit, value, limit, m, ", ".join(x for x in (extra, resolved) if x)))
     _, value, limit, worst, extra = max(judged, key=lambda c: c[0])
     where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
+    if metric == LEFT:  # the holders are the blocks left, not those at the peak
+        gone = left[worst.device]
+        return Outcome(profile.path, profile.rank, budget.name, metric, limit, value, value <= limit, worst.device,
+                       None, verdict_line(metric, kind, value, limit, where), tuple(gone.holders),
+                       source_lines(worst, profile), live_count=gone.count, holders_when="left allocated at the end")
     return Outcome(
         profile_path=profile.path,
         rank=profile.rank,

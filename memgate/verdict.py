@@ -36,6 +36,7 @@ class Outcome:
     share: float | None = None  # the limit as a share of the device's capacity, where written so
     live_count: int | None = None  # blocks live at the peak (holders keeps only the largest)
     categories: dict[str, int] = field(default_factory=dict)  # bytes at the peak by category (a tracked recording)
+    holders_when: str = "at the peak"  # when the holders are live (left_allocated: at the end of the window)
 
     def detail(self, top: int = 5) -> str:
         """The section under the failure line: the peak by category (a tracked recording's), ``top``
@@ -48,7 +49,7 @@ class Outcome:
             groups = holder_groups(self.holders)[:top]
             shown = sum(len(g) for g in groups)
             live = max(self.live_count or 0, len(self.holders))
-            lines.append(f"top {shown} of {live} live blocks at the peak ({self.device}):")
+            lines.append(f"top {shown} of {live} live blocks {self.holders_when} ({self.device}):")
             for group in groups:
                 lines.extend(_group_lines(group))
         return "\n".join([*map(printable, lines), self.where])  # one line each, whatever a name holds

@@ -383,3 +383,19 @@ def test_inspect_and_the_html_report_show_the_peak_by_category(tracked: tuple[Pa
     table = html_report._categories_table(entry["devices"][0])
     assert "<h4>Categories at the peak</h4>" in table and f'<td class="num exact">{parameters}</td>' in table
     assert html_report._categories_table({"metrics": {}}) == ""
+
+
+def test_a_model_built_before_the_recording_is_said_to_lie_outside_the_window(tmp_path: Path) -> None:
+    """record(dir, track=[...]) with a model built before recording started: a CPU trace holds no block of
+    its parameters (nothing counted as parameters), and the profile's notes say how many bytes that is."""
+    torch = pytest.importorskip("torch", reason=NEEDS_TORCH)
+    model = torch.nn.Linear(IN, HIDDEN)
+    with record(tmp_path / "prof", track=[model]) as rec:
+        for _ in range(2):
+            model(torch.randn(BATCH, IN)).sum().backward()
+            rec.step()
+    cache, device = _measured(tmp_path / "prof")
+    assert device.values["category_bytes_at_peak"]["parameters"] == 0
+    assert device.values["category_bytes_at_peak"]["gradients"] == _storage_bytes(p.grad for p in model.parameters())
+    params = _storage_bytes(model.parameters())
+    assert any(f"{params} bytes, lie in no block of the window" in note for note in cache.info.metadata["notes"])
