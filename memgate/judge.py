@@ -181,9 +181,11 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
     if metric == LEFT:  # the holders are the blocks left, not those at the peak
         gone = left[worst.device]
-        return Outcome(profile.path, profile.rank, budget.name, metric, limit, value, value <= limit, worst.device,
-                       None, verdict_line(metric, kind, value, limit, where), tuple(gone.holders),
-                       source_lines(worst, profile), live_count=gone.count, holders_when="left allocated at the end")
+        return Outcome(profile_path=profile.path, rank=profile.rank, budget=budget.name, metric=metric, limit=limit,
+                       value=value, passed=value <= limit, device=worst.device, step=None,
+                       message=verdict_line(metric, kind, value, limit, where), holders=tuple(gone.holders),
+                       where=source_lines(worst, profile), live_count=gone.count,
+                       holders_when="left allocated at the end")
     return Outcome(
         profile_path=profile.path,
         rank=profile.rank,

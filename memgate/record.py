@@ -141,6 +141,13 @@ class Recorder:
         torch = _torch()
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        tracker = StorageTracker(torch)
+        try:
+            tracker.add(self._to_track)  # what is no module or optimizer fails here, before anything starts
+        except TypeError:
+            tracker.close()
+            raise
+        self._tracker, self._to_track = tracker, []
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.snapshots:
             self._start_memory_history(torch)
@@ -167,9 +174,6 @@ class Recorder:
         self._torch_version = str(torch.__version__)
         self._sampler = DeviceMemorySampler(torch)
         self._sampler.sample()
-        self._tracker = StorageTracker(torch)
-        self._tracker.add(self._to_track)
-        self._to_track = []
         self._tracker.active = True
         return self
 

@@ -190,6 +190,9 @@ def test_track_refuses_what_is_no_module_or_optimizer(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason=NEEDS_TORCH)
     with record(tmp_path / "prof") as rec, pytest.raises(TypeError, match="nn.Module and torch.optim.Optimizer"):
         rec.track("model")
+    with pytest.raises(TypeError, match="not str"), record(tmp_path / "other", track=["model"]):
+        raise AssertionError("not reached: the recorder refuses before it starts")
+    assert not (tmp_path / "other").exists()
 
 
 # ---- the rules, on blocks built by hand ---------------------------------------------------------

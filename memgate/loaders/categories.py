@@ -71,6 +71,17 @@ def moment_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def note_starts(names: list[Any], stages: list[Any], times: list[int]) -> dict[int, int]:
+    """The START time of each ``memgate::note#k`` annotation by k (a snapshot's ``external_annotations``:
+    name, stage, time), the earliest were one written twice."""
+    out: dict[int, int] = {}
+    for name, stage, t in zip(names, stages, times):
+        k = moment_of(name) if isinstance(name, str) and stage == "START" else None
+        if k is not None:
+            out[k] = min(t, out.get(k, t))
+    return out
+
+
 def attribute(device: DeviceModel, tracked: Tracked, moment_ns: dict[int, int],
               steps: Table) -> tuple[DeviceModel, dict[str, Any]]:
     """``device`` with its blocks' :data:`COLUMN` (module docstring), and what the attribution found:

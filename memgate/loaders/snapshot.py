@@ -50,7 +50,7 @@ from memgate import fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders import block_sizes, registry
-from memgate.loaders.categories import ADDRESS, moment_of
+from memgate.loaders.categories import ADDRESS, note_starts
 from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
 from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
 from memgate.model import DeviceModel, PoolState, Profile, Series, check_bytes, empty_steps, step_number
@@ -260,8 +260,8 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         metadata["steps_note"] = step_note
     if by_optimizer_name:
         metadata["steps_by_optimizer"] = by_optimizer_name
-    if addresses:
-        metadata[NOTE_STARTS] = _note_starts(ann, time_base) if ann else {}
+    if addresses:  # a tracked recording's moments, in the snapshot's clock (none without time_us)
+        metadata[NOTE_STARTS] = _note_starts(ann) if ann and time_base == "time_us" else {}
     cut = next((f"{label}: {facts['history_truncated']}" for label, facts in notes.items()
                 if facts.get("history_truncated")), None)
     if cut:
@@ -855,20 +855,13 @@ def _steps(path: Path, ann: dict[str, pa.Array | None], t_first: int) -> tuple[T
                   "t_end": Ints.of_optional(ends.get(n) for n in steps)}), None
 
 
-def _note_starts(ann: dict[str, pa.Array | None], time_base: str) -> dict[str, int]:
-    """The START (ns, the snapshot's clock) of each ``memgate::note#k`` annotation, by k as text (JSON
-    metadata); none where the history has no time_us to place them on."""
-    if time_base != "time_us" or ann.get("time_us") is None:
+def _note_starts(ann: dict[str, pa.Array | None]) -> dict[str, int]:
+    """memgate::note#k START (ns) by k as text (JSON metadata), from the annotations' columns."""
+    names, stages, times = ann["name"], ann["stage"], ann.get("time_us")
+    if names is None or stages is None or times is None:
         return {}
-    names, stages = ann["name"], ann["stage"]
-    assert names is not None and stages is not None  # required by the schema
-    times = _ints(ann["time_us"], len(names)) * 1000
-    out: dict[str, int] = {}
-    for name, stage, t in zip(names.to_pylist(), stages.to_pylist(), times.tolist()):
-        k = moment_of(name) if isinstance(name, str) and stage == "START" else None
-        if k is not None:
-            out[str(k)] = min(t, out.get(str(k), t))
-    return out
+    starts = note_starts(names.to_pylist(), stages.to_pylist(), (_ints(times, len(names)) * 1000).tolist())
+    return {str(k): t for k, t in starts.items()}
 
 
 def _optimizer_steps(names: list[Any], stages: list[Any], times: list[int], t_first: int) -> tuple[Table, str | None]:
