@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memgate.errors import ConfigError
+from memgate.loaders.categories import CATEGORIES
 from memgate.metric_specs import budget_limits
 from memgate.metrics import MetricOptions
 from memgate.schemas import load_schema
@@ -30,7 +31,9 @@ from memgate.toml_lines import key_lines, line_of
 LIMITS: dict[str, tuple[str, str]] = budget_limits()
 SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps", "leak_horizon_steps")
 CROSS_RANK = "rank_imbalance"  # judged over every profile a budget selects, not per profile
-MARKER_KEYS = frozenset(LIMITS) | {"op_caps", "owner_caps", "device_capacity", *SELECTORS}
+CAP_KEYS = ("op_caps", "owner_caps", "category_caps")  # a table of name (glob, category) = size
+LEFT = "left_allocated"  # bytes allocated in the window and still allocated at its end (memgate.leftover)
+MARKER_KEYS = frozenset(LIMITS) | {*CAP_KEYS, LEFT, "device_capacity", *SELECTORS}
 BUDGET_KEYS = MARKER_KEYS | {CROSS_RANK}
 
 
@@ -49,6 +52,8 @@ class Budget:
     rank_imbalance: dict[str, float] = field(default_factory=dict)  # budget key (LIMITS) → 1 - min/max
     device_capacity: int | None = None  # bytes; for limits written as a percentage
     shares: dict[str, float] = field(default_factory=dict)  # check → limit as a share of the capacity
+    category_caps: dict[str, int] = field(default_factory=dict)  # category → bytes live at the peak
+    left_allocated: int | None = None  # bytes left allocated at the end of the window, per device
 
     @property
     def options(self) -> MetricOptions:
@@ -56,8 +61,9 @@ class Budget:
 
     def checks(self) -> list[str]:
         """The metric names this budget produces items for, in a stable order."""
-        return ([k for k in LIMITS if k in self.limits or k in self.shares] + [f"op_caps[{g}]" for g in self.op_caps]
-                + [f"owner_caps[{g}]" for g in self.owner_caps])
+        return ([k for k in LIMITS if k in self.limits or k in self.shares] + ([LEFT] if self.left_allocated is not None else [])
+                + [f"op_caps[{g}]" for g in self.op_caps]
+                + [f"owner_caps[{g}]" for g in self.owner_caps] + [f"category_caps[{c}]" for c in self.category_caps])
 
     def cross_rank_checks(self) -> list[str]:
         """``rank_imbalance[peak_allocated]``, …: one item each, judged over all the ranks it selects."""
@@ -69,7 +75,10 @@ class Budget:
             return format_share(self.shares[check])
         if check.startswith(f"{CROSS_RANK}["):
             return self.rank_imbalance[check[len(CROSS_RANK) + 1:-1]]
-        for prefix, caps in (("op_caps[", self.op_caps), ("owner_caps[", self.owner_caps)):
+        if check == LEFT and self.left_allocated is not None:
+            return self.left_allocated
+        for prefix, caps in (("op_caps[", self.op_caps), ("owner_caps[", self.owner_caps),
+                             ("category_caps[", self.category_caps)):
             if check.startswith(prefix):
                 return caps[check[len(prefix):-1]]
         return self.limits.get(check, 0)
@@ -138,9 +147,12 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     limits, shares = _limits(raw, name, origin, problems)
     caps = _caps(raw, "op_caps", name, origin, shares, problems)
     owner_caps = _caps(raw, "owner_caps", name, origin, shares, problems)
+    category_caps = _caps(raw, "category_caps", name, origin, shares, problems)
     imbalance = _imbalance(raw, name, origin, problems)
-    capacity = None
+    capacity = left = None
     warmup, horizon = 1, default_leak_horizon
+    with problems.kept():
+        left = _parse_size_in(origin, raw[LEFT], f"{name}.{LEFT}", LEFT) if LEFT in raw else None
     with problems.kept():
         capacity = (_parse_size_in(origin, raw["device_capacity"], f"{name}.device_capacity", "device_capacity")
                     if "device_capacity" in raw else None)
@@ -153,9 +165,9 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
             problems.append(BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin,
                                            expected="a string"))
     # Said of an entry that is otherwise valid: with another error, a limit may be what is misspelled.
-    if not limits and not caps and not shares and not owner_caps and not imbalance and not problems:
+    if not (limits or caps or shares or owner_caps or category_caps or imbalance or left is not None or problems):
         problems.append(BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
-                                       expected="at least one of " + ", ".join([*LIMITS, "op_caps", "owner_caps", CROSS_RANK])))
+                                       expected="at least one of " + ", ".join([*LIMITS, LEFT, *CAP_KEYS, CROSS_RANK])))
     problems.raise_first()
     return Budget(
         name=name,
@@ -171,6 +183,8 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
         rank_imbalance=imbalance,
         device_capacity=capacity,
         shares=shares,
+        category_caps=category_caps,
+        left_allocated=left,
     )
 
 
@@ -207,18 +221,27 @@ def _limits(raw: dict[str, Any], name: str, origin: str,
     return limits, shares
 
 
+_CAP_NAMES = {"op_caps": "op-name glob", "owner_caps": "owner glob", "category_caps": "category"}
+
+
 def _caps(raw: dict[str, Any], cap_key: str, name: str, origin: str, shares: dict[str, float],
           problems: _Problems) -> dict[str, int]:
-    """``op_caps`` / ``owner_caps``: glob → bytes; a cap written as a share of the capacity goes to ``shares``."""
+    """``op_caps`` / ``owner_caps``: glob → bytes; ``category_caps``: category → bytes; a cap written as a
+    share of the capacity goes to ``shares``."""
     parsed: dict[str, int] = {}
     table = raw.get(cap_key, {})
     if not isinstance(table, dict):
-        problems.append(BudgetKeyError(
-            f"invalid {name}.{cap_key}", key=cap_key, file=origin,
-            expected=f"a table of {'op-name' if cap_key == 'op_caps' else 'owner'} glob = size"))
+        problems.append(BudgetKeyError(f"invalid {name}.{cap_key}", key=cap_key, file=origin,
+                                       expected=f"a table of {_CAP_NAMES[cap_key]} = size"
+                                       + (f" ({', '.join(CATEGORIES)})" if cap_key == "category_caps" else "")))
         return parsed
     for glob, size in table.items():
         what = f"{name}.{cap_key}[{glob!r}]"
+        if cap_key == "category_caps" and glob not in CATEGORIES:
+            unknown = unknown_keys_message([str(glob)], CATEGORIES, "category")
+            problems.append(BudgetKeyError(f"invalid {name}.{cap_key}: {unknown}", key=cap_key, file=origin,
+                                           expected="one of " + ", ".join(CATEGORIES)))
+            continue
         with problems.kept():
             share = _parse_share_in(origin, size, what, cap_key)
             if share is not None:
@@ -327,14 +350,15 @@ def _size_errors(entries: list[Any], origin: str, line: _Line) -> _Found:
         name = raw.get("name", "budget")
         sizes: list[tuple[tuple[str, ...], Any, str]] = [
             ((key,), raw[key], f"{name}.{key}") for key, (_, kind) in LIMITS.items() if kind == "size" and key in raw]
-        for cap_key in ("op_caps", "owner_caps"):
+        for cap_key in CAP_KEYS:
             if isinstance(raw.get(cap_key), dict):
                 sizes += [((cap_key, glob), size, f"{name}.{cap_key}[{glob!r}]") for glob, size in raw[cap_key].items()]
-        if "device_capacity" in raw:
-            sizes.append((("device_capacity",), raw["device_capacity"], f"{name}.device_capacity"))
+        for key in ("device_capacity", LEFT):
+            if key in raw:
+                sizes.append(((key,), raw[key], f"{name}.{key}"))
         for keys, value, what in sizes:
             try:
-                if keys[0] == "device_capacity" or parse_share(value, what=what) is None:
+                if keys[0] in ("device_capacity", LEFT) or parse_share(value, what=what) is None:
                     parse_size(value, what=what)
             except ConfigError as exc:
                 found.append((("budgets", index, *keys), BudgetKeyError(
@@ -416,6 +440,7 @@ def _declared_lines(table: dict[str, Any], budgets: list[Budget], line: _Line) -
         declared.update({key: line("budgets", index, key) for key in raw})
         declared.update({f"op_caps[{glob}]": line("budgets", index, "op_caps", glob) for glob in budget.op_caps})
         declared.update({f"owner_caps[{glob}]": line("budgets", index, "owner_caps", glob) for glob in budget.owner_caps})
+        declared.update({f"category_caps[{c}]": line("budgets", index, "category_caps", c) for c in budget.category_caps})
         declared.update({f"{CROSS_RANK}[{m}]": line("budgets", index, CROSS_RANK, m) for m in budget.rank_imbalance})
         lines[budget.name] = {k: v for k, v in declared.items() if v is not None}
     return lines

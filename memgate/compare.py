@@ -10,8 +10,9 @@ before a metric existed lacks its key: that metric is left out of the comparison
 for it says so), every other key still compares.
 
 A regression names its cause: per device the baseline keeps the bytes live at the peak per
-operator and per owner, and the git commit it was saved at; :attr:`Regression.detail` lists the
-operators and owners whose bytes at the peak grew most, and that commit.
+operator and per owner (and per category, of a recording that tracked its model and optimizer), and
+the git commit it was saved at; :attr:`Regression.detail` lists the categories, operators and owners
+whose bytes at the peak grew most, and that commit.
 """
 
 from __future__ import annotations
@@ -143,14 +144,15 @@ class Regression:
 
 
 ATTRIBUTION_TOP = 5
-AT_PEAK = {"ops": "op_bytes_at_peak", "owners": "owner_bytes_at_peak"}  # attribution key → metric key
+# attribution key → metric key (categories: a tracked recording's parameters, gradients, ... at the peak)
+AT_PEAK = {"categories": "category_bytes_at_peak", "ops": "op_bytes_at_peak", "owners": "owner_bytes_at_peak"}
 
 
 def grown_at_peak(before: dict[str, Any], now: dict[str, Any], top: int | None = ATTRIBUTION_TOP
                   ) -> dict[str, list[dict[str, Any]]]:
-    """Per operator and per owner, the names whose bytes live at the peak grew, most growth first
+    """Per category, operator and owner, the names whose bytes live at the peak grew, most growth first
     (ties by name), at most ``top`` each; a kind one side lacks (a baseline saved before memgate
-    kept them) is left out, so old baselines give ``{}``."""
+    kept them, a recording that tracked no model) is left out, so old baselines give ``{}``."""
     out: dict[str, list[dict[str, Any]]] = {}
     for what, key in AT_PEAK.items():
         a, b = (before.get("metrics") or {}).get(key), (now.get("metrics") or {}).get(key)
@@ -165,9 +167,10 @@ def grown_at_peak(before: dict[str, Any], now: dict[str, Any], top: int | None =
 
 def attribution_lines(attribution: dict[str, list[dict[str, Any]]], commit: str | None = None,
                       indent: str = "") -> list[str]:
-    """``grew at the peak: op aten::mm 1.00 GiB -> 1.10 GiB (+102.40 MiB)``, one per name, and the commit."""
+    """``grew at the peak: op aten::mm 1.00 GiB -> 1.10 GiB (+102.40 MiB)``, one per name (the categories
+    first: ``grew at the peak: category optimizer_state ...``), and the commit."""
     lines = []
-    for what, word in (("ops", "op"), ("owners", "owner")):
+    for what, word in (("categories", "category"), ("ops", "op"), ("owners", "owner")):
         for row in attribution.get(what, []):
             base = "-" if row["base"] is None else format_size(row["base"])
             lines.append(f"{indent}grew at the peak: {word} {row['name']} {base} -> {format_size(row['current'])} "

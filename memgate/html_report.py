@@ -95,6 +95,9 @@ COLUMN_HELP = {
     "allocated at": "when the block was allocated, relative to the profile start (absolute time on hover)",
     "largest block": "the operator's largest block (exact on hover)",
     "live at the peak": "bytes of its blocks live at the device's peak allocated (exact on hover)",
+    "category": "what holds the block, by address and lifetime: parameters, buffers, gradients, optimizer_state "
+                "(storages the recording tracked), activations (else allocated inside a step), other",
+    "share": "its share of the bytes live at the peak",
     # reconciliation
     "blocks": "block rows of this allocator in the window",
     "allocated before window": "blocks freed in the window but allocated before it began",
@@ -282,16 +285,19 @@ def _holders_table(device_entry: dict[str, Any], t0: int | None) -> str:
     if not holders:
         return '<h4>Top holders at the peak</h4><p class="note">no per-block data at the peak</p>'
     rows = []
+    categorized = any("category" in b for b in holders)  # a tracked recording's holders name their category
     for i, b in enumerate(holders[:HTML_HOLDERS], 1):  # the report keeps more, for -v in the terminal
         at = "before the window" if b.get("t_alloc") is None else when_html(int(b["t_alloc"]), t0)
+        category = f'<td>{_e(b.get("category") or "-")}</td>' if categorized else ""
         rows.append(
             f'<tr><td class="num">{i}</td>{_size_cell(b.get("size"))}<td class="num exact">{_e(b.get("size"))}</td>'
             f'<td class="op">{_e(b.get("op") or "-")}</td><td>{_e(b.get("stream") or "-")}</td>'
-            f'<td class="owner">{_e(b.get("owner") or "-")}</td><td>{_e(b.get("component") or "-")}</td>'
+            f'<td class="owner">{_e(b.get("owner") or "-")}</td>{category}<td>{_e(b.get("component") or "-")}</td>'
             f"<td>{at}</td></tr>"
         )
-    return ("<h4>Top holders at the peak</h4>"
-            + _table(("#", "size", "bytes", "op", "stream", "owner", "component", "allocated at"), rows, "holders"))
+    head = ("#", "size", "bytes", "op", "stream", "owner", *(("category",) if categorized else ()), "component",
+            "allocated at")
+    return "<h4>Top holders at the peak</h4>" + _table(head, rows, "holders")
 
 
 def _ops_table(device_entry: dict[str, Any], n: int = 10) -> str:
@@ -316,6 +322,19 @@ def _at_peak_table(device_entry: dict[str, Any], key: str, what: str, n: int = 1
     title = "Owners at the peak" if what == "owner" else "Operators at the peak"
     return (f"<h4>{title} (top {len(top)} of {len(named)})</h4>"
             + _table((what, "live at the peak", "bytes"), rows, f"{what}s-at-peak"))
+
+
+def _categories_table(device_entry: dict[str, Any]) -> str:
+    """The bytes live at the peak per category (``category_bytes_at_peak``, a tracked recording's), in
+    their own order, with their share of the blocks live then."""
+    categories = (device_entry.get("metrics", {}) or {}).get("category_bytes_at_peak") or {}
+    if not isinstance(categories, dict) or not categories:
+        return ""
+    total = sum(categories.values())
+    rows = [f'<tr><td class="category">{_e(name)}</td>{_size_cell(size)}<td class="num exact">{_e(size)}</td>'
+            f'<td class="num">{f"{size / total:.1%}" if total else "-"}</td></tr>' for name, size in categories.items()]
+    return ("<h4>Categories at the peak</h4>"
+            + _table(("category", "live at the peak", "bytes", "share"), rows, "categories-at-peak"))
 
 
 def _capacity_note(entry: dict[str, Any], device_entry: dict[str, Any]) -> str:
@@ -497,7 +516,7 @@ def _profile_section(i: int, entry: dict[str, Any], outcomes: list[dict[str, Any
             out.append('<p class="note">' + ("the normalized profile was not given: no curves"
                                              if not profiles_given else "no curves for this device") + "</p>")
         out.append(f'<div class="cols"><div>{_metrics_table(dev, entry.get("format"), t0)}{_reconciliation(dev)}</div>'
-                   f"<div>{_holders_table(dev, t0)}{_ops_table(dev)}"
+                   f"<div>{_categories_table(dev)}{_holders_table(dev, t0)}{_ops_table(dev)}"
                    f'{_at_peak_table(dev, "owner_bytes_at_peak", "owner")}{_at_peak_table(dev, "op_bytes_at_peak", "op")}'
                    "</div></div></section>")
     out.append("</section>")

@@ -13,8 +13,9 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memgate.budgets import CROSS_RANK, LIMITS, Budget
+from memgate.budgets import CROSS_RANK, LEFT, LIMITS, Budget
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
@@ -101,6 +102,39 @@ def _owner_caps(devices: list[DeviceMetrics], metric: str, path: str) -> list[Ca
     return candidates
 
 
+def _category_caps(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
+    """``category_caps[category]``: per device, the bytes of that category live at the peak."""
+    category = metric[len("category_caps["):-1]
+    candidates: list[Candidate] = []
+    for m in devices:
+        by_category = m.values.get("category_bytes_at_peak")
+        if isinstance(by_category, dict) and by_category:
+            step = f", step {m.peak_step}" if m.peak_step is not None else ""
+            candidates.append((int(by_category.get(category, 0)), m, f"{category} at the peak{step}"))
+    if not candidates:
+        raise NotMeasurable(f"{metric}: the profile records no categories: record it with memgate_record (or "
+                            "memgate.record) and track the model and optimizer (rec.track(model, optimizer))",
+                            file=path)
+    return candidates
+
+
+def _left_allocated(cache: MetricCache, devices: list[DeviceMetrics], path: str) -> tuple[list[Candidate],
+                                                                                             dict[str, LeftOn]]:
+    """``left_allocated``: per device, the bytes allocated in the window and still allocated at its end
+    (:mod:`memgate.leftover`); and each device's blocks left, for the holders."""
+    wanted = {m.device for m in devices}
+    left = {d.device: left_on(cache.profile, d) for d in cache.profile.devices if d.device in wanted}
+    candidates: list[Candidate] = []
+    for m in devices:
+        found = left.get(m.device)
+        if found is not None and found.bytes is not None:
+            candidates.append((found.bytes, m, f"{found.count} block(s) still allocated at the end of the window"))
+    if not candidates:
+        why = "; ".join(f"{d}: {f.why}" for d, f in left.items()) or "no device"
+        raise NotMeasurable(f"{LEFT} is not measurable: {why}", file=path)
+    return candidates, left
+
+
 def _measured(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
     """A budget key of LIMITS: per device its value, with the step, pool and note the verdict names."""
     key = LIMITS[metric][0]
@@ -132,6 +166,10 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         candidates, kind = _op_cap(devices, metric, profile.path), "size"
     elif metric.startswith("owner_caps["):
         candidates, kind = _owner_caps(devices, metric, profile.path), "size"
+    elif metric.startswith("category_caps["):
+        candidates, kind = _category_caps(devices, metric, profile.path), "size"
+    elif metric == LEFT:
+        (candidates, left), kind = _left_allocated(cache, devices, profile.path), "size"
     else:
         candidates, kind = _measured(devices, metric, profile.path), LIMITS[metric][1]
     # The worst device: the most over (or least under) its limit; with one limit for all, the largest value.
@@ -141,6 +179,13 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         judged.append((value - limit, value, limit, m, ", ".join(x for x in (extra, resolved) if x)))
     _, value, limit, worst, extra = max(judged, key=lambda c: c[0])
     where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
+    if metric == LEFT:  # the holders are the blocks left, not those at the peak
+        gone = left[worst.device]
+        return Outcome(profile_path=profile.path, rank=profile.rank, budget=budget.name, metric=metric, limit=limit,
+                       value=value, passed=value <= limit, device=worst.device, step=None,
+                       message=verdict_line(metric, kind, value, limit, where), holders=tuple(gone.holders),
+                       where=source_lines(worst, profile), live_count=gone.count,
+                       holders_when="left allocated at the end")
     return Outcome(
         profile_path=profile.path,
         rank=profile.rank,
@@ -156,7 +201,13 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         where=source_lines(worst, profile),
         share=budget.shares.get(metric),
         live_count=worst.values.get("live_at_peak_count"),
+        categories=dict(worst.values.get("category_bytes_at_peak") or {}) if _at_the_peak(metric) else {},
     )
+
+
+def _at_the_peak(metric: str) -> bool:
+    """A check whose value is measured at the allocated peak: its failure shows the peak by category."""
+    return metric == "peak_allocated" or metric.startswith(("category_caps[", "owner_caps["))
 
 
 def judge_profile(cache: MetricCache, budgets: Sequence[Budget]) -> list[CheckRow]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from memgate.baselines import baseline_entries, history_entry
-from memgate.budgets import Budget, budget_from_mapping
+from memgate.budgets import LEFT, Budget, budget_from_mapping
 from memgate.compare import CompareRule, Regression, compare_pair
 from memgate.discover import discover, load
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
@@ -100,21 +100,43 @@ def made_by(profile: Profile, recorder: Any) -> Profile:
                                                   "recorded_steps": recorder.steps})
 
 
+def recorded_trace(profile: Profile) -> Path | None:
+    """The Kineto trace of a recorded profile, whose Python frames name who allocated a block; None for
+    a snapshot alone (its blocks carry their own frames) and other formats."""
+    if profile.format == "kineto":
+        return Path(profile.path)
+    if profile.format == "torch_recording":  # the trace beside the snapshot (whose blocks carry frames)
+        return Path(profile.path) / str((profile.metadata.get("files") or {}).get("trace"))
+    return None
+
+
 def add_allocation_stacks(cache: MetricCache, budget: Budget, profile: Profile) -> None:
     """Give the holders at the peak the Python functions that allocated them (the recorded trace)."""
     from memgate.record import with_allocation_stacks
 
-    if profile.format == "kineto":
-        trace = Path(profile.path)
-    elif profile.format == "torch_recording":  # the trace beside the snapshot (whose blocks carry frames)
-        trace = Path(profile.path) / str((profile.metadata.get("files") or {}).get("trace"))
-    else:
-        return  # a snapshot: its blocks carry their own frames
+    trace = recorded_trace(profile)
+    if trace is None:
+        return
     for options in {budget.options, MetricOptions()}:
         for metrics in cache.get(options):
             holders = metrics.values.get("top_at_peak") or []
             if holders and not any("stack" in h for h in holders):
                 metrics.values["top_at_peak"] = with_allocation_stacks(trace, holders)
+
+
+def left_by_test(recorder: Any, test: str) -> list[dict[str, Any]]:
+    """``--memgate-report-left``: what a recorded test left allocated, per device of each profile it
+    recorded (:meth:`memgate.leftover.LeftOn.summary`); a recording memgate cannot read says so as one
+    not-measurable entry, never an error of the test."""
+    from memgate.leftover import left_behind
+
+    if recorder.memory_events == 0:
+        return []  # nothing allocated while recording: nothing left
+    try:
+        profiles = [load(found) for found in discover(recorder.directory)]
+    except MemgateError:
+        return [{"test": test, "device": "?", "bytes": None, "count": 0, "largest": None}]
+    return [left.summary(test) for profile in profiles for left in left_behind(profile)]
 
 
 # ---- judging a marked test -----------------------------------------------------------------------
@@ -194,6 +216,8 @@ def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, p
         add_allocation_stacks(cache, budget, profile)
         outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
     for metric, outcome in zip(budget.checks(), outcomes):
+        if isinstance(outcome, Outcome) and outcome.metric == LEFT and not outcome.passed and recorder is not None:
+            outcome = _with_stacks(outcome, profile)  # the blocks left name the functions that allocated them
         if isinstance(outcome, MemgateError):
             if not isinstance(outcome, NotSelected):  # not selected: a skipped row, no error
                 verdict.errors.append(outcome)
@@ -202,6 +226,15 @@ def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, p
             verdict.rows.append(CheckRow.judged(outcome))
             if not outcome.passed:
                 verdict.failed.append(outcome)
+
+
+def _with_stacks(outcome: Outcome, profile: Profile) -> Outcome:
+    from memgate.record import with_allocation_stacks
+
+    trace = recorded_trace(profile)
+    if trace is None or not outcome.holders or any("stack" in h for h in outcome.holders):
+        return outcome
+    return dataclasses.replace(outcome, holders=tuple(with_allocation_stacks(trace, list(outcome.holders))))
 
 
 def compare_with_history(entry: dict[str, Any], rules: Iterable[CompareRule], baseline: dict[str, Any] | None,

@@ -67,6 +67,9 @@ class MetricSpec:
     baselined: bool = True  # saved in a baseline (who held the peak is no number a baseline compares)
     nullable: bool = True  # null in the report when not measurable; else an empty {} or []
     detail_of: str | None = None  # a figure that qualifies another metric (not in METRIC_KEYS)
+    # Absent from a device's metrics (not null, not said missing) where not measured: a figure only some
+    # recordings carry (a tracked recording's categories), so every other profile reports as before.
+    optional: bool = False
 
     @property
     def kind(self) -> BudgetKind:
@@ -164,6 +167,12 @@ SPECS: tuple[MetricSpec, ...] = (
         "10 largest, the rest under (other); owner_caps budgets them by glob",
         shape="by name", at_peak=True, nullable=False),
     MetricSpec(
+        "category_bytes_at_peak", "bytes", "blocks",
+        "bytes of the blocks live at the peak per category (parameters, buffers, gradients, optimizer_state, "
+        "activations, other), attributed by address and lifetime to the storages a tracked recording noted; "
+        "category_caps budgets them",
+        shape="by name", at_peak=True, nullable=False, optional=True, formats=("torch_recording",)),
+    MetricSpec(
         "live_at_peak_count", "count", "blocks",
         "how many blocks are live at the peak (top_at_peak lists only the largest of them)",
         at_peak=True, baselined=False, detail_of="top_at_peak"),
@@ -172,6 +181,8 @@ SPECS: tuple[MetricSpec, ...] = (
 SPEC_OF: dict[str, MetricSpec] = {spec.key: spec for spec in SPECS}
 # The metrics of a device, in report order (DeviceMetrics.values holds these, then their details).
 METRIC_KEYS: tuple[str, ...] = tuple(spec.key for spec in SPECS if spec.detail_of is None)
+# The metrics absent from a device's metrics where not measured (MetricSpec.optional).
+OPTIONAL_KEYS: tuple[str, ...] = tuple(spec.key for spec in SPECS if spec.optional)
 # Budget key → spec, in the order budgets, reports and suggestions list them.
 BUDGET_SPECS: dict[str, MetricSpec] = {spec.budget.key: spec for spec in SPECS if spec.budget is not None}
 
@@ -232,6 +243,9 @@ def _check(specs: tuple[MetricSpec, ...]) -> None:
             raise ValueError(f"metric specs: {spec.key}: a limit on what is no cost is never suggested")
         if spec.detail_of is not None and spec.detail_of not in keys:
             raise ValueError(f"metric specs: {spec.key} qualifies {spec.detail_of}, which is no metric")
+        if spec.optional and (spec.nullable or spec.budget is not None):
+            raise ValueError(f"metric specs: {spec.key}: an optional metric is absent, never null, and no budget "
+                             "key judges it directly")
 
 
 _check(SPECS)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from memgate import hints, metric_specs
 from memgate.lazy import lazy_module
+from memgate.loaders.categories import COLUMN as CATEGORY
+from memgate.loaders.categories import bytes_by_category
 from memgate.metric_specs import SPEC_OF, details_of
 from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile, steps_in_order
 from memgate.reconcile import DeviceFacts, reconcile
@@ -157,6 +159,10 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     _dump_values(device.dump_state, figures)
     _blocks_at_peak(device, curve.name, peak_t, figures)
     pools = _loader_not_measurable(profile, figures, pools)
+    for key in metric_specs.OPTIONAL_KEYS:  # absent where not measured: other profiles report as before
+        if figures.values.get(key) is None:
+            figures.values.pop(key, None)
+            figures.missing.pop(key, None)
     return DeviceMetrics(
         device=device.device,
         component=curve.name,
@@ -313,7 +319,7 @@ def _steps_and_leaks(profile: Profile, device: DeviceModel, options: MetricOptio
 
 def _blocks_at_peak(device: DeviceModel, name: str | None, peak_t: int | None, figures: _Figures) -> None:
     """op_max_block_bytes, and the blocks live at the peak: top_at_peak (with live_at_peak_count),
-    op_bytes_at_peak, owner_bytes_at_peak."""
+    op_bytes_at_peak, owner_bytes_at_peak, and category_bytes_at_peak where the blocks have categories."""
     values = figures.values
     blocks = device.blocks
     op_max = op_max_block_bytes(blocks)
@@ -329,6 +335,8 @@ def _blocks_at_peak(device: DeviceModel, name: str | None, peak_t: int | None, f
     values["live_at_peak_count"] = len(at_peak) if at_peak is not None else None
     values["op_bytes_at_peak"] = bytes_at(blocks, at_peak, "op") if at_peak is not None else {}
     values["owner_bytes_at_peak"] = bytes_at(blocks, at_peak, "owner") if at_peak is not None else {}
+    if CATEGORY in blocks:  # a tracked recording's blocks (memgate.loaders.categories)
+        values["category_bytes_at_peak"] = bytes_by_category(blocks, at_peak) if at_peak is not None else {}
 
 
 def _loader_not_measurable(profile: Profile, figures: _Figures,
@@ -652,7 +660,8 @@ def top_at(blocks: Table, rows: np.ndarray, n: int = TOP_HOLDERS) -> list[dict[s
     tied_rows = rows[tied]
     keys = [_name_rank(blocks.texts(c).take(tied_rows)) for c in ("component", "stream", "owner", "op")]
     keys += [blocks.ints("t_alloc").take(tied_rows).filled(np.iinfo(np.int64).min), -sizes[tied]]
-    chosen = blocks.select(("size", "op", "stream", "owner", "t_alloc", "component")).take(tied_rows[np.lexsort(keys)[:n]])
+    shown = ("size", "op", "stream", "owner", "t_alloc", "component") + ((CATEGORY,) if CATEGORY in blocks else ())
+    chosen = blocks.select(shown).take(tied_rows[np.lexsort(keys)[:n]])
     return chosen.records()
 
 

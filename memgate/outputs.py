@@ -22,6 +22,7 @@ from memgate.documents import load_baseline
 from memgate.errors import MemgateError, printable
 from memgate.report import build_report, summary_table, write_json_atomic, write_text_atomic
 from memgate.rows import CheckRow, ErrorRow, ReportPayload
+from memgate.sizes import format_size
 
 if TYPE_CHECKING:
     from memgate.settings import Settings
@@ -118,6 +119,20 @@ def repository_path(file: str, rootdir: Path) -> str:
 SummaryLine = tuple[str, str]
 
 
+def left_lines(left: list[dict[str, Any]]) -> list[str]:
+    """``--memgate-report-left``: each recorded test that left device memory allocated when its body
+    ended, largest first (the test that makes a later one run out of memory comes first)."""
+    held = sorted((e for e in left if e.get("bytes")), key=lambda e: (-int(e["bytes"]), str(e["test"]), str(e["device"])))
+    tests = len({e["test"] for e in left})
+    lines = [] if held else [f"no recorded test left memory allocated ({tests} test(s) recorded)"]
+    for e in held:
+        largest = e.get("largest") or {}
+        what = f"; largest {format_size(largest['size'])} {largest['what']}".rstrip() if largest.get("size") else ""
+        lines.append(f"{format_size(e['bytes']):>12}  {e['device']}  {e['test']}  ({e['count']} block(s){what})")
+    unmeasured = sorted({f"{e['test']} {e['device']}" for e in left if e.get("bytes") is None})
+    return lines + [f"not measurable: {name}" for name in unmeasured]
+
+
 class RunOutputs:
     """A pytest run's results, gathered from each test's payload (also those xdist workers send), and
     the outputs written from them."""
@@ -131,6 +146,7 @@ class RunOutputs:
         self.errors: list[ErrorRow] = []
         self.counts: dict[str, int] = {}  # memgate's tests, counted as pytest counts them
         self.kept: list[str] = []
+        self.left: list[dict[str, Any]] = []  # --memgate-report-left: per recorded test and device
         self.late_errors: list[str] = []  # found at the session's end (an unreadable baseline to ratchet)
         self.saved: list[Path] = []
 
@@ -147,6 +163,7 @@ class RunOutputs:
             self.errors.append(payload.error)
         if payload.kept is not None:
             self.kept.append(payload.kept)
+        self.left.extend(payload.left)
 
     def sorted_rows(self) -> list[CheckRow]:
         return sorted(self.rows, key=lambda r: (r.profile, r.budget, r.metric))
@@ -208,6 +225,9 @@ class RunOutputs:
         if s.compare_id is not None and (self.entries or self.marker_entries):
             lines = comparison_lines(self.history_entries(), s.storage, s.compare_id, self.saved)
             out += [("section", "memgate compare"), *(("line", line) for line in lines)]
+        if s.report_left:
+            out += [("section", "memgate: memory left allocated by tests"),
+                    *(("line", printable(line)) for line in left_lines(self.left))]
         if os.environ.get("GITHUB_ACTIONS") == "true":
             annotations = github_annotations(rows_json(rows), errors_json(self.errors),
                                              lambda file: repository_path(file, self.rootdir))

@@ -38,6 +38,7 @@ from memgate.marks import (
     compare_with_history,
     judge_marked_test,
     keep_recording,
+    left_by_test,
     marker_budget,
 )
 from memgate.metric_cache import MetricCache
@@ -92,6 +93,9 @@ OPTIONS: tuple[_Option, ...] = (
             "--memgate-json the default is memgate-recordings beside the report, whose paths point there"),
     _Option("memgate_cache_dir", "string", "DIR",
             "cache of loaded profiles keyed on file content (default: pytest's cache dir)"),
+    _Option("memgate_report_left", "bool", None,
+            "list in the summary, per test memgate_record recorded, the device memory it left allocated when its "
+            "body ended (largest first): the test that makes a later one run out of memory is named"),
     _Option("memgate_leak_horizon_steps", "string", "N",
             "default leak_horizon_steps of budgets and markers: the last N counted steps whose live blocks may "
             "still be freed later (default 1)"),
@@ -143,6 +147,7 @@ MARKER_BUDGET = pytest.StashKey[Budget]()
 MARKER_ERROR = pytest.StashKey[ConfigError]()
 MARKER_PROFILES = pytest.StashKey[list[dict[str, Any]]]()
 KEPT_TRACES = pytest.StashKey[str]()
+LEFT_BEHIND = pytest.StashKey[list[dict[str, Any]]]()  # --memgate-report-left: what the test left, per device
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -584,9 +589,12 @@ def _finish_recording(item: pytest.Item) -> None:
     if recorder is None:
         return
     files = recorder.stop()
-    keep = item.config.stash[STATE].settings.keep_traces
+    settings = item.config.stash[STATE].settings
+    keep = settings.keep_traces
     if keep is not None and files and KEPT_TRACES not in item.stash:
         item.stash[KEPT_TRACES] = keep_recording(files, keep, item.nodeid)
+    if settings.report_left and LEFT_BEHIND not in item.stash:
+        item.stash[LEFT_BEHIND] = left_by_test(recorder, item.nodeid)
 
 
 def _marker_profile_path(item: pytest.Item, marker: pytest.Mark) -> Path:
@@ -680,7 +688,9 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> ReportPayload | 
     metrics of each profile. Only memgate's own items and marked tests carry one (an unmarked test
     whose recording was kept: where)."""
     if not isinstance(item, _GateItem) and not _is_marked(item):
-        return ReportPayload(kept=item.stash[KEPT_TRACES]) if call.when == "call" and KEPT_TRACES in item.stash else None
+        if call.when != "call" or (KEPT_TRACES not in item.stash and LEFT_BEHIND not in item.stash):
+            return None
+        return ReportPayload(kept=item.stash.get(KEPT_TRACES, None), left=item.stash.get(LEFT_BEHIND, []))
     state = item.config.stash[STATE]
     payload = ReportPayload(test=item.nodeid)
     declared = item.declared_in() if isinstance(item, _GateItem) else _declared_at(item)
@@ -704,6 +714,7 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> ReportPayload | 
     if call.when == "call":
         payload.marker_profiles = item.stash.get(MARKER_PROFILES, [])
         payload.kept = item.stash.get(KEPT_TRACES, None)
+        payload.left = item.stash.get(LEFT_BEHIND, [])
     if state.settings.wants_profiles and found is not None and call.when == "call":
         key = str(found.path)
         loaded = state.profiles.get(key)

@@ -7,6 +7,9 @@
             train_step(batch)
             rec.step()  # once per training step: ProfilerStep#N boundaries
 
+    with record("prof_dir", track=[model, optimizer]) as rec:  # categories at the peak
+        ...
+
 What is written:
 - ``torch_trace.json``: ``torch.profiler.profile(activities=[CPU], profile_memory=True,
   with_stack=True, with_modules=True)`` with a schedule that records every step from the first (``wait=0, warmup=0``:
@@ -37,6 +40,11 @@ What is written:
   ``torch.cuda.device_memory_used`` (device-wide); ``null`` where neither is available or CUDA was
   never initialized. Sampling never breaks a recording: an NVML error stops it, the samples taken
   so far are kept and the ``note`` says why.
+  ``tracked`` (only where :meth:`Recorder.track` was given models or optimizers): the storages of
+  their parameters, buffers, gradients and optimizer state, noted at each step end, around each
+  optimizer step and at the stop, each moment marked in the trace by a ``memgate::note#<k>`` span
+  (:mod:`memgate.tracking`); the loader attributes the blocks live at the peak to them
+  (``category_bytes_at_peak``).
 
 torch is imported only when recording starts (``pip install memgate[torch]``), pynvml only when
 the first device-memory sample is taken.
@@ -49,6 +57,7 @@ that directory (fixture teardown would be too late).
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import importlib.util
 import json
@@ -67,6 +76,7 @@ from typing import Any, Self
 
 from memgate import __version__ as MEMGATE_VERSION
 from memgate.readers.jsonstream import escape_names
+from memgate.tracking import StorageTracker
 
 TRACE_NAME = "torch_trace.json"
 CUDA_SNAPSHOT = "cuda_snapshot.pickle"
@@ -92,7 +102,7 @@ class Recorder:
 
     def __init__(self, directory: str | Path, *, warmup: int = 0, snapshots: bool = True,
                  max_entries: int = 100_000, record_shapes: bool = False, with_stack: bool = True,
-                 with_modules: bool = True) -> None:
+                 with_modules: bool = True, track: Any = ()) -> None:
         self.directory = Path(directory)
         self.warmup = warmup
         self.snapshots = snapshots
@@ -109,6 +119,19 @@ class Recorder:
         self._sampler: DeviceMemorySampler | None = None
         self._torch_version: str | None = None
         self._stopped = False
+        self._to_track: list[Any] = list(track) if isinstance(track, (list, tuple, set)) else [track]
+        self._tracker: StorageTracker | None = None
+
+    def track(self, *objects: Any) -> Self:
+        """Note the storages of these models (``nn.Module``) and optimizers at every step end, around
+        every optimizer step and at the stop (:mod:`memgate.tracking`): the blocks live at the peak
+        are then attributed to parameters, buffers, gradients, optimizer state and activations.
+        Held by weak references; may be called before or after :meth:`start`."""
+        if self._tracker is None:
+            self._to_track.extend(objects)
+        else:
+            self._tracker.add(objects)
+        return self
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -118,6 +141,13 @@ class Recorder:
         torch = _torch()
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        tracker = StorageTracker(torch)
+        try:
+            tracker.add(self._to_track)  # what is no module or optimizer fails here, before anything starts
+        except TypeError:
+            tracker.close()
+            raise
+        self._tracker, self._to_track = tracker, []
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.snapshots:
             self._start_memory_history(torch)
@@ -144,12 +174,16 @@ class Recorder:
         self._torch_version = str(torch.__version__)
         self._sampler = DeviceMemorySampler(torch)
         self._sampler.sample()
+        self._tracker.active = True
         return self
 
     def step(self) -> None:
         """End of one training step (the profiler's ``prof.step()``)."""
         if self._profiler is None or self._stopped:
             raise RuntimeError("the recorder is not running (call start() or use it as a context manager)")
+        if self._tracker is not None:
+            self._tracker.note("step end")
+            self._tracker.step = self.steps + 1
         self._profiler.step()
         self.steps += 1
         if self._sampler is not None:
@@ -161,6 +195,10 @@ class Recorder:
             return list(self.files)
         self._stopped = True
         try:
+            gc.collect()  # what only a reference cycle held is freed while the profiler sees it (left_allocated)
+            if self._tracker is not None:
+                self._tracker.note("stop")
+                self._tracker.close()
             if self._sampler is not None:
                 self._sampler.sample()
             try:
@@ -186,7 +224,7 @@ class Recorder:
 
     def manifest(self) -> dict[str, Any]:
         """What this recording wrote (the content of :data:`RECORDING_MANIFEST`, see the module docstring)."""
-        return {
+        out = {
             "memgate_recording": MANIFEST_VERSION,
             "memgate_version": MEMGATE_VERSION,
             "torch": self._torch_version,
@@ -195,11 +233,15 @@ class Recorder:
             "snapshots": list(self._snapshots),
             "device_memory": self._sampler.manifest() if self._sampler is not None else None,
         }
+        tracked = self._tracker.manifest() if self._tracker is not None else None
+        if tracked is not None:
+            out["tracked"] = tracked
+        return out
 
     def _write_manifest(self) -> None:
         path = self.directory / RECORDING_MANIFEST
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.manifest(), indent=2) + "\n", encoding="utf-8")
+        tmp.write_text(manifest_text(self.manifest()), encoding="utf-8")
         os.replace(tmp, path)  # a reader never sees half a manifest
         if path not in self.files:
             self.files.append(path)
@@ -226,6 +268,22 @@ class Recorder:
             finally:
                 memory._record_memory_history(enabled=None)
         self._memory = []
+
+
+def manifest_text(manifest: dict[str, Any]) -> str:
+    """The manifest as JSON, indented, with the tracked moments and storages one row per line (a large
+    model's thousands of storages stay a file a person can read)."""
+    tracked = manifest.get("tracked")
+    if not isinstance(tracked, dict):
+        return json.dumps(manifest, indent=2) + "\n"
+    rows = {key: tracked[key] for key in ("moments", "storages")}
+    text = json.dumps({**manifest, "tracked": {**tracked, "columns": "@columns@", **{key: f"@{key}@" for key in rows}}},
+                      indent=2)
+    text = text.replace('"@columns@"', json.dumps(tracked["columns"]))
+    for key, items in rows.items():
+        listed = ",\n".join("      " + json.dumps(item) for item in items)
+        text = text.replace(json.dumps(f"@{key}@"), f"[\n{listed}\n    ]" if items else "[]")
+    return text + "\n"
 
 
 # ---- device memory outside the caching allocator ------------------------------------------------

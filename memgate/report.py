@@ -183,8 +183,13 @@ def inspect_text(entry: dict[str, Any]) -> list[str]:
         owners = list((m.get("owner_bytes_at_peak") or {}).items())[:5]  # largest first
         if owners:
             lines.append("    owners at peak: " + ", ".join(f"{owner} {format_size(v)}" for owner, v in owners))
+        categories = m.get("category_bytes_at_peak") or {}  # a tracked recording's
+        if categories:
+            lines.append("    categories at peak: " + ", ".join(f"{name} {format_size(v)} ({v} B)"
+                                                              for name, v in categories.items()))
         for block in (m.get("top_at_peak") or [])[:5]:
-            lines.append(f"    at peak: {format_size(block['size']):>12}  {block['op'] or block['owner'] or '(no op)'}")
+            lines.append(f"    at peak: {format_size(block['size']):>12}  {block['op'] or block['owner'] or '(no op)'}"
+                         + (f"  ({block['category']})" if block.get("category") else ""))
         for name, facts in dev["reconciliation"]["components"].items():
             if facts["consistency"] is not None:
                 lines.append(

@@ -192,8 +192,9 @@ class ErrorRow:
 @dataclass
 class ReportPayload:
     """What one pytest report carries to the process that writes the outputs: the test, its rows or
-    its error, the profiles it measured (report entries: JSON already) and where its recording was kept.
-    Only memgate's own items and marked tests have a ``test``; an unmarked test's only ``kept``."""
+    its error, the profiles it measured (report entries: JSON already), where its recording was kept and
+    what it left allocated. Only memgate's own items and marked tests have a ``test``; an unmarked
+    test's only ``kept`` and ``left``."""
 
     test: str | None = None
     rows: list[CheckRow] = field(default_factory=list)
@@ -201,6 +202,8 @@ class ReportPayload:
     marker_profiles: list[dict[str, Any]] = field(default_factory=list)
     kept: str | None = None
     profile: dict[str, Any] | None = None  # a --memgate profile's entry, attached to one report
+    # --memgate-report-left: what a recorded test left allocated, per device (memgate.leftover.LeftOn.summary)
+    left: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         payload: dict[str, Any] = {}
@@ -216,10 +219,13 @@ class ReportPayload:
             payload["kept"] = self.kept
         if self.profile is not None:
             payload["profile"] = self.profile
+        if self.left:
+            payload["left"] = self.left
         return payload
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReportPayload:
         return cls(data.get("test"), [CheckRow.from_json(o) for o in data.get("outcomes", [])],
                    ErrorRow.from_json(data["error"]) if "error" in data else None,
-                   list(data.get("marker_profiles", [])), data.get("kept"), data.get("profile"))
+                   list(data.get("marker_profiles", [])), data.get("kept"), data.get("profile"),
+                   list(data.get("left", [])))

@@ -127,7 +127,7 @@ class Measured:
     @property
     def metrics(self) -> dict[str, Any]:
         """Every metric key → the worst device's value; op_max_block_bytes merged (largest per op);
-        top_at_peak, op_bytes_at_peak and owner_bytes_at_peak of the device with the largest peak_allocated."""
+        top_at_peak and the bytes at the peak by op, owner and category of the device with the largest peak_allocated."""
         values: dict[str, Any] = {}
         for key in METRIC_KEYS:
             measured = [m.values[key] for m in self.devices if m.values.get(key) is not None]
@@ -141,7 +141,7 @@ class Measured:
                 peaks = [m for m in self.devices if m.values.get("peak_allocated_bytes") is not None]
                 worst = max(peaks, key=lambda m: m.values["peak_allocated_bytes"]) if peaks else None
                 values[key] = list(worst.values.get("top_at_peak") or []) if worst is not None else []
-            elif key in ("op_bytes_at_peak", "owner_bytes_at_peak"):  # of the device with the largest peak
+            elif key in ("op_bytes_at_peak", "owner_bytes_at_peak", "category_bytes_at_peak"):  # the largest peak's
                 peaks = [m for m in self.devices if m.values.get("peak_allocated_bytes") is not None]
                 worst = max(peaks, key=lambda m: m.values["peak_allocated_bytes"]) if peaks else None
                 values[key] = dict(worst.values.get(key) or {}) if worst is not None else {}

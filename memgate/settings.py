@@ -74,6 +74,7 @@ class Settings:
     html_path: Path | None = None
     keep_traces: Path | None = None
     cache_dir: Path | None = None
+    report_left: bool = False  # --memgate-report-left: what each recorded test left allocated, in the summary
 
     @property
     def compares(self) -> bool:
@@ -148,6 +149,7 @@ def _read_outputs(settings: Settings, lookup: Lookup, where: Where) -> None:
     settings.benchmark_json = _path(lookup, "memgate_benchmark_json")
     settings.html_path = _path(lookup, "memgate_html")
     settings.keep_traces = _path(lookup, "memgate_keep_traces")
+    settings.report_left = bool(lookup("memgate_report_left")[0])
     report = settings.html_path or settings.json_path
     if settings.keep_traces is None and report is not None:
         # a report's paths must outlive pytest's temporary folders (it removes all but the last three)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
@@ -109,6 +109,26 @@ def owner_cap_sizes(entries: list[dict[str, Any]]) -> tuple[dict[str, int], str]
     if not caps:
         return {}, "no owner at the peak is common to every profile"
     return caps, ""
+
+
+def category_cap_sizes(entries: list[dict[str, Any]]) -> tuple[dict[str, int], str]:
+    """Category caps to suggest: per category the most bytes one device held of it at the peak, for
+    the categories held at all, where every profile records categories (a tracked recording); also why
+    none is suggested where some profiles record them and not all (a profile without would not be judged).
+    No remark where none records them (nothing was tracked)."""
+    measured = [[dev["metrics"].get("category_bytes_at_peak") for dev in entry["devices"]] for entry in entries]
+    recorded = [any(isinstance(c, dict) and c for c in devices) for devices in measured]
+    if not any(recorded):
+        return {}, ""
+    if not all(recorded):
+        return {}, "not every profile records categories (track the model and optimizer in each recording)"
+    largest: dict[str, int] = {}
+    for devices in measured:
+        for by_category in devices:
+            for name, size in (by_category or {}).items():
+                if int(size) > 0:
+                    largest[str(name)] = max(largest.get(str(name), 0), int(size))
+    return largest, "" if largest else "no category held bytes at the peak"
 
 
 def rank_imbalance_measured(entries: list[dict[str, Any]], metric: str = "peak_allocated") -> tuple[float | None, str]:
@@ -215,6 +235,7 @@ class _Suggestion:
     owner_caps: dict[str, str]
     imbalance: tuple[str, str] | None  # (ratio literal, comment)
     remarks: list[str]  # comment lines after the budget
+    category_caps: dict[str, str] = field(default_factory=dict)  # category → size
 
 
 @dataclass
@@ -317,6 +338,10 @@ def _suggest_caps(out: _Suggestion, entries: list[dict[str, Any]], measured: _Me
         out.owner_caps[glob] = suggested_size(size, factor)
     if not owner_caps:
         out.remarks.append(f"# owner_caps not suggested: {why}")
+    categories, why = category_cap_sizes(entries)
+    out.category_caps = {name: suggested_size(size, factor) for name, size in categories.items()}
+    if why:
+        out.remarks.append(f"# category_caps not suggested: {why}")
 
 
 def _suggest_imbalance(out: _Suggestion, entries: list[dict[str, Any]], factor: Decimal) -> None:
@@ -357,6 +382,8 @@ def suggest_toml(entries: list[dict[str, Any]], headroom: Decimal, name: str = "
     for key, caps in (("op_caps", s.op_caps), ("owner_caps", s.owner_caps)):
         if caps:
             lines.append(f"{key} = {{ " + ", ".join(f'{_toml_string(g)} = "{size}"' for g, size in caps.items()) + " }")
+    if s.category_caps:  # the categories are bare TOML keys
+        lines.append("category_caps = { " + ", ".join(f'{c} = "{size}"' for c, size in s.category_caps.items()) + " }")
     if s.imbalance is not None:
         lines.append(f"rank_imbalance = {{ peak_allocated = {s.imbalance[0]} }}  # {s.imbalance[1]}")
     return "\n".join(lines + s.remarks) + "\n"
@@ -377,7 +404,7 @@ def suggest_markers(entries: list[dict[str, Any]], factor: Decimal) -> str:
     for test, group in groups.items():
         s = _suggest_one(group, factor, growth, cross_rank=False)
         args = [f"{key}={literal}" for key, literal, _ in s.limits]
-        for key, caps in (("op_caps", s.op_caps), ("owner_caps", s.owner_caps)):
+        for key, caps in (("op_caps", s.op_caps), ("owner_caps", s.owner_caps), ("category_caps", s.category_caps)):
             if caps:
                 args.append(f"{key}={{" + ", ".join(f'{_toml_string(g)}: "{size}"' for g, size in caps.items()) + "}")
         if lines:

@@ -8,7 +8,7 @@ A failure line fits a JUnit ``message=``:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memgate.errors import printable
@@ -35,16 +35,21 @@ class Outcome:
     where: str  # the series and file the value came from
     share: float | None = None  # the limit as a share of the device's capacity, where written so
     live_count: int | None = None  # blocks live at the peak (holders keeps only the largest)
+    categories: dict[str, int] = field(default_factory=dict)  # bytes at the peak by category (a tracked recording)
+    holders_when: str = "at the peak"  # when the holders are live (left_allocated: at the end of the window)
 
     def detail(self, top: int = 5) -> str:
-        """The section under the failure line: ``top`` lines of holders at the peak (identical holders
-        grouped, :func:`holder_groups`), then the source."""
+        """The section under the failure line: the peak by category (a tracked recording's), ``top``
+        lines of holders at the peak (identical holders grouped, :func:`holder_groups`), then the source."""
         lines = []
+        if self.categories:
+            lines.append(f"at the peak by category ({self.device}): " + ", ".join(
+                f"{name} {format_size(size)}" for name, size in self.categories.items()))
         if self.holders:
             groups = holder_groups(self.holders)[:top]
             shown = sum(len(g) for g in groups)
             live = max(self.live_count or 0, len(self.holders))
-            lines.append(f"top {shown} of {live} live blocks at the peak ({self.device}):")
+            lines.append(f"top {shown} of {live} live blocks {self.holders_when} ({self.device}):")
             for group in groups:
                 lines.extend(_group_lines(group))
         return "\n".join([*map(printable, lines), self.where])  # one line each, whatever a name holds
@@ -55,6 +60,7 @@ def _group_lines(group: list[dict[str, Any]]) -> list[str]:
     block = group[0]
     what = block.get("op") or block.get("owner") or "(no op)"
     owner = f"  owner {block['owner']}" if block.get("op") and block.get("owner") else ""
+    category = f"  {block['category']}" if block.get("category") else ""
     stream = f"  stream {block['stream']}" if block.get("stream") else ""
     sizes = [int(b["size"]) for b in group]
     if len(group) == 1:
@@ -63,7 +69,7 @@ def _group_lines(group: list[dict[str, Any]]) -> list[str]:
         amount = f"{len(group)} × {format_size(sizes[0])} = {format_size(sum(sizes))}"
     else:
         amount = f"{len(group)} blocks = {format_size(sum(sizes))} (largest {format_size(max(sizes))})"
-    lines = [f"  {amount}  {what}{owner}{stream}"]
+    lines = [f"  {amount}  {what}{owner}{category}{stream}"]
     if block.get("stack"):  # the Python functions running at the allocation, innermost first
         lines.append(f"  {'':>12}  in {' <- '.join(str(f) for f in block['stack'])}")
     return lines
@@ -75,7 +81,8 @@ def holder_groups(holders: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
     one line per group instead of identical lines."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for block in holders:
-        key = (block.get("op"), block.get("owner"), tuple(str(f) for f in block.get("stack") or ()), block.get("stream"))
+        key = (block.get("op"), block.get("owner"), tuple(str(f) for f in block.get("stack") or ()), block.get("stream"),
+               block.get("category"))
         groups.setdefault(key, []).append(block)
     return sorted(groups.values(), key=lambda g: -sum(int(b["size"]) for b in g))  # stable: ties keep their order
 

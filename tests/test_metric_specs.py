@@ -236,13 +236,22 @@ def test_lists_kept_elsewhere_agree_with_the_table(module: str, name: str, deriv
 
 
 def test_every_metric_is_computed() -> None:
-    """device_metrics fills every key of the table (and its details) on any device, measured or not."""
+    """device_metrics fills every key of the table (and its details) on any device, measured or not; an
+    optional metric (a tracked recording's categories) only where measured, so other profiles report as before."""
+    from memgate.loaders.categories import COLUMN
     from memgate.metrics import device_metrics
     from memgate.model import DeviceModel, Profile
+    from memgate.table import Texts
 
     profile = Profile(path="p", format="kineto", rank="0", devices=(DeviceModel(device="cpu"),))
     values = device_metrics(profile, profile.devices[0]).values
-    assert list(values) == [s.key for s in SPECS if s.detail_of is None] + [s.key for s in SPECS if s.detail_of]
+    every = [s.key for s in SPECS if s.detail_of is None] + [s.key for s in SPECS if s.detail_of]
+    assert metric_specs.OPTIONAL_KEYS == ("category_bytes_at_peak",)
+    assert list(values) == [k for k in every if k not in metric_specs.OPTIONAL_KEYS]
+    categorized = DeviceModel(device="cpu")
+    categorized = dataclasses.replace(categorized, blocks=categorized.blocks.with_column(COLUMN, Texts.of([])))
+    values = device_metrics(profile, categorized).values
+    assert list(values) == every
 
 
 # ---- each check finds a table, schema or page out of step --------------------------------------
@@ -354,8 +363,9 @@ def test_a_check_finds_what_is_out_of_step(case: str) -> None:
     ({"budget": metric_specs.Budgeted("peak_requested", suggest="never")}, "says why"),
     ({"larger_is_worse": False}, "never suggested"),
     ({"detail_of": "no_such_metric"}, "which is no metric"),
+    ({"optional": True}, "absent, never null"),
 ], ids=["key twice", "budget key twice", "budgeted count", "never without why", "no cost suggested",
-        "detail of nothing"])
+        "detail of nothing", "optional yet nullable"])
 def test_the_table_checks_itself(change: dict[str, Any], message: str) -> None:
     specs = _changed(SPECS, "peak_requested_bytes", **change)
     with pytest.raises(ValueError, match=message):

@@ -45,6 +45,7 @@ from memgate import hints
 from memgate.errors import InputError, show
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders import registry
+from memgate.loaders.categories import ADDRESS, moment_of
 from memgate.loaders.events import pair_allocs, repeated_action
 from memgate.loaders.kineto_events import I64_MAX, MODULE_PREFIX, Collected, Kept, us_to_ns
 from memgate.model import MAX_BYTES, MAX_RANK, DeviceModel, Profile, Series, check_steps, empty_steps, step_number
@@ -167,10 +168,17 @@ def load(path: Path) -> Profile:
     # The events are plain Python values (no pandas object): Arrow builds its arrays from them
     # without importing pandas (~0.2 s), as the snapshot loader does.
     with arrow_without_pandas():
-        return _load(path)
+        return _load(path)[0]
 
 
-def _load(path: Path) -> Profile:
+def load_tracked(path: Path) -> tuple[Profile, dict[int, int]]:
+    """A tracked recording's trace: the profile with each block's address (column
+    :data:`~memgate.loaders.categories.ADDRESS`), and the start (ns) of each ``memgate::note#k`` span by k."""
+    with arrow_without_pandas():
+        return _load(path, addresses=True)
+
+
+def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]:
     check_readable(path)
     limits.check_file_size(path)
     gz = path.name.lower().endswith(".gz")
@@ -204,7 +212,7 @@ def _load(path: Path) -> Profile:
                          column="baseTimeNanoseconds", expected=f"ns since the epoch, at most {_BASE_MAX}",
                          found=repr(base))
     steps = _steps(path, got, schema, base)
-    devices = _devices(path, got, base)
+    devices = _devices(path, got, base, addresses)
     metadata: dict[str, Any] = {"base_time_ns": base, "trace_events": got.events, "memory_events": got.mem.count,
                                 "cpu_ops": got.ops.count}
     if got.first_addr.keys() == {False}:
@@ -230,7 +238,7 @@ def _load(path: Path) -> Profile:
         steps=steps,
         steps_source=str(path) if len(steps) else None,
         metadata=metadata,
-    )
+    ), _note_starts(path, got, schema, base) if addresses else {}
 
 
 # The trace-event format's other top level: an array of events (the first one's keys include "ph").
@@ -275,7 +283,22 @@ def _steps(path: Path, got: Collected, schema: dict[str, Any], base: int) -> Tab
     return steps
 
 
-def _devices(path: Path, got: Collected, base: int) -> list[DeviceModel]:
+def _note_starts(path: Path, got: Collected, schema: dict[str, Any], base: int) -> dict[int, int]:
+    """The start (ns) of each ``memgate::note#k`` span by k (the earliest, were one written twice)."""
+    if not got.notes:
+        return {}
+    check_records(got.notes, schema["$defs"]["x_event"], file=path, where=lambda k: "traceEvents (memgate::note)",
+                  root=schema)
+    start = us_to_ns([e["ts"] for e in got.notes], base, path)
+    out: dict[int, int] = {}
+    for event, t in zip(got.notes, start.tolist()):
+        k = moment_of(str(event["name"]))
+        if k is not None:
+            out[k] = min(t, out.get(k, t))
+    return out
+
+
+def _devices(path: Path, got: Collected, base: int, addresses: bool = False) -> list[DeviceModel]:
     mem = got.mem
     if not mem.count:
         return []
@@ -309,7 +332,8 @@ def _devices(path: Path, got: Collected, base: int) -> list[DeviceModel]:
         rows = order[label_of[order] == k]
         cpu = bool(dtype[rows[0]] == CPU)
         model = (_unpaired_device(path, label, rows, t, nbytes, total_alloc, total_res, op, cpu=cpu) if unpaired
-                 else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu, event=event))
+                 else _device(path, label, rows, t, nbytes, addr, total_alloc, total_res, op, cpu=cpu, event=event,
+                              addresses=addresses))
         models.append(_with_owners(model, rows, nbytes, owner))
     return models
 
@@ -329,9 +353,9 @@ def _label(device_type: int, device_id: int) -> str:
 
 def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.ndarray, addr: np.ndarray,
             total_alloc: tuple[np.ndarray, np.ndarray], total_res: tuple[np.ndarray, np.ndarray], op: np.ndarray, *,
-            cpu: bool, event: np.ndarray) -> DeviceModel:
+            cpu: bool, event: np.ndarray, addresses: bool = False) -> DeviceModel:
     """Blocks and the allocator series of one device; ``rows`` are its events in time order, ``event``
-    each row's index in traceEvents."""
+    each row's index in traceEvents; ``addresses``: the blocks carry their Addr too."""
     b = nbytes[rows]
     moving = rows[b != 0]
     is_alloc = nbytes[moving] > 0
@@ -366,6 +390,8 @@ def _device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nbytes: np.
         "component": Texts.repeat(COMPONENT, len(size)),
         "alloc_total": alloc_total,
     })
+    if addresses:
+        blocks = blocks.with_column(ADDRESS, Ints.of(np.concatenate([addr[moving][allocs], addr[moving][early]])))
     series: dict[str, Series] = {}
     if not total_alloc[1][rows].all():
         reserved = Ints.absent(len(rows)) if cpu else Ints.of(total_res[0][rows], total_res[1][rows])

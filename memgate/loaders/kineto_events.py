@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError, show
+from memgate.loaders.categories import NOTE_PREFIX
 from memgate.loaders.events import is_torch_file
 from memgate.readers import convert
 from memgate.readers.jsonstream import NumberText
@@ -108,6 +109,7 @@ class Collected:
         self.events = 0
         self.steps: list[dict[str, Any]] = []
         self.step_index: list[int] = []
+        self.notes: list[dict[str, Any]] = []  # memgate::note#k spans: a tracked recording's moments
         self.mem = Kept()
         self.ops = Kept()
         self.op_names = Codes()
@@ -151,10 +153,14 @@ class Collected:
             if ph == "X":
                 name = get("name")
                 cat = get("cat")
-                if type(name) is str and name.startswith("ProfilerStep#"):
-                    if cat != "gpu_user_annotation":  # the GPU-side copy runs on device time
+                if type(name) is str and name.startswith(("ProfilerStep#", NOTE_PREFIX)):
+                    if cat == "gpu_user_annotation":  # the GPU-side copy runs on device time
+                        pass
+                    elif name[0] == "P":
                         self.steps.append(with_decimals(event))
                         self.step_index.append(first + i)
+                    else:
+                        self.notes.append(with_decimals(event))
                 elif cat == "cpu_op":
                     op_index.append(first + i)
                     add_name(name)

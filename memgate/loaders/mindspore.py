@@ -585,10 +585,10 @@ def _load_memory_block(path: Path) -> Profile:
         # all in MindSpore's CPU pool (a CPU-target run), which this file cannot show.
         device = CPU_DEVICE
         metadata.update(_cpu_facts())
-        from memgate.metric_specs import METRIC_KEYS  # the metrics this file cannot give, named one by one
+        from memgate.metric_specs import METRIC_KEYS, OPTIONAL_KEYS  # what this file cannot give, one by one
 
         why = hints.mindspore_tracker_cpu_pool()
-        metadata["not_measurable"] = {key: why for key in METRIC_KEYS}
+        metadata["not_measurable"] = {key: why for key in METRIC_KEYS if key not in OPTIONAL_KEYS}
     model = DeviceModel(device=device, blocks=blocks, blocks_source=str(path))
     return Profile(path=str(path), format=FORMAT, rank=rank, devices=(model,), metadata=metadata)
 

@@ -14,7 +14,11 @@ profile, each figure taken from the file that records it exactly:
 - the CPU, and a device the snapshot has no history for: the trace's figures;
 - a device the snapshot lists without any allocation in the window (segments cached by earlier
   work): no figures, no row (a CPU test on a GPU host is judged on its CPU figures alone);
-- the process's device memory the recorder sampled (NVML): the device's ``APP`` series.
+- the process's device memory the recorder sampled (NVML): the device's ``APP`` series;
+- where the recorder tracked models and optimizers (the manifest's ``tracked``): each device's blocks
+  attributed to parameters, buffers, gradients, optimizer state, activations and other, by address and
+  lifetime (:mod:`memgate.loaders.categories`), in the clock of the file its blocks come from. Such a
+  recording is one even without a snapshot (a CPU run: the trace and the manifest).
 
 The figures both files record are cross-checked: over the trace's window, the snapshot's peak
 allocated and reserved must be the trace's, to the byte (both count the allocator's blocks); a
@@ -32,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from memgate.errors import InputError
-from memgate.loaders import kineto, registry, snapshot
+from memgate.loaders import categories, kineto, registry, snapshot
 from memgate.model import APP_COMPONENT, DeviceModel, Profile, Series
 from memgate.readers import limits
 from memgate.schemas import load_schema
@@ -63,14 +67,29 @@ def _members(path: Path) -> tuple[list[Path], list[Path]]:
 
 
 def claims(path: Path) -> bool:
-    """A directory holding one Kineto trace and one or two snapshots (a CUDA and an NPU one) side by side."""
+    """A directory holding one Kineto trace and one or two snapshots (a CUDA and an NPU one) side by
+    side, or one trace and a manifest that tracked models (``tracked``; a CPU recording has no snapshot)."""
     if not path.is_dir():
         return False
     try:
         traces, snapshots = _members(path)
     except OSError:
         return False
-    return len(traces) == 1 and 1 <= len(snapshots) <= 2
+    if len(traces) != 1:
+        return False
+    return 1 <= len(snapshots) <= 2 or (not snapshots and _tracks(path))
+
+
+def _tracks(path: Path) -> bool:
+    """Whether ``path`` holds a manifest with a ``tracked`` record (a bad manifest: the load says why)."""
+    file = path / MANIFEST
+    try:
+        if not file.is_file() or file.stat().st_size > _MAX_MANIFEST_BYTES:
+            return False
+        doc = json.loads(file.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("tracked"), dict)
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
@@ -98,13 +117,15 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 def load(path: Path) -> Profile:
     traces, snapshots = _members(path)
-    if len(traces) != 1 or not 1 <= len(snapshots) <= 2:
-        raise InputError("not one recording: expected one Kineto trace and its snapshot side by side", file=path,
-                         expected="one *.json trace and one or two snapshot pickles",
-                         found=f"{len(traces)} trace(s), {len(snapshots)} snapshot(s)")
     manifest = read_manifest(path)
+    tracked = (manifest or {}).get("tracked")
+    if len(traces) != 1 or not (1 <= len(snapshots) <= 2 or (not snapshots and tracked is not None)):
+        raise InputError("not one recording: expected one Kineto trace and its snapshot side by side", file=path,
+                         expected="one *.json trace and one or two snapshot pickles (or a manifest that tracked "
+                                  "models)", found=f"{len(traces)} trace(s), {len(snapshots)} snapshot(s)")
     trace_file = traces[0]
-    trace = kineto.load(trace_file)
+    trace, moments = kineto.load_tracked(trace_file) if tracked is not None else (kineto.load(trace_file), {})
+    moments_of: dict[str, dict[int, int]] = {}  # device → its clock's moments (a snapshot's own)
     devices: dict[str, DeviceModel] = {d.device: d for d in trace.devices}
     taken_from = {label: trace_file.name for label in devices}
     notes: list[str] = []
@@ -112,14 +133,16 @@ def load(path: Path) -> Profile:
     snapshot_meta: dict[str, Any] = {}
     for file in snapshots:
         try:
-            snap = snapshot.load(file)
+            snap = snapshot.load(file, addresses=tracked is not None)
         except InputError as exc:
             if exc.message != snapshot.EMPTY:
                 raise
             # dumped by a process that never allocated on the device (a CPU test on a GPU host): no row
             notes.append(f"{file.name} is empty: nothing was allocated on its device while recording")
             continue
-        snapshot_meta[file.name] = {k: v for k, v in snap.metadata.items() if k != "not_measurable"}
+        snapshot_meta[file.name] = {k: v for k, v in snap.metadata.items()
+                                    if k not in ("not_measurable", snapshot.NOTE_STARTS)}
+        snap_moments = {int(k): int(t) for k, t in (snap.metadata.get(snapshot.NOTE_STARTS) or {}).items()}
         if snap.metadata.get("time_base") not in ("time_us", "none"):  # none: no history to place
             raise InputError("a snapshot without time_us cannot be reconciled with a trace: its history has no "
                              "clock to place it in the trace's window", file=file, column="device_traces",
@@ -154,8 +177,12 @@ def load(path: Path) -> Profile:
                 device = replace(device, steps=_steps_of_trace(snap.steps, trace.steps))
             devices[device.device] = device
             taken_from[device.device] = file.name
+            moments_of[device.device] = snap_moments
     if manifest is not None:
         devices = _with_device_memory(devices, manifest, path / MANIFEST)
+    if tracked is not None:
+        devices, found = _with_categories(devices, categories.Tracked.of(tracked), moments, moments_of, trace.steps)
+        notes += found
     metadata: dict[str, Any] = {
         **trace.metadata,
         "files": {"trace": trace_file.name, "snapshots": [f.name for f in snapshots],
@@ -236,6 +263,25 @@ def _with_device_memory(devices: dict[str, DeviceModel], manifest: dict[str, Any
                        "reserved": Ints.of([b for _, b in samples]), "active": Ints.absent(n)})
         out[label] = replace(model, series={**model.series, APP_COMPONENT: Series(APP_COMPONENT, frame, str(file))})
     return out
+
+
+def _with_categories(devices: dict[str, DeviceModel], tracked: categories.Tracked, moments: dict[int, int],
+                     moments_of: dict[str, dict[int, int]], steps: Table) -> tuple[dict[str, DeviceModel], list[str]]:
+    """Each device's blocks attributed to the tracked categories (:mod:`memgate.loaders.categories`), in
+    the clock its blocks are in (a snapshot's own annotations, else the trace's); and what to note."""
+    out, notes = {}, []
+    for label, device in devices.items():
+        attributed, facts = categories.attribute(device, tracked, moments_of.get(label, moments),
+                                                 device.steps if device.steps is not None else steps)
+        out[label] = attributed
+        if "not attributed" in facts:
+            notes.append(f"{label}: no categories: {facts['not attributed']}")
+        elif facts.get("storages_without_block"):
+            notes.append(f"{label}: {facts['storages_without_block']} tracked storage(s), "
+                         f"{facts['bytes_without_block']} bytes, lie in no block of the window (allocated before "
+                         "the recording started, or noted only where no block was live): not counted in "
+                         "category_bytes_at_peak")
+    return out, notes
 
 
 def _max_entries(manifest: dict[str, Any] | None, name: str) -> int | None:

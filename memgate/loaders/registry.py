@@ -100,6 +100,7 @@ _ASCEND_DIR_NAMES = ("ASCEND_PROFILER_OUTPUT", "mindstudio_profiler_output")
 _ASCEND_EXPORTS = ("memory_record.csv", "operator_memory.csv", "trace_view.json")
 _SNAPSHOT_NAMES = (".pickle", ".pkl")
 _TRACE_NAMES = (".json", ".json.gz")
+_RECORDING_MANIFEST = "memgate_recording.json"  # memgate.record's manifest
 _RAW_TIMELINE_NAMES = ("raw.json.gz", ".raw.json", ".raw.gz")
 
 
@@ -113,7 +114,8 @@ def _ascend_dir(path: Path) -> bool:
 
 
 def _recording_dir(path: Path) -> bool:
-    """A folder the recording loader may claim: a snapshot and a trace by name, directly inside it."""
+    """A folder the recording loader may claim: a trace by name directly inside it, beside a snapshot
+    or memgate's recording manifest (a tracked recording without a snapshot)."""
     if not path.is_dir():
         return False
     try:
@@ -121,7 +123,8 @@ def _recording_dir(path: Path) -> bool:
             names = [e.name.lower() for e in entries]
     except OSError:
         return False
-    return any(n.endswith(_SNAPSHOT_NAMES) for n in names) and any(n.endswith(_TRACE_NAMES) for n in names)
+    return (any(n.endswith(_SNAPSHOT_NAMES) or n == _RECORDING_MANIFEST for n in names)
+            and any(n.endswith(_TRACE_NAMES) and n != _RECORDING_MANIFEST for n in names))
 
 
 def _ending(*endings: str) -> Callable[[str], bool]:
@@ -152,7 +155,7 @@ LOADERS: tuple[Loader, ...] = (
     Loader("ascend_db", _ending(".db"), _ascend_dir),
     Loader("mindspore", _ending(".csv", ".txt"), _ascend_dir),
     Loader("cann", folders=_ascend_dir),
-    Loader("recording", folders=_recording_dir),  # a snapshot beside a trace
+    Loader("recording", folders=_recording_dir),  # a snapshot (or a tracked manifest) beside a trace
 )
 
 

@@ -53,6 +53,7 @@ from memgate import fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders import block_sizes, registry
+from memgate.loaders.categories import ADDRESS, note_starts
 from memgate.loaders.events import is_torch_file, pair_allocs, repeated_action
 from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
 from memgate.model import DeviceModel, PoolState, Profile, Series, check_bytes, empty_steps, step_number
@@ -66,6 +67,7 @@ FORMAT = "torch_snapshot"
 SCHEMA = "torch_snapshot"
 SUFFIXES = (".pickle", ".pkl")
 COMPONENT = "allocator"
+NOTE_STARTS = "note_starts_ns"  # metadata of a load with addresses: memgate::note#k START by k
 SIZE_BASIS = "rounded"  # the allocator's block sizes, what torch.cuda.memory_allocated() counts
 STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)$")  # also read by RE2 (Arrow), where $ is the end
 # Metrics that need the allocation history (peaks, growth of reserved or per step, leaks, the peak's
@@ -127,22 +129,24 @@ def is_snapshot_head(head: bytes) -> bool:
 # ---- loading --------------------------------------------------------------------------------------
 
 
-def load(path: Path, *, max_bytes: int | None = None, every_frame: bool = False) -> Profile:
+def load(path: Path, *, max_bytes: int | None = None, every_frame: bool = False, addresses: bool = False) -> Profile:
+    """``addresses``: each block keeps its address (column ``addr``) and ``metadata[NOTE_STARTS]`` holds
+    the start (ns) of each ``memgate::note#k`` annotation by k (a tracked recording's moments)."""
     limits.check_file_size(path)  # the general cap first: its message names its own override
     # The collector stays paused while the millions of unpickled objects are read too (a pass over
     # them costs ~0.4 s per 1M trace entries); they are freed before it resumes. A pickle holds no
     # pandas object: Arrow reads the records without importing pandas.
     with collector_paused(), arrow_without_pandas():
         profile, entries = _load_paused(path, limits.current().max_pickle_bytes if max_bytes is None else max_bytes,
-                                        every_frame)
+                                        every_frame, addresses)
     limits.check_rows(path, entries, what="trace entries", column="device_traces")
     return profile
 
 
-def _load_paused(path: Path, max_bytes: int, every_frame: bool) -> tuple[Profile, int]:
+def _load_paused(path: Path, max_bytes: int, every_frame: bool, addresses: bool = False) -> tuple[Profile, int]:
     """The profile and its number of trace entries."""
     data = safepickle.load(path, max_bytes=max_bytes)
-    profile = build_profile(path, data, every_frame=every_frame)
+    profile = build_profile(path, data, every_frame=every_frame, addresses=addresses)
     traces = data.get("device_traces") if isinstance(data, dict) else None
     entries = sum(len(t) for t in traces if isinstance(t, (list, tuple))) if isinstance(traces, list) else 0
     fastexit.keep(data, path.stat().st_size)  # the memgate command ends without freeing them one by one
@@ -169,7 +173,7 @@ class _Segments:
     where: list[str]  # per block, its JSON path
 
 
-def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profile:
+def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses: bool = False) -> Profile:
     """The normalized model of an unpickled snapshot (``data`` as ``safepickle.load`` returned it).
 
     ``every_frame``: check the frames no metric reads too (of frees and other non-alloc entries, and
@@ -226,7 +230,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profil
     by_dev = {p.device: p for p in parsed}
     for dev in devices:
         trace = by_dev.get(dev) or _parse_trace(path, dev, [], schema)
-        model, facts = _device_model(dev, trace, segments, npu, t_origin, path, settings, every_frame)
+        model, facts = _device_model(dev, trace, segments, npu, t_origin, path, settings, every_frame, addresses)
         models.append(model)
         notes[model.device] = facts
 
@@ -259,6 +263,8 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False) -> Profil
         metadata["steps_note"] = step_note
     if by_optimizer_name:
         metadata["steps_by_optimizer"] = by_optimizer_name
+    if addresses:  # a tracked recording's moments, in the snapshot's clock (none without time_us)
+        metadata[NOTE_STARTS] = _note_starts(ann) if ann and time_base == "time_us" else {}
     cut = next((f"{label}: {facts['history_truncated']}" for label, facts in notes.items()
                 if facts.get("history_truncated")), None)
     if cut:
@@ -455,7 +461,7 @@ def _parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str,
 
 def _device_model(
     dev: int, trace: _Trace, segs: _Segments, npu: bool, t_origin: int, path: Path,
-    settings: block_sizes.Settings, every_frame: bool = False,
+    settings: block_sizes.Settings, every_frame: bool = False, addresses: bool = False,
 ) -> tuple[DeviceModel, dict[str, Any]]:
     label = f"{'npu' if npu else 'cuda'}:{dev}"
     code = trace.code
@@ -523,6 +529,9 @@ def _device_model(
         "component": Texts.repeat(COMPONENT, len(size)),
         "alloc_total": Ints.absent(len(size)),
     })
+    if addresses:
+        blocks = blocks.with_column(ADDRESS, Ints.of(np.concatenate([trace.addr[allocs], trace.addr[early_frees],
+                                                                     segs.address[live_through]])))
 
     # Series: deltas per entry, levels rebuilt backwards from the final segments.
     d_alloc = np.where(is_alloc, block, 0) - np.where(is_free, block, 0)
@@ -877,6 +886,15 @@ def _steps(path: Path, ann: dict[str, pa.Array | None], t_first: int) -> tuple[T
     steps = sorted(starts.keys() | ends.keys())
     return Table({"step": Ints.of(steps), "t_start": Ints.of_optional(starts.get(n) for n in steps),
                   "t_end": Ints.of_optional(ends.get(n) for n in steps)}), None
+
+
+def _note_starts(ann: dict[str, pa.Array | None]) -> dict[str, int]:
+    """memgate::note#k START (ns) by k as text (JSON metadata), from the annotations' columns."""
+    names, stages, times = ann["name"], ann["stage"], ann.get("time_us")
+    if names is None or stages is None or times is None:
+        return {}
+    starts = note_starts(names.to_pylist(), stages.to_pylist(), (_ints(times, len(names)) * 1000).tolist())
+    return {str(k): t for k, t in starts.items()}
 
 
 def _optimizer_steps(names: list[Any], stages: list[Any], times: list[int], t_first: int) -> tuple[Table, str | None]:
