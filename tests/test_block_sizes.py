@@ -19,6 +19,7 @@ from helpers import REPO, SAMPLES
 
 from memgate.loaders import block_sizes, snapshot
 from memgate.loaders.block_sizes import Settings, rounded
+from memgate.loaders.snapshot_trace import ACTIONS
 from memgate.metrics import profile_metrics
 
 MIB = 1 << 20
@@ -95,7 +96,7 @@ def test_settings_defaults() -> None:
 # ---- the replay over hand-made traces -------------------------------------------------------------------
 
 
-_CODE = {name: snapshot.ACTIONS.index(name) for name in
+_CODE = {name: ACTIONS.index(name) for name in
          ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free")}
 SEG = 0x7F0000000000
 

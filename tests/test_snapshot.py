@@ -42,7 +42,8 @@ from writers.snapshot import (
 from memgate import cli
 from memgate.discover import discover, load
 from memgate.errors import InputError, MemgateError
-from memgate.loaders import snapshot
+from memgate.loaders import snapshot, stack_groups
+from memgate.loaders.snapshot_trace import ACTIONS
 from memgate.metrics import profile_metrics
 from memgate.readers import safepickle
 from memgate.readers.pyrecords import check_records
@@ -503,7 +504,7 @@ def _listify(value: Any) -> Any:
 def test_schema_is_valid_draft_2020_12() -> None:
     schema = load_schema("torch_snapshot")
     jsonschema.Draft202012Validator.check_schema(schema)
-    assert schema["$defs"]["trace_entry"]["properties"]["action"]["enum"] == list(snapshot.ACTIONS)
+    assert schema["$defs"]["trace_entry"]["properties"]["action"]["enum"] == list(ACTIONS)
 
 
 @pytest.mark.parametrize("path", [MODERN, LEGACY, MULTI, TORCH / "kineto_cpu_profile_to_snapshot.pickle", EORNN],
@@ -1279,7 +1280,7 @@ def test_frames_lists_that_hold_themselves_are_an_error_not_a_crash(tmp_path: Pa
     x.append(x)
     y: list[Any] = [frame]
     y.append(y)
-    assert snapshot._first_equal([x, y, [frame], x]).tolist() == [0, 1, 2, 0]
+    assert stack_groups.first_equal([x, y, [frame], x]).tolist() == [0, 1, 2, 0]
 
     def pick(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
         allocs = [i for i, e in enumerate(data["device_traces"][0]) if e["action"] == "alloc"]

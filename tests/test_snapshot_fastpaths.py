@@ -1,8 +1,8 @@
 """The snapshot loader's fast paths agree with the plain definitions they replace.
 
-- Frames lists grouped by content (``snapshot._first_equal``, C comparisons against candidates)
+- Frames lists grouped by content (``stack_groups.first_equal``, C comparisons against candidates)
   against the definition: a list's group is the first list with the same frames; the attribution
-  of each list against :func:`snapshot.op_owner` called on every list, errors included.
+  of each list against :func:`snapshot_stacks.op_owner` called on every list, errors included.
 - ``check_records`` proving optional keys absent from the key counts (no pass over every record's
   keys) against ``jsonschema`` record by record: valid or not, and the first bad record named; its
   columns gathered in one pass over chunks of records (``gather_columns``) against a gather per key.
@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memgate.errors import InputError
-from memgate.loaders import snapshot
+from memgate.loaders import snapshot_stacks, stack_groups
 from memgate.readers import pyrecords
 from memgate.readers.pyrecords import check_records, gather, gather_columns
 from memgate.schemas import load_schema
@@ -93,12 +93,12 @@ def _check_grouping(lists: list[Any], first: list[int]) -> None:
 def test_frames_lists_group_with_the_first_list_of_the_same_frames(lists: list[Any], rounds: int,
                                                                    ) -> None:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(snapshot, "_ROUNDS", rounds)  # 0: all by frame identities; 1: candidates, then identities
-        _check_grouping(lists, snapshot._first_equal(lists).tolist())
+        mp.setattr(stack_groups, "_ROUNDS", rounds)  # 0: all by frame identities; 1: candidates, then identities
+        _check_grouping(lists, stack_groups.first_equal(lists).tolist())
 
 
 def _naive(lists: list[Any]) -> list[tuple[str | None, str | None]]:
-    return [(None, None) if x is None else snapshot.op_owner(x, None, f"e[{j}].frames") for j, x in enumerate(lists)]
+    return [(None, None) if x is None else snapshot_stacks.op_owner(x, None, f"e[{j}].frames") for j, x in enumerate(lists)]
 
 
 @given(frames_lists(odd=True), st.sampled_from([0, 1, 8]))
@@ -109,9 +109,9 @@ def test_attribution_equals_op_owner_of_every_list(lists: list[Any], rounds: int
     except InputError as exc:
         expected = exc
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(snapshot, "_ROUNDS", rounds)
+        mp.setattr(stack_groups, "_ROUNDS", rounds)
         try:
-            ops, owners = snapshot._op_owner_each(lists, None, lambda j: f"e[{j}].frames")
+            ops, owners = snapshot_stacks.op_owner_each(lists, None, lambda j: f"e[{j}].frames")
         except InputError as exc:
             assert isinstance(expected, InputError), exc
             assert (exc.column, exc.message, exc.found) == (expected.column, expected.message, expected.found)
@@ -125,7 +125,7 @@ def test_a_bad_frame_shared_by_many_lists_is_reported_at_its_first_use() -> None
     bad = {"name": "forward", "line": 3}  # no filename
     lists = [[good] for _ in range(5)] + [[good, bad] for _ in range(5)] + [[bad]]
     with pytest.raises(InputError) as info:
-        snapshot._op_owner_each(lists, None, lambda j: f"device_traces[0][{j}].frames")
+        snapshot_stacks.op_owner_each(lists, None, lambda j: f"device_traces[0][{j}].frames")
     assert info.value.column == "device_traces[0][5].frames[1]"
     assert info.value.message == "malformed stack frame"
 
@@ -135,14 +135,14 @@ def test_each_frame_is_read_once_however_many_stacks_share_it(monkeypatch: pytes
     py = [{"name": "step", "filename": "/w/train.py", "line": k} for k in range(50)]
     lists = [shared + [py[k]] for k in range(50) for _ in range(3)]  # 50 stacks of 21 frames, 3 lists each
     read: list[int] = []
-    role = snapshot._role
+    role = snapshot_stacks._role
 
     def counted(frame: Any, *args: Any) -> Any:
         read.append(id(frame))
         return role(frame, *args)
 
-    monkeypatch.setattr(snapshot, "_role", counted)
-    _, owners = snapshot._op_owner_each(lists, None, lambda j: f"e[{j}]")
+    monkeypatch.setattr(snapshot_stacks, "_role", counted)
+    _, owners = snapshot_stacks.op_owner_each(lists, None, lambda j: f"e[{j}]")
     assert sorted(read) == sorted(set(read)) and len(read) == 20 + 50
     assert owners.tolist() == [f"/w/train.py:{k}:step" for k in range(50) for _ in range(3)]
 

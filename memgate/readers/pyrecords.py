@@ -153,6 +153,19 @@ def _int64_array(values: Sequence[int]) -> pa.Array:
         return pa.array(values, from_pandas=False)
 
 
+def int_column(arr: pa.Array | None, n: int, fill: int | None = None) -> np.ndarray:
+    """A checked integer column (as :func:`check_records` returns it) as int64 numpy, nulls → ``fill``
+    (an absent or all-null column: ``n`` of ``fill``, else 0)."""
+    if arr is None or pa.types.is_null(arr.type):
+        return np.full(n, 0 if fill is None else fill, dtype=np.int64)
+    if fill is not None and arr.null_count:
+        arr = pc.fill_null(arr, fill)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+_NO_NULLS = np.zeros(0, dtype=bool)  # a column without nulls: its mask is never read, only summed
+
+
 def _first_true(mask: np.ndarray) -> int | None:
     hits = np.flatnonzero(mask)
     return int(hits[0]) if len(hits) else None
@@ -226,7 +239,9 @@ def _check_column(
                 problem(bad, "wrong type")
                 _py_constraints(values[:bad], prop, problem)  # a value before it may break a bound
             arr = None  # e.g. ints mixed with Decimals in a number column: valid, but not one arrow type
-        nulls = np.asarray(arr.is_null()) if arr is not None else _none_mask(values)
+        # the mask only where there are nulls (most columns have none: no pass over them)
+        nulls = (_NO_NULLS if not arr.null_count else np.asarray(arr.is_null())) if arr is not None \
+            else _none_mask(values)
     elif kinds:
         # Arrays / objects: the set of Python types present, gathered in C; a scan only when one is wrong.
         allowed = (*kinds, "null")
@@ -236,12 +251,12 @@ def _check_column(
             bad = next((i for i, v in enumerate(values) if not py_matches(v, allowed)), None)
             if bad is not None:
                 problem(bad, "wrong type")
-        nulls = _none_mask(values) if type(None) in found else np.zeros(len(values), dtype=bool)
+        nulls = _none_mask(values) if type(None) in found else _NO_NULLS
     else:
-        nulls = np.zeros(len(values), dtype=bool)
+        nulls = _NO_NULLS
     null_count = int(nulls.sum()) if kinds else None  # untyped: None values never looked for
 
-    if nulls.any() and "null" not in kinds:
+    if null_count and "null" not in kinds:
         has = present() if present is not None else np.ones(len(values), dtype=bool)
         null_value = _first_true(nulls & has)
         missing = _first_true(nulls & ~has) if required else None
@@ -262,8 +277,14 @@ def _check_column(
     return (arr if scalar else None), first, null_count
 
 
+# A bound of the schema: its key, the test of a value that breaks it, the message.
+_BOUNDS = (("minimum", np.less, "value too small"), ("exclusiveMinimum", np.less_equal, "value too small"),
+           ("maximum", np.greater, "value too large"))
+_ARROW_TESTS = {np.less: pc.less, np.less_equal: pc.less_equal, np.greater: pc.greater}
+
+
 def _constraints(arr: pa.Array, prop: Mapping[str, Any], problem: Callable[[int, str], None]) -> None:
-    checks: list[tuple[pa.Array, str]] = []
+    checks: list[tuple[pa.Array | np.ndarray, str]] = []
     numeric = pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)
     if "const" in prop:
         checks.append((pc.not_equal(arr, pa.scalar(prop["const"])), "value not allowed"))
@@ -274,19 +295,21 @@ def _constraints(arr: pa.Array, prop: Mapping[str, Any], problem: Callable[[int,
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             value_set = pa.array([], type=arr.type)
         checks.append((pc.invert(pc.is_in(arr, value_set=value_set)), "value not allowed"))
-    if numeric and "minimum" in prop:
-        checks.append((pc.less(arr, prop["minimum"]), "value too small"))
-    if numeric and "exclusiveMinimum" in prop:
-        checks.append((pc.less_equal(arr, prop["exclusiveMinimum"]), "value too small"))
-    if numeric and "maximum" in prop:
-        checks.append((pc.greater(arr, prop["maximum"]), "value too large"))
+    ints = arr.to_numpy() if pa.types.is_int64(arr.type) and not arr.null_count else None  # no copy
+    for key, test, message in _BOUNDS:
+        if numeric and key in prop:
+            bound = prop[key]
+            if ints is not None and type(bound) is int and _INT64[0] <= bound <= _INT64[1]:
+                checks.append((test(ints, bound), message))  # in numpy, on the same int64 values
+            else:
+                checks.append((_ARROW_TESTS[test](arr, bound), message))
     if "pattern" in prop and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         re.compile(prop["pattern"])
         ok = pc.match_substring_regex(arr, re2_pattern(str(prop["pattern"])))
         checks.append((pc.invert(ok), "malformed value"))
     best: tuple[int, str] | None = None
     for mask, message in checks:
-        hit = _first_true(np.asarray(pc.fill_null(mask, False), dtype=bool))
+        hit = _first_true(mask if isinstance(mask, np.ndarray) else np.asarray(pc.fill_null(mask, False), dtype=bool))
         if hit is not None and (best is None or hit < best[0]):
             best = (hit, message)
     if best is not None:
@@ -326,8 +349,8 @@ _CHUNK = 4096  # records per step of gather_columns: their tuples stay in cache 
 
 
 def gather_columns(records: Sequence[Any], names: Sequence[str]) -> tuple[list[list[Any]], int] | None:
-    """:func:`gather` of each of ``names``, and how many keys the records hold in all (None if a
-    record is no dict).
+    """:func:`gather` of each of ``names`` (two or more), and how many keys the records hold in all
+    (None if a record is no dict).
 
     One pass over the records instead of one per name: each chunk of records is read into tuples of
     its values once (the dicts the unpickler scattered are the slow part to reach), and the columns
@@ -337,7 +360,6 @@ def gather_columns(records: Sequence[Any], names: Sequence[str]) -> tuple[list[l
     """
     columns: list[list[Any]] = [[] for _ in names]
     row_of = operator.itemgetter(*names)
-    splits = [operator.itemgetter(k) for k in range(len(names))]
     held = 0
     for start in range(0, len(records), _CHUNK):
         chunk = records[start:start + _CHUNK]
@@ -351,8 +373,8 @@ def gather_columns(records: Sequence[Any], names: Sequence[str]) -> tuple[list[l
             for column, name in zip(columns, names):
                 column.extend(map(dict.get, chunk, repeat(name)))
             continue
-        for column, split in zip(columns, splits):
-            column.extend(map(split, rows))
+        for column, values in zip(columns, zip(*rows)):  # the chunk's rows transposed, in C
+            column.extend(values)
     return columns, held
 
 
@@ -489,6 +511,9 @@ def _check_if_then(records: Sequence[dict[str, Any]], clause: Mapping[str, Any],
     allowed = list(test.get("enum", [test.get("const")]))
     selector = columns.get(prefix + key)
     if selector is None or pa.types.is_null(selector.type) or not len(records):
+        return None
+    held = [columns.get(prefix + name) for name in needed]
+    if all(column is not None and not column.null_count for column in held):  # every record has them all
         return None
     applies = np.asarray(pc.fill_null(pc.is_in(selector, value_set=pa.array(allowed, type=selector.type)), False),
                          dtype=bool)
