@@ -222,6 +222,10 @@ def _check_column(
 
     arr: pa.Array | None = None
     wrong_type = False
+    if kinds == ("string",) and "enum" in prop and not {"const", "pattern"} & prop.keys() and len(values):
+        arr = _enum_strings(values, prop["enum"])
+        if arr is not None:  # every value is one of the names: nothing else to check
+            return arr, None, 0
     if scalar:
         # pyarrow's type inference recurses into nested lists (a value nested a million deep kills the
         # process): a column holding any container is wrong already and goes to the Python scan.
@@ -281,6 +285,20 @@ def _check_column(
 _BOUNDS = (("minimum", np.less, "value too small"), ("exclusiveMinimum", np.less_equal, "value too small"),
            ("maximum", np.greater, "value too large"))
 _ARROW_TESTS = {np.less: pc.less, np.less_equal: pc.less_equal, np.greater: pc.greater}
+
+
+def _enum_strings(values: Sequence[Any], enum: Sequence[Any]) -> pa.Array | None:
+    """A column of one of ``enum``'s strings (an action, a state) as a string array, where every value
+    is one of them: each looked up once in a dict (one pass, no type pass), the array taken from the
+    names. None where a value is anything else (the general checks then say what)."""
+    names = [v for v in enum if type(v) is str]
+    index = {name: i for i, name in enumerate(names)}
+    try:
+        codes = np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
+    except (KeyError, TypeError):  # another string, None, a number (True is no key either), a list
+        return None
+    out: pa.Array = pc.take(pa.array(names, type=pa.string()), pa.array(codes))
+    return out
 
 
 def _constraints(arr: pa.Array, prop: Mapping[str, Any], problem: Callable[[int, str], None]) -> None:
