@@ -43,7 +43,6 @@ class LeftOn:
         return {"device": self.device, "bytes": self.bytes, "count": self.count, "holders": self.holders,
                 **({"why": self.why} if self.why else {})}
 
-
     def summary(self, test: str) -> dict[str, Any]:
         """What ``--memgate-report-left`` lists of it: the test, the device, the bytes and blocks, and the
         largest holder in words (op, owner, category)."""
