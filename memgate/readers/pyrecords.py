@@ -263,14 +263,9 @@ def _check_column(
     null_count = int(nulls.sum()) if kinds else None  # untyped: None values never looked for
 
     if null_count and "null" not in kinds:
-        has = present() if present is not None else np.ones(len(values), dtype=bool)
-        null_value = _first_true(nulls & has)
-        missing = _first_true(nulls & ~has) if required else None
-        if null_value is not None and (missing is None or null_value < missing):
-            problems.append(_Problem(null_value, join(where(null_value), name), "null value", describe(prop), "null"))
-        elif missing is not None:
-            problems.append(_Problem(missing, where(missing) or "(top level)", f"missing key {name!r}",
-                                     f"an object with {name!r}", "no such key"))
+        null_problem = _null_problem(nulls, present() if present is not None else None, required, prop,
+                                     name=name, where=where)
+        problems.extend([null_problem] if null_problem is not None else [])
     if scalar and not wrong_type:  # bounds too when a null is wrong: the first bad record is reported
         if arr is not None and len(arr) and arr.null_count < len(arr):
             try:
@@ -281,6 +276,21 @@ def _check_column(
             _py_constraints(values, prop, problem)
     first = min(problems, key=lambda p: p.index) if problems else None
     return (arr if scalar else None), first, null_count
+
+
+def _null_problem(nulls: np.ndarray, has: np.ndarray | None, required: bool, prop: Mapping[str, Any], *, name: str,
+                  where: Where) -> _Problem | None:
+    """The first null a column does not allow: a null value, or a required key missing (``has``: the
+    records that have the key; None: all of them)."""
+    has = np.ones(len(nulls), dtype=bool) if has is None else has
+    null_value = _first_true(nulls & has)
+    missing = _first_true(nulls & ~has) if required else None
+    if null_value is not None and (missing is None or null_value < missing):
+        return _Problem(null_value, join(where(null_value), name), "null value", describe(prop), "null")
+    if missing is not None:
+        return _Problem(missing, where(missing) or "(top level)", f"missing key {name!r}",
+                        f"an object with {name!r}", "no such key")
+    return None
 
 
 # A bound of the schema: its key, the test of a value that breaks it, the message.
