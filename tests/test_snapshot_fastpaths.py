@@ -250,8 +250,9 @@ def test_columns_gathered_in_chunks_equal_a_gather_per_key(records: list[dict[st
     with mock.patch.object(pyrecords, "_CHUNK", chunk):
         gathered = gather_columns(records, ["a", "b", "c"])
     assert gathered is not None
-    columns, held = gathered
+    columns, held = gathered.columns, gathered.held
     assert columns == [gather(records, key) for key in "abc"]
     assert all(x is y for column, key in zip(columns, "abc") for x, y in zip(column, gather(records, key)))
     assert held == sum(map(len, records))
+    assert gathered.types == [set(map(type, gather(records, key))) for key in "abc"]
     assert gather_columns([*records, [1]], ["a", "b"]) is None  # a record that is no object

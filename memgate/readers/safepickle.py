@@ -13,6 +13,11 @@ array as long as the largest index a ``PUT`` names, so ``LONG_BINPUT 2**29`` in 
 8 GiB. The address space the load may add is therefore capped too (Linux), and an allocation past it
 is an InputError. Each cap has an override for legitimately huge or unusual snapshots
 (:mod:`memgate.readers.limits`).
+
+A framed pickle (protocol 4+, what torch writes) is read from its file as the Unpickler asks, a FRAME
+at a time; an unframed one is read whole first. Both hand the Unpickler the same bytes through the
+same checks, so what a file loads as and the error it raises are the same either way (the number of
+containers a refusal reports as built may differ by one: it counts what the process allocated).
 """
 
 from __future__ import annotations
