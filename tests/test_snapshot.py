@@ -1115,10 +1115,12 @@ def test_legacy_history_blocks_count_their_real_size(tmp_path: Path) -> None:
 # ---- torch_npu snapshots: device label ------------------------------------------------------------
 
 
-def _labelled(tmp_path: Path, filenames: list[str], *, where: str = "trace") -> str:
+def _labelled(tmp_path: Path, filenames: list[str], *, where: str = "trace", conf: str | None = None) -> str:
     frames = [{"name": "f", "filename": f, "line": 1} for f in filenames]
     block = _block(1024, "active_allocated", 1000)
     data: dict[str, Any] = {"segments": [_segment(0, 1 << 20, [block])], "device_traces": [[]]}
+    if conf is not None:
+        data["allocator_settings"] = {conf: "", "max_split_size": -1}
     if where == "trace":
         data["device_traces"] = [[{"action": "alloc", "addr": 1 << 20, "size": 1000, "stream": 0, "frames": frames}]]
     elif where == "block":
@@ -1144,6 +1146,17 @@ NOT_NPU_PATHS = ["/usr/local/lib/python3.9/site-packages/torch/nn/modules/module
 @pytest.mark.parametrize("where", ["trace", "block", "history", "segment"])
 def test_frames_in_torch_npu_make_an_npu_snapshot(tmp_path: Path, path: str, where: str) -> None:
     assert _labelled(tmp_path, ["/work/train.py", path], where=where) == "npu:0"
+
+
+@pytest.mark.parametrize("where", ["trace", "segment"])
+def test_a_cuda_allocator_conf_settles_the_label_before_any_frame(tmp_path: Path, where: str) -> None:
+    """torch's CUDA (and ROCm) allocator names its conf in allocator_settings; no torch_npu release writes
+    allocator_settings, so a torch_npu frame there (a user's wrapper) leaves the snapshot CUDA's."""
+    for conf in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
+        assert _labelled(tmp_path, ["/work/train.py", NPU_PATHS[0]], where=where, conf=conf) == "cuda:0"
+    assert _labelled(tmp_path, ["/work/train.py", NPU_PATHS[0]], where=where, conf="PYTORCH_NPU_ALLOC_CONF") == "npu:0"
+    # a conf of no known allocator (a newer torch's generic name) decides nothing: the frames still do
+    assert _labelled(tmp_path, ["/work/train.py", NPU_PATHS[0]], where=where, conf="PYTORCH_ALLOC_CONF") == "npu:0"
 
 
 @pytest.mark.parametrize("path", NOT_NPU_PATHS)

@@ -132,6 +132,8 @@ _SCAN_VISITS = 2_000_000  # frame dicts read at most (a fraction of a second), s
 # package (…/site-packages/torch_npu/npu/memory.py) or its sources (…/torch_npu/csrc/…), not a
 # user's ``torch_npu_helper/`` nor a ``torch_npu.py`` script.
 _NPU_PATH = re.compile(r"(?:^|[/\\])torch_npu[/\\]")
+# The allocator conf torch's own CUDA (ROCm) allocator names in the settings it writes.
+_OTHER_CONFS = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"})
 
 
 def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace]) -> bool:
@@ -139,7 +141,9 @@ def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace]) -> bool:
 
     Its signs: an allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries (in the first entries
     of a trace), or a stack frame from a file inside a ``torch_npu`` directory (its Python package, its
-    C++ sources) — the only sign a snapshot without either carries. ``parsed``: the device traces.
+    C++ sources) — the only sign a snapshot without either carries. A conf named for CUDA (or HIP)
+    settles it the other way before any frame is read: torch writes it, and no torch_npu release
+    (2.0.1 to 2.12) writes ``allocator_settings`` at all. ``parsed``: the device traces.
     """
     settings = snapshot.get("allocator_settings")
     if isinstance(settings, dict) and any("NPU" in str(k) for k in settings):
@@ -148,6 +152,8 @@ def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace]) -> bool:
     heads = [[e for e in t[:_SCAN_ENTRIES] if isinstance(e, dict)] for t in traces]
     if any(e.get("action") == "workspace_snapshot" for head in heads for e in head):
         return True
+    if isinstance(settings, dict) and any(k in _OTHER_CONFS for k in settings):
+        return False
     # The frames: the segments' first, then every entry of every trace, until _SCAN_VISITS frames were
     # read (a torch_npu frame may first show past the first thousand entries, or deep in the segments).
     # That walk reads each list's every frame (20M for the benchmark's 1M entries, ~1.5 s), so it is
