@@ -36,7 +36,7 @@ from typing import Any
 
 from memgate.baselines import RUN_LAYOUT, baseline_entries, baseline_from_entries, comparable_key
 from memgate.documents import load_baseline
-from memgate.errors import ConfigError, MemgateError
+from memgate.errors import ConfigError, MemgateError, remembered
 from memgate.report import write_json_atomic
 
 LAYOUT = RUN_LAYOUT  # memgate_run.layout, checked on read (memgate.documents.load_baseline)
@@ -190,15 +190,7 @@ class BaselineFinder:
         self._read: dict[Path, dict[str, Any] | MemgateError] = {}
 
     def read(self, path: Path) -> dict[str, Any]:
-        if path not in self._read:
-            try:
-                self._read[path] = load_baseline(path)
-            except MemgateError as exc:
-                self._read[path] = exc
-        loaded = self._read[path]
-        if isinstance(loaded, MemgateError):
-            raise loaded
-        return loaded
+        return remembered(self._read, path, lambda: load_baseline(path))
 
     def for_entry(self, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         """(the baseline to compare ``entry`` with, where it is) — (None, why) when there is none,

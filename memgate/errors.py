@@ -7,12 +7,15 @@ CLI can render the same one-line message: ``memgate: error: FILE:LINE: ...``.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI's --help imports this module
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    K = TypeVar("K", bound=Hashable)
+    V = TypeVar("V")
 
 
 class MemgateError(Exception):
@@ -210,3 +213,17 @@ def cannot_read(exc: OSError, path: str | Path, **fields: Any) -> InputError:
     """A read that failed although the file looked readable (ACLs, EIO, a file that vanished):
     the file the OS names, else ``path``."""
     return InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path, **fields)
+
+
+def remembered(memo: dict[K, V | MemgateError], key: K, make: Callable[[], V]) -> V:
+    """``make()``, once per ``key`` in ``memo``: its value, or the MemgateError it raised, raised again
+    on every later call (a file that failed to load is not read again, and fails the same way)."""
+    if key not in memo:
+        try:
+            memo[key] = make()
+        except MemgateError as exc:
+            memo[key] = exc
+    found = memo[key]
+    if isinstance(found, MemgateError):
+        raise found
+    return found

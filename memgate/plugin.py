@@ -30,7 +30,7 @@ from memgate.cache import ProfileCache, open_profile
 from memgate.ci import unit_of
 from memgate.compare import CompareRule, Regression, compare_entry
 from memgate.discover import Found, discover, rank_hint
-from memgate.errors import ConfigError, MemgateError, NotSelected, printable
+from memgate.errors import ConfigError, MemgateError, NotSelected, printable, remembered
 from memgate.identity import NO_TIMESTAMP, RAW, stable_name
 from memgate.judge import judge, judge_rank_imbalance, rank_values
 from memgate.marks import (
@@ -126,16 +126,7 @@ class _State:
 
     def load(self, found: Found) -> MetricCache:
         """The profile of ``found``, ready to judge (loaded once per process; its error kept too)."""
-        key = str(found.path)
-        if key not in self.profiles:
-            try:
-                self.profiles[key] = open_profile(found, self.cache)
-            except MemgateError as exc:
-                self.profiles[key] = exc
-        loaded = self.profiles[key]
-        if isinstance(loaded, MemgateError):
-            raise loaded
-        return loaded
+        return remembered(self.profiles, str(found.path), lambda: open_profile(found, self.cache))
 
 
 STATE = pytest.StashKey[_State]()

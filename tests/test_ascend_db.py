@@ -557,3 +557,18 @@ def test_npu_op_mem_repeated_release_is_dropped_and_noted(tmp_path: Path) -> Non
     after = ascend_db.load(path)
     assert after.devices[0].blocks.to_pandas().equals(before.devices[0].blocks.to_pandas())
     assert any("release(s) of an address already freed" in note for note in after.metadata["notes"])
+
+
+def test_a_block_frees_at_the_earlier_of_release_and_active_release() -> None:
+    """As the text export (test_torch_npu): the allocated total drops at the earlier of releaseTime and
+    activeReleaseTime; this real file has two blocks another stream used, released actively later."""
+    rows = raw("SELECT allocationTime, releaseTime, activeReleaseTime FROM OP_MEMORY WHERE allocationTime IS NOT NULL")
+    assert sum(1 for _, rel, act in rows if rel is not None and act is not None and act > rel) == 2
+    expected = sorted(((a, min(t for t in (rel, act) if t is not None) if (rel, act) != (None, None) else None)
+                       for a, rel, act in rows), key=str)
+    [found] = discover.discover(DB_DIR)
+    [device] = discover.load(found).devices
+    t_free = device.blocks.ints("t_free")
+    got = list(zip(device.blocks.ints("t_alloc").values.tolist(),
+                   [None if na else t for t, na in zip(t_free.values.tolist(), t_free.isna().tolist())]))
+    assert sorted(got, key=str) == expected

@@ -30,6 +30,7 @@ from memgate.errors import (
     NotSelected,
     cannot_read,
     printable,
+    remembered,
     show,
 )
 
@@ -193,3 +194,25 @@ def test_an_error_is_one_printable_line() -> None:
     text = err.one_line()
     assert not RAW.search(text), text
     assert "\\x1b]0;title\\x07" in text and "\\u202e" in text
+
+
+def test_remembered_makes_once_per_key_and_raises_a_kept_error_again() -> None:
+    calls: list[str] = []
+    memo: dict[str, int | MemgateError] = {}
+
+    def make(key: str) -> int:
+        calls.append(key)
+        if key == "bad":
+            raise InputError("unreadable", file=key)
+        return len(key)
+
+    assert remembered(memo, "good", lambda: make("good")) == 4
+    assert remembered(memo, "good", lambda: make("good")) == 4
+    for _ in range(2):
+        with pytest.raises(InputError, match="unreadable") as info:
+            remembered(memo, "bad", lambda: make("bad"))
+        assert info.value.file == "bad"
+    assert calls == ["good", "bad"]  # neither made twice
+    with pytest.raises(ZeroDivisionError):  # only memgate's own errors are kept: a bug is not remembered
+        remembered(memo, "bug", lambda: 1 // 0)
+    assert "bug" not in memo

@@ -646,7 +646,7 @@ def test_ms210_tracker_row_with_a_bad_cell_names_it(tmp_path: Path) -> None:
     assert (err.value.file, err.value.line, err.value.column, err.value.found) == (str(path), 4, "is_small", "'true'")
 
 
-# ---- torch_npu snapshots: the npu label (snapshot.py's _is_npu; kept here, beside the other Ascend labels) ----
+# ---- torch_npu snapshots: the npu label (snapshot_stacks.is_npu; kept here, beside the other Ascend labels) ----
 
 
 def _npu_snapshot(tmp_path: Path, entries: int, npu_at: int, shared: bool) -> Path:

@@ -77,9 +77,9 @@ def test_a_step_name_is_ascii_digits_to_its_end(name: str) -> None:
     digits (int() reads them) and a trailing newline."""
     import re
 
-    from memgate.loaders import kineto, snapshot, trace_view
+    from memgate.loaders import kineto, snapshot_steps, trace_view
 
     for pattern in (kineto.STEP_NAME, trace_view.STEP_NAME):
         assert pattern.match(name) is None
-    assert re.fullmatch(snapshot.STEP_NAME.pattern.replace("$", r"\Z"), name) is None  # as RE2 reads it
+    assert re.fullmatch(snapshot_steps.STEP_NAME.pattern.replace("$", r"\Z"), name) is None  # as RE2 reads it
     assert kineto.STEP_NAME.match("ProfilerStep#12").group(1) == "12"  # type: ignore[union-attr]

@@ -273,11 +273,16 @@ def read_memory_record(db: Database) -> list[tuple[str, str, Table]]:
 def read_op_memory(db: Database) -> list[tuple[str, Table]]:
     validate_table(db, _schema("OP_MEMORY"))
     _check_devices(db, "OP_MEMORY")
+    # The allocated total drops at the earlier of releaseTime and activeReleaseTime (see
+    # torch_npu.read_operator_memory): a block another stream still uses is handed back later.
+    active = "activeReleaseTime" if "activeReleaseTime" in db.columns("OP_MEMORY") else "NULL"
     frame = db.frame(
-        "SELECT rowid, name, size, allocationTime, releaseTime, allocationTotalAllocated, streamPtr, deviceId "
-        "FROM OP_MEMORY ORDER BY rowid",
-        ("rowid", "name", "size", "t_alloc", "t_free", "alloc_total", "stream", "device_id"),
-        ("int", "int", "int", "int", "int", "int", "int", "int"), table="OP_MEMORY")
+        f"SELECT rowid, name, size, allocationTime, releaseTime, {active}, allocationTotalAllocated, streamPtr, "
+        "deviceId FROM OP_MEMORY ORDER BY rowid",
+        ("rowid", "name", "size", "t_alloc", "t_release", "t_active_release", "alloc_total", "stream", "device_id"),
+        ("int", "int", "int", "int", "int", "int", "int", "int", "int"), table="OP_MEMORY")
+    release, active_release = frame["t_release"], frame["t_active_release"]
+    frame["t_free"] = release.where(active_release.isna() | (release <= active_release).fillna(False), active_release)
     frame["name"] = _names(db, frame["name"])
     release_only = frame["size"] < 0
     bad = (release_only & frame["t_alloc"].notna()) | (~release_only & frame["t_alloc"].isna())

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from memgate.errors import InputError
-from memgate.loaders import categories, kineto, registry, snapshot
+from memgate.loaders import categories, kineto, registry, snapshot, snapshot_device
 from memgate.model import APP_COMPONENT, DeviceModel, Profile, Series
 from memgate.readers import limits
 from memgate.schemas import load_schema
@@ -202,7 +202,7 @@ def load(path: Path) -> Profile:
 
 
 def _levels(device: DeviceModel, column: str) -> tuple[np.ndarray, np.ndarray]:
-    series = device.series.get(snapshot.COMPONENT)
+    series = device.series.get(snapshot_device.COMPONENT)
     if series is None:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     values = series.frame.ints(column)

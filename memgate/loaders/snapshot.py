@@ -43,7 +43,7 @@ from typing import Any
 from memgate import fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
-from memgate.loaders import block_sizes, registry, snapshot_device, snapshot_stacks, snapshot_steps
+from memgate.loaders import block_sizes, registry
 from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
 from memgate.loaders.snapshot_device import SIZE_BASIS, device_model
 from memgate.loaders.snapshot_segments import Segments, iter_blocks, read_segments
@@ -68,11 +68,6 @@ SUFFIXES = (".pickle", ".pkl")
 HISTORY_METRICS = ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation",
                    "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "top_at_peak")
 EMPTY = "empty snapshot: no segments and no device traces"  # a dump from a process that never used the device
-# Read here by the recording loader (the series a snapshot's devices carry) and by tests of the owners
-# and of the step names, which know this module only.
-COMPONENT = snapshot_device.COMPONENT
-op_owner = snapshot_stacks.op_owner
-STEP_NAME = snapshot_steps.STEP_NAME
 _EMPTY_DICT, _EMPTY_LIST = 0x7D, 0x5D
 # Keys one of which a snapshot's first record names within its first bytes (dict or bare list).
 _HEAD_KEYS = (b"segments", b"device_traces", b"total_size")

@@ -403,8 +403,12 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     # numpy (values, missing) pairs: the checks below run on 5M-row columns without pandas' masked ops
     size, no_size = table.pop_ints("Size(KB)")
     alloc, no_alloc = table.pop_ints("Allocation Time(us)")
-    # The allocator's allocated total drops at Active Release Time (the block is handed back);
-    # Release Time is later, when the caching allocator records it. GE rows have only Release Time.
+    # torch_npu's allocator takes a block out of its allocated total when the block is freed, then
+    # writes two records: MEMORY_BLOCK_FREE (Active Release Time) when the block stops being active,
+    # and MEMORY_FREE (Release Time) at the end of free(). Without pending stream uses the first
+    # comes a few us before the second; a block still used by another stream is handed back later
+    # (Active Release Time after Release Time). Either way the allocated total has dropped at the
+    # earlier of the two. GE rows and files before 2.1 have only Release Time.
     released, no_released = table.pop_ints("Release Time(us)")
     before_2_1 = not table.has("Stream Ptr")  # no Active columns and no Stream Ptr were written then
     if before_2_1:
@@ -414,7 +418,8 @@ def read_operator_memory(path: Path) -> list[tuple[str, Table]]:
     else:
         active_released, no_active_released = table.pop_ints("Active Release Time(us)")
     release_free_memory()  # the number columns' text and the parse buffers, before the checks and the blocks
-    release = np.where(no_active_released, released, active_released)
+    release = np.where(no_active_released, released,
+                       np.where(no_released, active_released, np.minimum(released, active_released)))
     no_release = no_active_released & no_released
     release_only = size < 0  # a missing Size fails the schema: every row has one
     bad = release_only != no_alloc

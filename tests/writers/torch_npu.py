@@ -6,7 +6,8 @@ npu_module_mem.csv, step_trace_time.csv and the step sources (trace_view.json an
 kernel_details.csv).
 
 What the real files (tests/data/samples/ascend) show and this writer reproduces:
-- A PTA block's allocated total drops at its *Active Release Time*; a second PTA row with no change
+- A PTA block's allocated total drops at its *Active Release Time* (the earlier of its two release times
+  when no other stream uses it, as here); a second PTA row with no change
   follows at its *Release Time* (``Release Time >= Active Release Time``). GE blocks have one release
   time and empty Active columns.
 - ``PTA+GE`` is written after every PTA and GE row: the sum of each component's last written value
