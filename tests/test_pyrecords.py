@@ -79,7 +79,10 @@ def test_the_first_bad_record_in_record_order_wins() -> None:
 
 def test_gathering_columns() -> None:
     assert gather([{"a": 1}, {"b": 2}], "a") == [1, None]
-    assert gather_columns([{"a": 1, "b": 2}, {"a": 3}], ["a", "b"]) == ([[1, 3], [2, None]], 3)  # 3 keys held
+    gathered = gather_columns([{"a": 1, "b": 2}, {"a": 3}], ["a", "b"])
+    assert gathered is not None
+    assert (gathered.columns, gathered.held) == ([[1, 3], [2, None]], 3)  # 3 keys held
+    assert gathered.types == [{int}, {int, type(None)}]  # each column's types, gathered as it was read
     assert gather_columns([{"a": 1}, 5], ["a"]) is None  # a record that is no dict
 
 
