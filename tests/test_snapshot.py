@@ -869,14 +869,19 @@ def _options() -> st.SearchStrategy[SnapshotOptions]:
                      front_workspace=st.booleans(), protocol=st.integers(2, 5), markers=st.booleans())
 
 
-def _as_blocks(trace: Trace) -> Trace:
+NPU_PAD = 32  # torch_npu's round_size adds it to every request before rounding (AddPadSize)
+
+
+def _as_blocks(trace: Trace, pad: int = 0) -> Trace:
     """The trace with every block at what the allocator hands out for its request: the files written here
-    have expandable segments (legacy: blocks outside its one segment), where a block is its rounded request."""
-    return replace(trace, hidden_baseline=-(-trace.hidden_baseline // 512) * 512,
-                   blocks=tuple(replace(b, size=torch_round(b.size, [0] * 16)) for b in trace.blocks))
+    have expandable segments (legacy: blocks outside its one segment), where a block is its rounded request
+    (``pad``: bytes torch_npu adds to a request first)."""
+    baseline = torch_round(trace.hidden_baseline + pad, [0] * 16) if trace.hidden_baseline else 0
+    return replace(trace, hidden_baseline=baseline,
+                   blocks=tuple(replace(b, size=torch_round(b.size + pad, [0] * 16)) for b in trace.blocks))
 
 
-def _with_requests(blocks: dict[str, Any], requested: dict[str, Any]) -> dict[str, Any]:
+def _with_requests(blocks: dict[str, Any], requested: dict[str, Any], pad: int = 0) -> dict[str, Any]:
     """``blocks`` (a trace rendered at its blocks) with the requested sizes of ``requested`` (the same trace
     rendered as requested): its segments and reserve are an allocator's, its entries record the requests.
     The legacy writer keeps the blocks freed in the window outside its one segment, which no large pool
@@ -888,7 +893,7 @@ def _with_requests(blocks: dict[str, Any], requested: dict[str, Any]) -> dict[st
         # the same events in the same order (segment_map entries aside): each entry gets its request back
         for e, r in zip([e for e in mine if e["action"] in moves], [r for r in theirs if r["action"] in moves],
                         strict=True):
-            assert e["action"] == r["action"] and e["size"] == torch_round(r["size"], [0] * 16)
+            assert e["action"] == r["action"] and e["size"] == torch_round(r["size"] + pad, [0] * 16)
             e["size"] = r["size"]
     for segment, other in zip(blocks["segments"], requested["segments"], strict=True):
         for b, r in zip([b for b in segment["blocks"] if b["state"] != "inactive"],
@@ -920,11 +925,13 @@ def test_written_snapshot_reads_back_to_ground_truth(trace: Trace, opts: Snapsho
     grid = on_microsecond_grid(trace)
     expected_requested = expected_metrics(grid)
     assert expected_requested == expected_metrics(trace)  # the grid changes no metric
-    blocks = _as_blocks(grid)
+    pad = NPU_PAD if opts.device == "npu" else 0
+    blocks = _as_blocks(grid, pad)
     expected = expected_metrics(blocks)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "snapshot.pickle"
-        path.write_bytes(pickle.dumps(_with_requests(render(blocks, opts), render(grid, opts)), protocol=opts.protocol))
+        path.write_bytes(pickle.dumps(_with_requests(render(blocks, opts), render(grid, opts), pad),
+                                      protocol=opts.protocol))
         [found] = discover(path)
         assert found.format.name == "torch_snapshot"
         profile = load(found)

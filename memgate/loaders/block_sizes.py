@@ -5,6 +5,8 @@ A snapshot's trace entries carry the size the program *requested*; ``torch.cuda.
 
 - every request is rounded: below 512 B to 512 B, else up to a multiple of 512 B, or with
   ``roundup_power2_divisions`` to the next of N equal divisions of its power-of-two interval;
+  torch_npu's copy first adds 32 B to every request (``AddPadSize``; 0 only on Ascend 950 with
+  CANN 9.1 or later), so a 1024 B request holds 1536 B there;
 - a block is carved from the start of a free block; the rest is split off as a new free block only
   when it is worth it: in the small pool (requests of at most 1 MiB, 2 MiB segments) and in
   expandable segments when at least 512 B remain, in the large pool when more than 1 MiB remains and
@@ -27,7 +29,7 @@ blocks is reported, never hidden.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,7 @@ MIN_BLOCK = 512  # kMinBlockSize: every block is a multiple of it
 SMALL_SIZE = 1 << 20  # kSmallSize: requests up to it are served by the small pool; larger rests are split off
 SMALL_SEGMENT = 2 << 20  # kSmallBuffer: the small pool's segment size (large-pool segments are larger)
 _INTERVALS = 16  # roundup_power2_divisions intervals: [1 MiB, 2 MiB), [2, 4), ... up to 32 GiB and above
+NPU_PAD = 32  # bytes torch_npu's round_size adds to a request before rounding it
 _NO_LIMIT = (1 << 63) - 1
 
 
@@ -49,6 +52,7 @@ class Settings:
     # False for a snapshot no caching allocator wrote (torch's _profile_to_snapshot of a CPU profile:
     # blocks of 4 B and 40 B): its sizes are the blocks, nothing is rounded or replayed
     caching: bool = True
+    pad: int = 0  # bytes added to each request before it is rounded (torch_npu's NPU_PAD)
 
     @classmethod
     def of(cls, raw: Any) -> Settings:
@@ -73,7 +77,7 @@ class Settings:
 
 def rounded(requested: np.ndarray, settings: Settings) -> np.ndarray:
     """The allocator's ``round_size`` of each requested size (int64 in, int64 out)."""
-    req = requested.astype(np.int64, copy=False)
+    req = requested.astype(np.int64, copy=False) + settings.pad
     out = np.maximum(-(-req // MIN_BLOCK) * MIN_BLOCK, MIN_BLOCK)
     table = np.asarray(settings.divisions, dtype=np.int64)
     if not (table > 1).any():
@@ -95,6 +99,22 @@ def rounded(requested: np.ndarray, settings: Settings) -> np.ndarray:
     up = np.where(step == 0, floor2 << 1, np.where(r % safe == 0, r, (r // safe) * safe + safe))
     out[use] = up
     return out
+
+
+def pad_shown(size: np.ndarray, requested: np.ndarray, settings: Settings) -> int | None:
+    """The pad the allocated blocks of the final segments show: ``NPU_PAD`` where the small-pool
+    blocks (at most 1 MiB: a request there gets exactly its rounded size) are their requests rounded
+    with it and not without, 0 where the reverse holds, None where no block tells the two apart
+    (``size`` and ``requested`` of the blocks that state their requested size)."""
+    small = (size <= SMALL_SIZE) & (requested >= 0)
+    size, requested = size[small], requested[small]
+    plain, padded = rounded(requested, settings), rounded(requested, replace(settings, pad=NPU_PAD))
+    tells = plain != padded
+    votes_padded = int((size[tells] == padded[tells]).sum())
+    votes_plain = int((size[tells] == plain[tells]).sum())
+    if votes_padded == votes_plain:
+        return None
+    return NPU_PAD if votes_padded > votes_plain else 0
 
 
 @dataclass

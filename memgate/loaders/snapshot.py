@@ -145,8 +145,13 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
                         where=lambda i: f"external_annotations[{i}]", root=schema) if annotations else {}
     parsed = [parse_trace(path, dev, entries, schema) for dev, entries in enumerate(traces)]
     time_base, t_origin = _clock(path, parsed)
-    npu = is_npu(snapshot, parsed)
     settings = _allocator_settings(snapshot, segments)
+    telling = segments.allocated & segments.requested_stated
+    pad = block_sizes.pad_shown(segments.size[telling], segments.requested[telling], settings) \
+        if settings.caching else None
+    npu = is_npu(snapshot, parsed, padded=pad == block_sizes.NPU_PAD)
+    if npu and settings.caching:  # torch_npu pads every request, except where its blocks show otherwise
+        settings = replace(settings, pad=block_sizes.NPU_PAD if pad is None else pad)
     models: list[DeviceModel] = []
     notes: dict[str, Any] = {}
     by_dev = {p.device: p for p in parsed}
@@ -160,6 +165,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         "era": era,
         "time_base": {"time_us": "time_us", "none": "none"}.get(time_base, "trace_index"),
         "size_basis": SIZE_BASIS if settings.caching else "requested",
+        **({"request_pad_bytes": settings.pad} if npu and settings.caching else {}),
         "devices": notes,
         **_alloc_conf(snapshot.get("allocator_settings")),
         **step_notes,

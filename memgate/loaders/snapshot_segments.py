@@ -36,6 +36,7 @@ class Segments:
     address: np.ndarray  # int64
     size: np.ndarray  # int64, the allocator's (rounded) block size
     requested: np.ndarray  # int64, requested size (history real_size for legacy blocks)
+    requested_stated: np.ndarray  # bool, the block states its requested size (else ``requested`` is its size)
     active: np.ndarray  # bool, state active_allocated or active_pending_free
     allocated: np.ndarray  # bool, state active_allocated
     inactive: np.ndarray  # bool, state inactive (free, reusable by the pool)
@@ -83,10 +84,13 @@ def read_segments(path: Path, segments: Sequence[Any], schema: dict[str, Any]) -
     requested_col = bcols.get("requested_size")
     requested = np.where(np.asarray(requested_col.is_valid()), int_column(requested_col, len(blocks), fill=0), size) \
         if requested_col is not None and len(blocks) else size.copy()
-    frames = _legacy_history(path, blocks, requested, requested_col, where, schema)
+    stated = np.asarray(requested_col.is_valid(), dtype=bool) if requested_col is not None and len(blocks) \
+        else np.zeros(len(blocks), dtype=bool)
+    frames = _legacy_history(path, blocks, requested, requested_col, where, schema, stated)
     return Segments(
         device=np.repeat(seg_device, counts), stream=np.repeat(seg_stream, counts), address=address, size=size,
-        requested=requested, active=active, allocated=allocated, inactive=inactive, frames=frames,
+        requested=requested, requested_stated=stated, active=active, allocated=allocated, inactive=inactive,
+        frames=frames,
         seg_device=seg_device, seg_total=seg_total, seg_address=seg_address,
         seg_replayable=_replayable(segments, seg_total), where=where,
     )
@@ -116,9 +120,10 @@ def _addresses(path: Path, size: np.ndarray, counts: np.ndarray, offsets: np.nda
 
 
 def _legacy_history(path: Path, blocks: list[Any], requested: np.ndarray, requested_col: pa.Array | None,
-                    where: list[str], schema: dict[str, Any]) -> list[Any]:
+                    where: list[str], schema: dict[str, Any], stated: np.ndarray) -> list[Any]:
     """Each block's frames ([] when unknown); a legacy block's requested size (where it states none)
-    and frames come from the first entry of its ``history`` (``requested`` is updated in place)."""
+    and frames come from the first entry of its ``history`` (``requested`` and ``stated`` are updated
+    in place)."""
     frames: list[Any] = [b.get("frames") for b in blocks]
     legacy = [i for i, b in enumerate(blocks) if b.get("history")]
     if legacy:
@@ -130,6 +135,7 @@ def _legacy_history(path: Path, blocks: list[Any], requested: np.ndarray, reques
         no_requested = ~np.asarray(requested_col.is_valid())[idx] if requested_col is not None \
             else np.ones(len(idx), dtype=bool)
         requested[idx[no_requested]] = real[no_requested]
+        stated[idx] = True
         for k, i in enumerate(legacy):
             if frames[i] is None:
                 frames[i] = first[k].get("frames")

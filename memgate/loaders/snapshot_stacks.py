@@ -136,14 +136,15 @@ _NPU_PATH = re.compile(r"(?:^|[/\\])torch_npu[/\\]")
 _OTHER_CONFS = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"})
 
 
-def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace]) -> bool:
+def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace], *, padded: bool = False) -> bool:
     """Whether torch_npu wrote the snapshot (the same format as torch's, labelled ``npu:N``).
 
     Its signs: an allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries (in the first entries
-    of a trace), or a stack frame from a file inside a ``torch_npu`` directory (its Python package, its
-    C++ sources) — the only sign a snapshot without either carries. A conf named for CUDA (or HIP)
-    settles it the other way before any frame is read: torch writes it, and no torch_npu release
-    (2.0.1 to 2.12) writes ``allocator_settings`` at all. ``parsed``: the device traces.
+    of a trace), final blocks sized as torch_npu rounds a request (``padded``: 32 B added first; see
+    :func:`~memgate.loaders.block_sizes.pad_shown`), or a stack frame from a file inside a ``torch_npu``
+    directory (its Python package, its C++ sources). A conf named for CUDA (or HIP) settles it the
+    other way before any block or frame is read: torch writes it, and no torch_npu release (2.0.1 to
+    2.12) writes ``allocator_settings`` at all. ``parsed``: the device traces.
     """
     settings = snapshot.get("allocator_settings")
     if isinstance(settings, dict) and any("NPU" in str(k) for k in settings):
@@ -154,6 +155,8 @@ def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace]) -> bool:
         return True
     if isinstance(settings, dict) and any(k in _OTHER_CONFS for k in settings):
         return False
+    if padded:
+        return True
     # The frames: the segments' first, then every entry of every trace, until _SCAN_VISITS frames were
     # read (a torch_npu frame may first show past the first thousand entries, or deep in the segments).
     # That walk reads each list's every frame (20M for the benchmark's 1M entries, ~1.5 s), so it is
