@@ -1,5 +1,6 @@
 """memgate.loaders.ascend_db (reading through memgate.readers.sqlitetable, whose own tests are
-tests/test_sqlitetable.py): the real torch_npu db sample, the writers' round trip, and bad input.
+tests/test_sqlitetable.py): the real torch_npu db sample, the real early msprof db (types in
+ENUM_MEMORY), the writers' round trip, and bad input.
 
 Expected values are derived here from the raw file with sqlite3 (and csv for the text export),
 never copied from memgate's output.
@@ -17,7 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from groundtruth import expected_metrics
-from helpers import ASCEND, PTA21_L1, edited_db, one_stderr_line, run_cli
+from helpers import ASCEND, PTA21_L1, db_exec, edited_db, one_stderr_line, run_cli
 from hypothesis import given
 from strategies import secondary_examples, traces
 from writers.ascend_db import app_peak, write_msprof_db, write_torch_db
@@ -26,10 +27,14 @@ from memgate import discover
 from memgate.errors import InputError
 from memgate.loaders import ascend_db
 from memgate.metrics import device_metrics
+from memgate.readers.sqlitetable import open_db, referenced, validate_table
 from memgate.schemas import load_schema, schema_names
 
 DB_DIR = ASCEND / "msinsight_pta21_db_level0_rank0"
 DB = DB_DIR / "ascend_pytorch_profiler_0.db"
+MSPROF_DIR = ASCEND / "msinsight_msprof_db_2024_enum_memory"  # PROVENANCE.md §6
+MSPROF_DB = MSPROF_DIR / "msprof_0.db"
+REAL_DBS = (DB, MSPROF_DB)
 METRICS = ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "step_growth_bytes", "leaked_bytes",
            "op_max_block_bytes")
 
@@ -166,6 +171,198 @@ def test_loading_writes_nothing_next_to_the_db(tmp_path: Path) -> None:
     stamp = copy.stat().st_mtime_ns
     ascend_db.load(copy)
     assert os.listdir(tmp_path) == [copy.name] and copy.stat().st_mtime_ns == stamp
+
+
+# --- the real early msprof db: NPU_OP_MEM.type is an ENUM_MEMORY id ----------------------------------
+
+# The framework series memgate takes first (docs/design.md, "The normalized model").
+FRAMEWORK_ORDER = ("PTA+GE", "MindSpore+GE", "PTA", "MindSpore", "allocator", "GE")
+
+
+def op_mem_events() -> list[tuple]:
+    """(rowid, kind, op, component, addr, size, t, allocated, reserved, device) with sqlite3 alone: the
+    type through ENUM_MEMORY, the names through STRING_IDS."""
+    return raw("SELECT m.rowid, e.name, n.value, c.value, m.addr, m.size, m.timestampNs, m.totalAllocate, "
+               "m.totalReserve, m.deviceId FROM NPU_OP_MEM m JOIN ENUM_MEMORY e ON e.id = m.type "
+               "LEFT JOIN STRING_IDS n ON n.id = m.operatorName LEFT JOIN STRING_IDS c ON c.id = m.component "
+               "ORDER BY m.rowid", MSPROF_DB)
+
+
+def paired_blocks(events: list[tuple]) -> list[tuple]:
+    """Each release closes the open allocate of its (device, component, addr), in (time, rowid) order;
+    a release with none is a block from before the window, an allocate never closed is still live.
+    Blocks as (device, component, op, size, t_alloc, t_free, allocated at the allocate)."""
+    open_: dict[tuple, tuple] = {}
+    seen: set[tuple] = set()
+    blocks = []
+    for _rowid, kind, op, component, addr, size, t, allocated, _reserved, device in sorted(
+            events, key=lambda e: (e[6], e[0])):
+        key = (device, component, addr)
+        if kind == "allocate":
+            assert key not in open_  # this file: no address allocated twice without its release
+            open_[key] = (op, size, t, allocated)
+        elif key in open_:
+            op, size, t_alloc, at_alloc = open_.pop(key)
+            blocks.append((device, component, op, size, t_alloc, t, at_alloc))
+        else:
+            assert key not in seen  # this file: no address released twice without an allocate
+            blocks.append((device, component, op, size, None, t, None))
+        seen.add(key)
+    blocks += [(device, component, op, size, t, None, at_alloc)
+               for (device, component, _addr), (op, size, t, at_alloc) in open_.items()]
+    return blocks
+
+
+@pytest.fixture(scope="module")
+def msprof() -> tuple:
+    profile = ascend_db.load(MSPROF_DB)
+    return profile, {d.device: device_metrics(profile, d) for d in profile.devices}
+
+
+def test_msprof_sample_types_are_enum_memory_ids() -> None:
+    """What the loader must get right: the ids 5 and 6 name allocate/release in ENUM_MEMORY, while
+    STRING_IDS holds unrelated text under the same ids (and its own 'allocate'/'release' elsewhere)."""
+    assert raw("SELECT id, name FROM ENUM_MEMORY ORDER BY id", MSPROF_DB) == [
+        (0, "app"), (1, "device"), (3, "read"), (4, "write"), (5, "allocate"), (6, "release")]
+    assert raw("SELECT type, count(*) FROM NPU_OP_MEM GROUP BY type", MSPROF_DB) == [(5, 247), (6, 247)]
+    assert raw("SELECT id, value FROM STRING_IDS WHERE id IN (5, 6, 1403, 1404) ORDER BY id", MSPROF_DB) == [
+        (5, '"1676480000"'), (6, "aclnnCast_CastAiCore_Cast"), (1403, "allocate"), (1404, "release")]
+    assert len(op_mem_events()) == raw("SELECT count(*) FROM NPU_OP_MEM", MSPROF_DB)[0][0] == 494
+    assert MSPROF_DB.read_bytes()[18:20] == b"\x02\x02"  # WAL mode: a plain open would create -wal / -shm
+
+
+def test_msprof_sample_blocks_are_the_paired_events(msprof: tuple) -> None:
+    profile, _ = msprof
+    events = op_mem_events()
+    expected = paired_blocks(events)
+    assert len(expected) == 248  # 247 pairs; the two hand-added PTA+GE rows: a release first, then an allocate
+    assert [d.device for d in profile.devices] == sorted({f"npu:{e[9]}" for e in events}) == ["npu:0"]
+    got = []
+    for device in profile.devices:
+        frame = device.blocks.to_pandas().astype(object).where(lambda f: f.notna(), None)
+        got += [(int(device.device.removeprefix("npu:")), r.component, r.op.removeprefix("cann::"), r.size,
+                 r.t_alloc, r.t_free, r.alloc_total) for r in frame.itertuples()]
+        assert all(op.startswith("cann::") for op in frame["op"])
+    assert sorted(got, key=str) == sorted(expected, key=str)
+    assert profile.metadata["export"] == "msprof db" and "notes" not in profile.metadata  # nothing repaired
+
+
+def test_msprof_sample_series_and_peaks(msprof: tuple) -> None:
+    """One series per component as the file names it (APP, PTA+GE: see PROVENANCE.md §6), each the
+    totals written with its events; the peaks are those of the framework series memgate takes."""
+    profile, metrics = msprof
+    events = op_mem_events()
+    components = sorted({e[3] for e in events})
+    assert components == ["APP", "PTA+GE"]
+    (device,) = profile.devices
+    assert sorted(device.series) == components
+    for component in components:
+        rows = sorted((e[6], e[7], e[8]) for e in events if e[3] == component)
+        frame = device.series[component].frame.to_pandas()
+        assert sorted(zip(frame["t_ns"].astype(int), frame["allocated"].astype(int), frame["reserved"].astype(int),
+                          strict=True)) == rows
+    framework = next(c for c in FRAMEWORK_ORDER if c in components)
+    measured = metrics["npu:0"]
+    assert measured.component == framework
+    assert measured.values["peak_allocated_bytes"] == max(e[7] for e in events if e[3] == framework)
+    assert measured.values["peak_reserved_bytes"] == max(e[8] for e in events if e[3] == framework)
+    op_max: dict[str, int] = {}
+    for _device, _component, op, size, t_alloc, _t_free, _at in paired_blocks(events):
+        if t_alloc is not None:
+            op_max["cann::" + op] = max(op_max.get("cann::" + op, 0), size)
+    assert measured.values["op_max_block_bytes"] == op_max
+
+
+def test_msprof_sample_inspect_json_writes_nothing_beside_it(tmp_path: Path) -> None:
+    before = sorted(os.listdir(MSPROF_DIR))
+    copy = tmp_path / MSPROF_DB.name
+    shutil.copyfile(MSPROF_DB, copy)
+    stamp = copy.stat().st_mtime_ns
+    for target in (MSPROF_DIR, copy):  # the folder, as the report found it, and the file
+        rc, out, err = run_cli(["inspect", "--json", target])
+        assert rc == 0, err
+        (entry,) = json.loads(out)["profiles"]
+        assert entry["format"] == "ascend_db" and entry["metadata"]["export"] == "msprof db"
+    assert os.listdir(tmp_path) == [copy.name] and copy.stat().st_mtime_ns == stamp  # no -wal, no -shm
+    assert sorted(os.listdir(MSPROF_DIR)) == before
+
+
+def test_msprof_sample_in_the_string_ids_form_reads_the_same(tmp_path: Path, msprof: tuple) -> None:
+    """The same events with the types re-keyed to STRING_IDS (which lists allocate/release in this file)
+    and ENUM_MEMORY dropped, as msprof writes dbs since: the tables present decide, the figures agree."""
+    profile, _ = msprof
+    path = edited_db(MSPROF_DB, tmp_path / MSPROF_DB.name,
+                     "UPDATE NPU_OP_MEM SET type = CASE type WHEN 5 THEN 1403 WHEN 6 THEN 1404 END",
+                     "DROP TABLE ENUM_MEMORY")
+    (device,) = ascend_db.load(path).devices
+    assert device.blocks.to_pandas().equals(profile.devices[0].blocks.to_pandas())
+    assert {c: s.frame.to_pandas().to_dict() for c, s in device.series.items()} == \
+        {c: s.frame.to_pandas().to_dict() for c, s in profile.devices[0].series.items()}
+
+
+def test_msprof_writer_enum_memory_form_reads_as_the_string_ids_form(tmp_path: Path) -> None:
+    """NPU_OP_MEM and NPU_MEM written both ways (writers/ascend_db.py): the same blocks and series."""
+    from corpus import small_trace
+
+    (tmp_path / "strings").mkdir()
+    (tmp_path / "enum").mkdir()
+    (strings,) = ascend_db.load(write_msprof_db(small_trace(), tmp_path / "strings")).devices
+    path = write_msprof_db(small_trace(), tmp_path / "enum", enum_memory=True)
+    (enum,) = ascend_db.load(path).devices
+    assert raw("SELECT DISTINCT type FROM NPU_MEM ORDER BY type", path) == [(0,), (1,)]
+    assert enum.blocks.to_pandas().equals(strings.blocks.to_pandas())
+    assert sorted(enum.series) == sorted(strings.series) and "APP" in enum.series
+    for name, series in strings.series.items():
+        assert enum.series[name].frame.to_pandas().equals(series.frame.to_pandas()), name
+
+
+BAD_MSPROF = {
+    "type id in no ENUM_MEMORY row": (("UPDATE NPU_OP_MEM SET type = 99 WHERE rowid = 7",),
+                                      "table NPU_OP_MEM rowid 7: id not found in ENUM_MEMORY", "NPU_OP_MEM.type", "99"),
+    # 1403 is 'allocate' in this file's STRING_IDS: with ENUM_MEMORY present it is no type id all the same
+    "a STRING_IDS id where ENUM_MEMORY is used": (("UPDATE NPU_OP_MEM SET type = 1403 WHERE rowid = 9",),
+                                                   "table NPU_OP_MEM rowid 9: id not found in ENUM_MEMORY",
+                                                   "NPU_OP_MEM.type", "1403"),
+    "an ENUM_MEMORY name that is no event": (("UPDATE NPU_OP_MEM SET type = 3 WHERE rowid = 11",),
+                                              "table NPU_OP_MEM rowid 11: unknown event type", "NPU_OP_MEM.type",
+                                              "'read'"),
+    "type id in neither table": (("UPDATE NPU_OP_MEM SET type = 123456789 WHERE rowid = 4", "DROP TABLE ENUM_MEMORY"),
+                                 "table NPU_OP_MEM rowid 4: id not found in STRING_IDS", "NPU_OP_MEM.type",
+                                 "123456789"),
+    "ENUM_MEMORY lists an id twice": (("CREATE TABLE E2 AS SELECT * FROM ENUM_MEMORY", "DROP TABLE ENUM_MEMORY",
+                                       "ALTER TABLE E2 RENAME TO ENUM_MEMORY",
+                                       "INSERT INTO ENUM_MEMORY VALUES (5, 'release')"),
+                                      "table ENUM_MEMORY lists id 5 2 times", "ENUM_MEMORY.id", "2 rows with id 5"),
+    "ENUM_MEMORY name not text": (("UPDATE ENUM_MEMORY SET name = NULL WHERE id = 6",),
+                                  "table ENUM_MEMORY rowid 6: wrong type", "ENUM_MEMORY.name", "null NULL"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MSPROF), ids=list(BAD_MSPROF))
+def test_bad_msprof_db_is_an_input_error(tmp_path: Path, case: str) -> None:
+    statements, message, column, found = BAD_MSPROF[case]
+    path = edited_db(MSPROF_DB, tmp_path / MSPROF_DB.name, *statements)
+    with pytest.raises(InputError) as info:
+        ascend_db.load(path)
+    err = info.value
+    assert err.file == str(path)
+    assert err.message.startswith(message), err.one_line()
+    assert (err.column, err.found is not None and err.found.startswith(found)) == (column, True), err.one_line()
+    assert err.expected
+    assert sorted(os.listdir(tmp_path)) == [MSPROF_DB.name]
+
+
+def test_unknown_npu_mem_type_in_enum_memory(tmp_path: Path) -> None:
+    from corpus import small_trace
+
+    path = write_msprof_db(small_trace(), tmp_path, enum_memory=True)
+    db_exec(path, "UPDATE NPU_MEM SET type = 4 WHERE rowid = 2")  # ENUM_MEMORY 4 = write
+    with pytest.raises(InputError) as info:
+        ascend_db.load(path)
+    err = info.value
+    assert (err.message, err.column, err.found) == ("table NPU_MEM rowid 2: unknown memory type", "NPU_MEM.type",
+                                                    "'write'")
+    assert err.expected == "ENUM_MEMORY name 'app' or 'device'"
 
 
 # --- detection ---------------------------------------------------------------------------------------
@@ -374,26 +571,43 @@ DB_SCHEMAS = [n for n in schema_names() if n.startswith("ascend_db.")]
 
 def test_every_db_table_has_a_schema() -> None:
     assert {load_schema(n)["x-memgate-table"] for n in DB_SCHEMAS} == {
-        "STRING_IDS", "MEMORY_RECORD", "OP_MEMORY", "NPU_MEM", "ENUM_MODULE", "NPU_MODULE_MEM", "NPU_OP_MEM",
-        "STEP_TIME", "META_DATA", "RANK_DEVICE_MAP"}
+        "STRING_IDS", "MEMORY_RECORD", "OP_MEMORY", "NPU_MEM", "ENUM_MODULE", "ENUM_MEMORY", "NPU_MODULE_MEM",
+        "NPU_OP_MEM", "STEP_TIME", "META_DATA", "RANK_DEVICE_MAP"}
 
 
 @pytest.mark.parametrize("name", DB_SCHEMAS)
 def test_db_schema_is_valid_and_accepts_the_sample_rows(name: str) -> None:
-    """The SQL checks and jsonschema agree on the real rows (and jsonschema rejects a bad one)."""
+    """The SQL checks and jsonschema agree on the real rows of every real db holding the table (and
+    jsonschema rejects a bad one)."""
     schema = load_schema(name)
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    conn = sqlite3.connect(f"file:{DB}?mode=ro&immutable=1", uri=True)
-    conn.row_factory = sqlite3.Row
-    try:
-        rows = [dict(r) for r in conn.execute(f'SELECT * FROM "{schema["x-memgate-table"]}"')]
-    finally:
-        conn.close()
+    rows = []
+    for path in REAL_DBS:
+        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        conn.row_factory = sqlite3.Row
+        try:
+            table = schema["x-memgate-table"]
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
+                rows += [dict(r) for r in conn.execute(f'SELECT * FROM "{table}"')]
+        finally:
+            conn.close()
     assert rows
     for row in rows:
         validator.validate(row)
     assert not validator.is_valid({**rows[0], schema["required"][0]: [1]})
+
+
+@pytest.mark.parametrize(("path", "types_in"), [(DB, "STRING_IDS"), (MSPROF_DB, "ENUM_MEMORY")],
+                         ids=["torch_npu db", "early msprof db"])
+def test_the_type_schemas_validate_both_forms(path: Path, types_in: str) -> None:
+    """NPU_OP_MEM.type / NPU_MEM.type list both tables; the one the db holds is checked."""
+    with open_db(path) as db:
+        for table in ("NPU_OP_MEM", "NPU_MEM"):
+            schema = load_schema(f"ascend_db.{table.lower()}")
+            assert referenced(db, schema["properties"]["type"]["x-references"]) == f"{types_in}.id"
+            if db.has(table):
+                validate_table(db, schema)
 
 
 def test_pending_write_ahead_log_is_read_not_ignored(tmp_path: Path) -> None:

@@ -22,8 +22,10 @@ from memgate.readers.sqlitetable import (
     open_db,
     pending_log,
     quote_ident,
+    referenced,
     require_table,
     sqlite_or_unreadable,
+    validate_table,
 )
 
 DB = ASCEND / "msinsight_pta21_db_level0_rank0" / "ascend_pytorch_profiler_0.db"
@@ -92,6 +94,35 @@ def test_columns_are_exact_int64_and_text(db: Path) -> None:
     assert (info.value.column, info.value.message) == (
         "NO_SUCH_TABLE", "table NO_SUCH_TABLE: cannot read the database (no such table: NO_SUCH_TABLE)")
     assert quote_ident('a"b') == '"a""b"'
+
+
+def test_a_reference_to_alternatives_is_the_first_table_the_db_has(tmp_path: Path) -> None:
+    """``x-references`` as a list: the tables present decide (an id may exist in both), the last when none is."""
+    path = tmp_path / "profile.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE EVENTS (kind INTEGER)")
+    conn.execute("CREATE TABLE STRING_IDS (id INTEGER PRIMARY KEY, value TEXT)")
+    conn.executemany("INSERT INTO EVENTS VALUES (?)", [(5,), (9,)])
+    conn.executemany("INSERT INTO STRING_IDS VALUES (?, ?)", [(5, "x"), (9, "y")])
+    conn.commit()
+    conn.close()
+    schema = {"x-memgate-table": "EVENTS", "required": ["kind"],
+              "properties": {"kind": {"type": "integer", "x-references": ["ENUM_X.id", "STRING_IDS.id"]}}}
+    with open_db(path) as opened:
+        assert referenced(opened, schema["properties"]["kind"]["x-references"]) == "STRING_IDS.id"
+        assert referenced(opened, ["ENUM_X.id", "OTHER.id"]) == "OTHER.id"  # none there: the last is asked for
+        validate_table(opened, schema)
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE ENUM_X (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO ENUM_X VALUES (5, 'x')")
+    conn.commit()
+    conn.close()
+    with open_db(path) as opened:
+        assert referenced(opened, schema["properties"]["kind"]["x-references"]) == "ENUM_X.id"
+        with pytest.raises(InputError) as info:
+            validate_table(opened, schema)
+    assert (info.value.message, info.value.column, info.value.found) == (
+        "table EVENTS rowid 2: id not found in ENUM_X", "EVENTS.kind", "9")
 
 
 def test_what_is_no_complete_sqlite_file_is_refused_before_it_is_opened(db: Path, tmp_path: Path) -> None:

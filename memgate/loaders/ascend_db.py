@@ -1,7 +1,8 @@
 """Ascend profiler sqlite exports: ``ascend_pytorch_profiler[_{rank}].db`` and CANN ``msprof_*.db``.
 
 docs/formats-reference.md §1 (db part) and §3: every value is bytes or ns, missing is NULL, and text lives in
-``STRING_IDS`` (ids) / ``ENUM_MODULE``. Each table read is validated first against its schema
+``STRING_IDS`` (ids) / ``ENUM_MODULE`` (early msprof db exports: the ``type`` of ``NPU_OP_MEM`` / ``NPU_MEM`` in
+``ENUM_MEMORY``, see :func:`_type_names`). Each table read is validated first against its schema
 ``memgate/schemas/ascend_db.<table>.schema.json`` (one SQL scan per table, see
 :mod:`memgate.readers.sqlitetable`); the file is opened read-only and nothing is written next to it.
 
@@ -59,6 +60,7 @@ from memgate.readers.sqlitetable import (
     Database,
     open_db,
     quote_ident,
+    referenced,
     require_table,
     sqlite_or_unreadable,
     validate_table,
@@ -118,7 +120,9 @@ def load(path: Path) -> Profile:
 # Every table this loader may read: one of these names on a view, trigger or virtual table is an error
 # (sqlitetable.require_table), never data and never silently skipped.
 KNOWN_TABLES = ("MEMORY_RECORD", "OP_MEMORY", "NPU_OP_MEM", "NPU_MEM", "NPU_MODULE_MEM", "STEP_TIME", "STRING_IDS",
-                "ENUM_MODULE", "META_DATA", "RANK_DEVICE_MAP")
+                "ENUM_MODULE", "ENUM_MEMORY", "META_DATA", "RANK_DEVICE_MAP")
+# The text column of each table a type id may be resolved in.
+TEXT_COLUMN = {"STRING_IDS": "value", "ENUM_MEMORY": "name"}
 
 
 def _load(db: Database, profile_path: Path) -> Profile:
@@ -132,7 +136,7 @@ def _load(db: Database, profile_path: Path) -> Profile:
                       "memory data: record with profile_memory=True" if torch_kind else "CANN memory data")
     if any(db.has(t) for t in ("MEMORY_RECORD", "OP_MEMORY", "NPU_MEM", "NPU_OP_MEM")):
         validate_table(db, _schema("STRING_IDS"))
-        _check_string_ids(db)
+        _check_ids_once(db, "STRING_IDS")
     devices: dict[str, dict[str, Any]] = {}
 
     def slot(device: str) -> dict[str, Any]:
@@ -220,15 +224,27 @@ def _check_devices(db: Database, table: str) -> None:
                          file=db.path, column=f"{table}.deviceId", expected="a device id", found=str(INVALID_ID))
 
 
-def _check_string_ids(db: Database) -> None:
-    """Each id listed once: a table joined with STRING_IDS would repeat its row for every listing (an
-    event counted twice), and which value an id names would depend on the order rows were read."""
-    repeated = db.query("SELECT id, COUNT(*), COUNT(DISTINCT value) FROM STRING_IDS GROUP BY id HAVING COUNT(*) > 1 "
-                        "ORDER BY id LIMIT 1", table="STRING_IDS")
+def _check_ids_once(db: Database, table: str) -> None:
+    """Each id listed once: a table joined with STRING_IDS (or ENUM_MEMORY) would repeat its row for every
+    listing (an event counted twice), and which value an id names would depend on the order rows were read."""
+    text = TEXT_COLUMN[table]
+    repeated = db.query(f"SELECT id, COUNT(*), COUNT(DISTINCT {text}) FROM {table} GROUP BY id HAVING COUNT(*) > 1 "
+                        "ORDER BY id LIMIT 1", table=table)
     if repeated:
         ident, count, values = repeated[0]
-        raise InputError(f"table STRING_IDS lists id {ident} {count} times", file=db.path, column="STRING_IDS.id",
+        raise InputError(f"table {table} lists id {ident} {count} times", file=db.path, column=f"{table}.id",
                          expected="each id once", found=f"{count} rows with id {ident}, {values} distinct value(s)")
+
+
+def _type_names(db: Database, table: str) -> tuple[str, str]:
+    """The table and text column ``table.type`` is resolved in: ENUM_MEMORY where the db has one (msprof's
+    early db exports, 2024, keyed the type into it), else STRING_IDS (msprof since). The schema's
+    ``x-references`` lists both; the tables the db holds decide, never the ids, which may exist in both."""
+    names = referenced(db, _schema(table)["properties"]["type"]["x-references"]).split(".", 1)[0]
+    if names != "STRING_IDS":  # STRING_IDS was checked for every db with these tables
+        validate_table(db, _schema(names))
+        _check_ids_once(db, names)
+    return names, TEXT_COLUMN[names]
 
 
 def _names(db: Database, ids: pd.Series) -> pd.Series:
@@ -320,21 +336,22 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[s
     """CANN GE allocate/release events → blocks and the GE totals series (msprof db)."""
     validate_table(db, _schema("NPU_OP_MEM"))
     _check_devices(db, "NPU_OP_MEM")
+    names, text = _type_names(db, "NPU_OP_MEM")
     has_component = "component" in db.columns("NPU_OP_MEM")
     component_sql = "c.value" if has_component else "NULL"
     join = "LEFT JOIN STRING_IDS c ON c.id = m.component" if has_component else ""
     frame = db.frame(
-        f"SELECT m.rowid, n.value, CAST(m.addr AS TEXT), lower(t.value), m.size, m.timestampNs, m.totalAllocate, "
+        f"SELECT m.rowid, n.value, CAST(m.addr AS TEXT), lower(t.{text}), m.size, m.timestampNs, m.totalAllocate, "
         f"m.totalReserve, {component_sql}, m.deviceId FROM NPU_OP_MEM m LEFT JOIN STRING_IDS n ON n.id = m.operatorName "
-        f"LEFT JOIN STRING_IDS t ON t.id = m.type {join} ORDER BY m.rowid",
+        f"LEFT JOIN {names} t ON t.id = m.type {join} ORDER BY m.rowid",
         ("rowid", "name", "addr", "kind", "size", "t_ns", "allocated", "reserved", "component", "device_id"),
         ("int", "text", "text", "text", "int", "int", "int", "int", "text", "int"), table="NPU_OP_MEM")
     bad = ~frame["kind"].isin(["allocate", "release"]).fillna(False)
     if bad.any():
         row = frame.loc[bad.idxmax()]
         raise InputError(f"table NPU_OP_MEM rowid {int(row['rowid'])}: unknown event type", file=db.path,
-                         column="NPU_OP_MEM.type", expected="STRING_IDS value 'allocate' or 'release'",
-                         found=repr(row["kind"]) if not pd.isna(row["kind"]) else "an id not in STRING_IDS")
+                         column="NPU_OP_MEM.type", expected=f"{names} {text} 'allocate' or 'release'",
+                         found=repr(row["kind"]) if not pd.isna(row["kind"]) else f"an id not in {names}")
     frame["component"] = frame["component"].fillna("GE")
     frame["device"] = _device_labels(frame["device_id"])
     keys = [pd.factorize(frame[c])[0] for c in ("device", "component", "addr")]
@@ -369,17 +386,18 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[s
 def read_npu_mem(db: Database) -> list[tuple[str, str, Table]]:
     validate_table(db, _schema("NPU_MEM"))
     _check_devices(db, "NPU_MEM")
+    names, text = _type_names(db, "NPU_MEM")
     frame = db.frame(
-        "SELECT n.rowid, lower(s.value), n.ddr, n.hbm, n.timestampNs, n.deviceId "
-        "FROM NPU_MEM n LEFT JOIN STRING_IDS s ON s.id = n.type ORDER BY n.rowid",
+        f"SELECT n.rowid, lower(s.{text}), n.ddr, n.hbm, n.timestampNs, n.deviceId "
+        f"FROM NPU_MEM n LEFT JOIN {names} s ON s.id = n.type ORDER BY n.rowid",
         ("rowid", "kind", "ddr", "hbm", "t_ns", "device_id"), ("int", "text", "int", "int", "int", "int"),
         table="NPU_MEM")
     bad = ~frame["kind"].isin(list(NPU_MEM_KINDS)).fillna(False)
     if bad.any():
         row = frame.loc[bad.idxmax()]
         raise InputError(f"table NPU_MEM rowid {int(row['rowid'])}: unknown memory type", file=db.path,
-                         column="NPU_MEM.type", expected="STRING_IDS value 'app' or 'device'",
-                         found=repr(row["kind"]) if not pd.isna(row["kind"]) else "an id not in STRING_IDS")
+                         column="NPU_MEM.type", expected=f"{names} {text} 'app' or 'device'",
+                         found=repr(row["kind"]) if not pd.isna(row["kind"]) else f"an id not in {names}")
     frame["device"] = _device_labels(frame["device_id"])
     who = frame["kind"].map(NPU_MEM_KINDS)
     parts = []

@@ -4,7 +4,8 @@ A db schema (``memgate/schemas/<writer>.<table>.schema.json``) describes one row
 JSON object whose values are the sqlite values: ``"type"`` over ``integer`` / ``number`` /
 ``string`` / ``null``, optional ``enum`` and ``minimum``, ``required`` = the columns the table must
 have, and two annotations: ``x-memgate-table`` (the table name) and ``x-references``
-(``"STRING_IDS.id"``: the value is an id that must exist in that table). Every check runs as one
+(``"STRING_IDS.id"``: the value is an id that must exist in that table; a list names alternatives, of
+which the first table the db has is the one referenced, see :func:`referenced`). Every check runs as one
 SQL scan per table (``typeof()`` in a ``WHERE``), never a Python loop over rows; the first bad row in
 rowid order is reported with its rowid, column, what was expected and what was found.
 
@@ -316,7 +317,16 @@ def validate_table(db: Database, schema: dict[str, Any]) -> None:
     for column in present:
         ref = props.get(column, {}).get("x-references")
         if ref:
-            check_reference(db, table, column, ref)
+            check_reference(db, table, column, referenced(db, ref))
+
+
+def referenced(db: Database, ref: str | list[str]) -> str:
+    """The ``TABLE.column`` an ``x-references`` names in this db. A list is the forms writers used, the
+    first table the db has wins: a writer that moved a column from an enum table to ``STRING_IDS`` stopped
+    writing the enum table, so its presence, never the values, tells the forms apart. None present: the
+    last, whose absence check_reference reports."""
+    choices = [ref] if isinstance(ref, str) else list(ref)
+    return next((c for c in choices if db.has(c.split(".", 1)[0])), choices[-1])
 
 
 def raise_bad_value(db: Database, table: str, rowid: int, column: str, problem: str, expected: str) -> None:

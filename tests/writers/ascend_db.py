@@ -7,7 +7,8 @@
   allocation columns; NULL release columns = never freed), ``STEP_TIME``, ``STRING_IDS``,
   ``META_DATA``, ``RANK_DEVICE_MAP``, ``NPU_MEM``.
 - :func:`write_msprof_db`: a CANN ``msprof_*.db`` with ``NPU_OP_MEM`` allocate/release events for
-  every block (one allocator, component GE), plus ``NPU_MEM`` and ``NPU_MODULE_MEM``.
+  every block (one allocator, component GE), plus ``NPU_MEM`` and ``NPU_MODULE_MEM``; with
+  ``enum_memory`` in the early db export's form, the ``type`` columns keyed into ``ENUM_MEMORY``.
 
 Every value is bytes and ns, as in the real files, so a reader must reproduce the trace exactly.
 Each component is its own caching allocator here: reserved = running max of its allocated rounded
@@ -148,11 +149,19 @@ def app_peak(trace: Trace) -> int:
     return max(r for _, r in trace.reserved_by_allocator_curve()) + (1 << 30) + 4096
 
 
-def write_msprof_db(trace: Trace, directory: Path, *, name: str = "msprof_20250101000000.db") -> Path:
+# ENUM_MEMORY of msprof's early db export (2024), as in the real sample msinsight_msprof_db_2024_enum_memory:
+# NPU_OP_MEM's type ids there; NPU_MEM's app/device are its ids 0/1 (the event codes msprof maps to text today).
+ENUM_MEMORY = {"app": 0, "device": 1, "read": 3, "write": 4, "allocate": 5, "release": 6}
+
+
+def write_msprof_db(trace: Trace, directory: Path, *, name: str = "msprof_20250101000000.db",
+                    enum_memory: bool = False) -> Path:
     """CANN tables only: every block becomes NPU_OP_MEM events of one GE allocator (hidden baseline
-    included in its totals)."""
+    included in its totals). ``enum_memory``: the type columns hold ENUM_MEMORY ids, whatever STRING_IDS
+    holds under the same numbers."""
     path = directory / name
     strings = _Strings(start=1)
+    kind = ENUM_MEMORY.__getitem__ if enum_memory else strings
     conn = _connect(path)
     try:
         _create(conn, "NPU_OP_MEM", "operatorName INTEGER, addr INTEGER, type INTEGER, size INTEGER, "
@@ -185,11 +194,14 @@ def write_msprof_db(trace: Trace, directory: Path, *, name: str = "msprof_202501
             else:
                 free_list.append(address[id(b)])
             rows.append((strings(b.op.removeprefix("cann::")) if b.op else None, address[id(b)],
-                         strings("allocate" if delta > 0 else "release"), b.size, t, 4242, level, high,
+                         kind("allocate" if delta > 0 else "release"), b.size, t, 4242, level, high,
                          strings("GE"), trace.device_id))
         conn.executemany(f"INSERT INTO NPU_OP_MEM VALUES ({','.join('?' * 10)})", rows)
-        conn.executemany("INSERT INTO NPU_MEM VALUES (?,?,?,?,?)", app_samples(trace, strings("app"))
-                         + [(strings("device"), 0, app_peak(trace) + (1 << 20), trace.t_end, trace.device_id)])
+        conn.executemany("INSERT INTO NPU_MEM VALUES (?,?,?,?,?)", app_samples(trace, kind("app"))
+                         + [(kind("device"), 0, app_peak(trace) + (1 << 20), trace.t_end, trace.device_id)])
+        if enum_memory:
+            _create(conn, "ENUM_MEMORY", "id INTEGER PRIMARY KEY, name TEXT")
+            conn.executemany("INSERT INTO ENUM_MEMORY VALUES (?,?)", [(i, n) for n, i in ENUM_MEMORY.items()])
         conn.executemany("INSERT INTO ENUM_MODULE VALUES (?,?)", [(0, "SLOG"), (33, "APP"), (45, "GE")])
         conn.executemany("INSERT INTO NPU_MODULE_MEM VALUES (?,?,?,?)",
                          [(m, trace.t_start, r, trace.device_id) for m, r in ((0, 0), (33, high), (45, 1 << 21))])
