@@ -105,5 +105,12 @@ def no_kineto_memory_events() -> tuple[str, str]:
             "export_chrome_trace()"))
 
 
+def no_kineto_ops() -> str:
+    """Why a Kineto trace's allocations name no operator, and how to record one."""
+    return ("the trace has no operator spans (X events of cat cpu_op, or Operator before torch 1.10): no allocation "
+            "can be attributed to an operator (record with ProfilerActivity.CPU among torch.profiler.profile's "
+            "activities)")
+
+
 def _join(*parts: str) -> str:
     return ", ".join(p for p in parts if p)

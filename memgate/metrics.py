@@ -151,6 +151,8 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     figures = _Figures(values=dict.fromkeys(METRIC_KEYS))
     curve = _framework_curve(profile, device, options.component, facts, figures)
     peak_t = _peaks(curve, figures)
+    if "peak_allocated_bytes" in (profile.metadata.get("not_measurable") or {}):
+        peak_t = None  # the loader says there is no peak: no moment, step or blocks of it either
     pools = _pools(device, options.component, curve.name, figures)
     _requested_peak(device, figures)
     _app_peak(profile, device, figures)

@@ -105,7 +105,7 @@ MSMEMSCOPE = SAMPLES / "msmemscope"
 PROFILE_SAMPLES = sorted(
     [p for p in (SAMPLES / "ascend").iterdir() if p.is_dir()]
     + [p for p in (SAMPLES / "msmemscope").iterdir() if p.suffix == ".csv"]
-    + [p for p in (SAMPLES / "torch").iterdir() if p.suffix in (".json", ".pickle")]
+    + [p for p in (SAMPLES / "torch").iterdir() if p.name.endswith((".json", ".json.gz", ".pickle"))]
 ) + [EXAMPLE]
 MIB = 1 << 20
 

@@ -26,7 +26,7 @@ from hypothesis import given
 from strategies import traces
 from writers.ascend_db import write_torch_db
 from writers.cann import write_prof
-from writers.kineto import KinetoOptions, write_trace
+from writers.kineto import KinetoOptions, write_trace, writes_ops
 from writers.mindspore import MsOptions
 from writers.mindspore import write_profile as write_mindspore
 from writers.msmemscope import as_written, write_csv
@@ -86,6 +86,8 @@ def test_every_format_reads_back_the_same_metrics(trace: Trace) -> None:
             if key == "op_max_block_bytes" and name == "torch_snapshot":
                 expected = recoverable_ops(trace)  # frames name ATen ops only
                 value = {op: size for op, size in value.items() if op.startswith("aten::")}
+            if key == "op_max_block_bytes" and name == "kineto" and not writes_ops(trace):
+                expected = None  # a trace without operator spans: not measurable (test_kineto checks the reason)
             if key == "op_max_block_bytes" and name == "cann":
                 value = {op.removeprefix("cann::"): size for op, size in value.items()}  # CANN names GE ops
             values[name] = value

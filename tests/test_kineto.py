@@ -1,4 +1,5 @@
-"""Kineto / torch.profiler Chrome traces: detection, the real CPU samples, bad input, properties.
+"""Kineto / torch.profiler Chrome traces: detection, the real samples (torch 2.13 CPU, torch 1.9 CUDA), bad
+input, properties.
 
 Expected values are derived here from the raw JSON with the json module (``parse_float=Decimal``
 keeps µs exact) and plain loops, never copied from memgate's output.
@@ -26,7 +27,7 @@ from groundtruth import Trace, expected_metrics, peak_moment
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import traces
-from writers.kineto import KinetoOptions, device_label, write_trace
+from writers.kineto import KinetoOptions, device_label, write_trace, writes_ops
 
 from memgate import cli
 from memgate.discover import discover, load
@@ -42,6 +43,7 @@ CLEAN = TORCH / "cpu_train_profile_memory.json"
 LEAK6 = TORCH / "cpu_train_active6_leak_profile_memory.json"  # 6 active steps: growth is measurable
 CLEAN6 = TORCH / "cpu_train_active6_profile_memory.json"
 TIMELINE = TORCH / "cpu_memory_timeline.json"
+TORCH19 = TORCH / "kineto_torch19_resnet50_cuda_workers4.pt.trace.json.gz"  # pytorch/kineto's tb_plugin sample
 TRACE_VIEW = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta21_level0_rank0" / "trace_view.json"
 LEAK_BYTES = 256 * 1024  # the script in PROVENANCE.md keeps one 256 KiB uint8 tensor per step
 
@@ -275,6 +277,14 @@ def test_schema_is_valid_and_accepts_the_samples() -> None:
             assert list(jsonschema.Draft202012Validator(x_event).iter_errors(event)) == []
     timeline = {"$defs": schema["$defs"], "$ref": "#/$defs/memory_timeline"}
     assert list(jsonschema.Draft202012Validator(timeline).iter_errors(json.loads(TIMELINE.read_bytes()))) == []
+    old = json.loads(gzip.decompress(TORCH19.read_bytes()))  # torch 1.9: Operator spans, string tids
+    assert list(validator.iter_errors(old)) == []
+    memory_check, x_check = jsonschema.Draft202012Validator(memory), jsonschema.Draft202012Validator(x_event)
+    for event in old["traceEvents"]:
+        if event.get("name") == "[memory]":
+            assert list(memory_check.iter_errors(event)) == []
+        elif event.get("ph") == "X" and event.get("cat") == "Operator":
+            assert list(x_check.iter_errors(event)) == []
 
 
 def _edit(tmp_path: Path, mutate: Any, gz: bool = False) -> Path:
@@ -421,7 +431,7 @@ def test_innermost_equals_brute_force(intervals: list[tuple[int, int]], queries:
 def _options() -> st.SearchStrategy[KinetoOptions]:
     return st.builds(KinetoOptions, device=st.sampled_from(("cpu", "cuda", "npu")), gz=st.booleans(),
                      base_time=st.booleans(), shuffle_seed=st.one_of(st.none(), st.integers(0, 2**16)),
-                     rank=st.one_of(st.none(), st.integers(0, 7)))
+                     rank=st.one_of(st.none(), st.integers(0, 7)), legacy_ops=st.booleans())
 
 
 @given(trace=traces(max_blocks=20), opts=_options())
@@ -437,6 +447,9 @@ def test_written_trace_reads_back_to_ground_truth(trace: Trace, opts: KinetoOpti
     [m] = profile_metrics(profile)
     assert m.device == device_label(trace, opts)
     assert profile.rank == str(opts.rank if opts.rank is not None else 0)
+    if not writes_ops(trace):  # no operator span in the file: the op figures are not measurable, and say so
+        assert m.values["op_max_block_bytes"] is None and "no operator spans" in m.missing["op_max_block_bytes"]
+        expected["op_max_block_bytes"] = None
     for key in ("step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "op_max_block_bytes"):
         assert m.values[key] == expected[key], key
         assert type(m.values[key]) is type(expected[key]), key
@@ -609,6 +622,118 @@ def test_addr_on_some_memory_events_only_is_refused(tmp_path: Path, which: Any, 
         kineto.load(path)
     assert info.value.column == f"traceEvents[{index}].args.Addr"
     assert info.value.found == found and "cannot be paired" in info.value.message
+
+
+# ---- torch <= 1.9 operators: cat "Operator", tid a string -------------------------------------------
+# Kineto wrote CPU ops as "cat": "Operator" with "tid": "<n>" until June 2021 (then "cpu_op", the tid
+# still a string until August 2021), and [memory] events with "tid": <n>: one thread.
+
+
+def legacy_op_blocks(trace: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per device: each op's largest allocation, from the raw events by plain loops. An allocation's op is
+    the innermost (latest-starting, then shortest) "Operator"/"cpu_op" span on its pid and tid (compared as
+    text: 25738 and "25738" are one thread) containing its ts. ProfilerStep#N spans are the steps, not ops
+    (torch >= 1.10 writes them as user_annotation)."""
+    spans: dict[tuple[Any, str], list[tuple[Decimal, Decimal, str]]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") in ("Operator", "cpu_op") and not e["name"].startswith("ProfilerStep#"):
+            start = Decimal(e["ts"])
+            spans.setdefault((e["pid"], str(e["tid"])), []).append((start, start + Decimal(e["dur"]), e["name"]))
+    arrays = {key: (np.array([s for s, _, _ in v], dtype=object), np.array([e for _, e, _ in v], dtype=object),
+                    [n for _, _, n in v]) for key, v in spans.items()}
+    out: dict[str, dict[str, int]] = {}
+    for e in memory_events(trace):
+        a = e["args"]
+        if a["Bytes"] <= 0 or (e["pid"], str(e["tid"])) not in arrays:
+            continue
+        start, end, names = arrays[(e["pid"], str(e["tid"]))]
+        t = Decimal(e["ts"])
+        inside = np.flatnonzero((start <= t) & (t <= end))
+        if not len(inside):
+            continue
+        k = max(inside.tolist(), key=lambda i: (start[i], -end[i]))
+        device = "cpu" if a["Device Type"] == 0 else f"cuda:{a['Device Id']}"
+        ops = out.setdefault(device, {})
+        ops[names[k]] = max(ops.get(names[k], 0), a["Bytes"])
+    return out
+
+
+def test_a_torch_1_9_sample_attributes_blocks_to_its_operator_spans() -> None:
+    trace = json.loads(gzip.decompress(TORCH19.read_bytes()), parse_float=Decimal)
+    ops = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "Operator"]
+    mem = memory_events(trace)
+    # the premise: Operator spans with string tids, [memory] events with int tids, neither Addr nor totals
+    assert ops and {type(e["tid"]) for e in ops} == {str} and {type(e["tid"]) for e in mem} == {int}
+    assert not any("cpu_op" == e.get("cat") for e in trace["traceEvents"])
+    assert all(set(e["args"]) == {"Bytes", "Device Type", "Device Id"} for e in mem)
+    profile = kineto.load(TORCH19)
+    assert profile.metadata["cpu_ops"] == sum(1 for e in ops if not e["name"].startswith("ProfilerStep#"))
+    expected = legacy_op_blocks(trace)
+    assert sorted(expected) == ["cpu", "cuda:0"] and len(expected["cuda:0"]) > 10
+    metrics = {m.device: m for m in profile_metrics(profile)}
+    assert {d: m.values["op_max_block_bytes"] for d, m in metrics.items()} == expected
+    for m in metrics.values():
+        # no totals: no peak, so no moment or step of it, and no blocks live at it (no free names its block)
+        assert m.values["peak_allocated_bytes"] is None and (m.peak_t_ns, m.peak_step) == (None, None)
+        assert "op_max_block_bytes are measured" in m.missing["peak_allocated_bytes"]
+        assert "op_max_block_bytes" not in m.missing
+        for key in ("op_bytes_at_peak", "owner_bytes_at_peak"):
+            assert m.values[key] == {} and "Addr" in m.missing[key], key
+
+
+def _legacy_trace(path: Path, cat: str | None) -> Path:
+    """A hand-made trace as torch 1.9 writes one: ops (``cat``; None: none) with string tids, [memory]
+    events with int tids, no Addr and no totals."""
+    def op(name: str, tid: str, ts: int, dur: int) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    def mem(tid: Any, ts: int, nbytes: int) -> dict[str, Any]:
+        return {"ph": "i", "s": "t", "name": "[memory]", "pid": 7, "tid": tid, "ts": ts,
+                "args": {"Device Type": 0, "Device Id": -1, "Bytes": nbytes}}
+
+    ops = [op("ProfilerStep#1", "11", 90, 100),  # a step, not an op
+           op("aten::outer", "11", 100, 50), op("aten::empty", "11", 110, 10), op("aten::zeros", "12", 100, 50),
+           op("aten::padded", "012", 100, 50)] if cat else []  # "012" is no number: not thread 12
+    events = [*ops, mem(11, 115, 64), mem(11, 130, 256), mem(11, 95, 1024), mem(12, 120, 32), mem("11", 140, 512),
+              mem(11, 150, -64), mem(13, 120, 4096)]
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events[::-1]}))
+    return path
+
+
+@pytest.mark.parametrize("cat", ["Operator", "cpu_op"])
+def test_operator_spans_with_string_tids_name_the_blocks(tmp_path: Path, cat: str) -> None:
+    """"cpu_op" with string tids: Kineto between June and August 2021."""
+    profile = kineto.load(_legacy_trace(tmp_path / "old.pt.trace.json", cat))
+    assert profile.metadata["cpu_ops"] == 4
+    [m] = profile_metrics(profile)
+    # 64 B inside aten::empty inside aten::outer; 256 B and 512 B (its tid a string too) in aten::outer
+    # only; 1024 B inside the step alone; 32 B on thread 12 (not "012"); 4096 B on a thread without ops
+    assert m.values["op_max_block_bytes"] == {"aten::empty": 64, "aten::outer": 512, "aten::zeros": 32}
+    assert "op_max_block_bytes are measured" in m.missing["peak_allocated_bytes"]
+    assert (m.peak_t_ns, m.peak_step) == (None, None)
+
+
+def test_a_trace_without_operator_spans_says_op_blocks_are_not_measurable(tmp_path: Path) -> None:
+    profile = kineto.load(_legacy_trace(tmp_path / "no_ops.pt.trace.json", None))
+    assert profile.metadata["cpu_ops"] == 0
+    [m] = profile_metrics(profile)
+    assert m.values["op_max_block_bytes"] is None
+    assert "no operator spans" in m.missing["op_max_block_bytes"] and "ProfilerActivity.CPU" in m.missing[
+        "op_max_block_bytes"]
+    assert "op_max_block_bytes" not in m.missing["peak_allocated_bytes"]  # no longer claimed measured
+    assert "step_growth_bytes (from the running sum of Bytes) is measured" in m.missing["peak_allocated_bytes"]
+    assert m.values["op_bytes_at_peak"] == {} and "op_bytes_at_peak" in m.missing
+
+
+def test_a_full_trace_without_operator_spans_keeps_its_peak_and_says_why_ops_are_missing(tmp_path: Path) -> None:
+    path = tmp_path / "no_ops.pt.trace.json"
+    path.write_bytes(CLEAN.read_bytes().replace(b'"cat": "cpu_op"', b'"cat": "not_an_op"'))  # every other byte kept
+    [m] = profile_metrics(kineto.load(path))
+    [full] = profile_metrics(kineto.load(CLEAN))
+    assert m.values["peak_allocated_bytes"] == full.values["peak_allocated_bytes"]
+    assert m.peak_t_ns == full.peak_t_ns is not None
+    assert m.values["op_max_block_bytes"] is None and "no operator spans" in m.missing["op_max_block_bytes"]
+    assert full.values["op_max_block_bytes"] and "op_max_block_bytes" not in full.missing
 
 
 # ---- keys repeated in one object ----------------------------------------------------------------------

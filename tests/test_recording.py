@@ -107,6 +107,22 @@ def test_a_recorder_manifest_at_max_entries_means_a_cut_history(tmp_path: Path) 
     assert profile.metadata["device_memory"] == {"source": "nvml", "scope": "process"}
 
 
+def test_a_trace_without_op_spans_leaves_the_snapshots_ops_measured(tmp_path: Path) -> None:
+    """The trace's "no operator spans" is its own: the snapshot's blocks name their ops from their frames."""
+    rec = tmp_path / "rec"
+    shutil.copytree(CUDA / "h200_record_clean", rec)
+    trace = rec / "torch_trace.json"
+    text = trace.read_bytes()
+    assert text.count(b'"cat": "cpu_op"') > 0
+    trace.write_bytes(text.replace(b'"cat": "cpu_op"', b'"cat": "not_an_op"'))
+    for alone in profile_metrics(load(discover(trace)[0])):  # the trace alone: no op figures, and it says so
+        assert alone.values["op_max_block_bytes"] is None and "no operator spans" in alone.missing["op_max_block_bytes"]
+    got = {m.device: m for m in profile_metrics(load(discover(rec)[0]))}
+    full = {m.device: m for m in profile_metrics(load(discover(CUDA / "h200_record_clean")[0]))}
+    assert got["cuda:0"].values["op_max_block_bytes"] == full["cuda:0"].values["op_max_block_bytes"] != {}
+    assert "op_max_block_bytes" not in got["cuda:0"].missing
+
+
 def test_a_bad_manifest_is_an_error_naming_it(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     shutil.copytree(CUDA / "h200_record_clean", rec)

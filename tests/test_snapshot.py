@@ -694,6 +694,7 @@ def assert_no_history(m: Any) -> None:
         assert m.values[key] is None, key
         assert "_record_memory_history" in m.missing[key], m.missing[key]
     assert m.values["top_at_peak"] == []
+    assert (m.peak_t_ns, m.peak_step) == (None, None)  # no peak: no moment or step of it either
     # the pools break fragmentation down: at the dump alone 1 - allocated/reserved is the cache kept
     assert m.pools == {} and m.pool_of == {}
 

@@ -9,8 +9,11 @@ is read (:mod:`memgate.loaders.kineto_events` keeps it, batch by batch):
   NPU=20) and ``Device Id`` name the device. The CPU allocator reserves nothing (``Total Reserved``
   is always 0 there), so a CPU device has no reserved values rather than a misleading 0.
 - ``ProfilerStep#N`` complete (``X``) events: the steps.
-- ``cpu_op`` complete events: a memory event belongs to the innermost op on the same (pid, tid)
-  whose span ``[ts, ts + dur]`` contains its ts; that op names the block.
+- operator complete events, ``cat`` ``cpu_op`` (``Operator`` in torch <= 1.9, where record_function
+  ranges are ``Operator`` spans too): a memory event belongs to the innermost op on the same (pid, tid)
+  whose span ``[ts, ts + dur]`` contains its ts; that op names the block. A tid written as a string of
+  digits (torch <= 1.9 does so for ops, not for memory events) is that number. A trace without
+  operator spans says the op figures are not measurable.
 - ``python_function`` complete events (``with_stack=True``; ``with_modules=True`` adds the
   ``nn.Module: Name_k`` spans): the module spans around a memory event on the same (pid, tid),
   outermost first, joined by ``/``, are its block's owner; where none encloses it, the innermost
@@ -62,6 +65,7 @@ SCHEMA = "kineto"
 COMPONENT = "allocator"
 UNPAIRED = "allocations without Addr"  # the blocks of a trace whose [memory] events carry no Addr
 STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)\Z")
+OP_KEYS = ("op_max_block_bytes", "op_bytes_at_peak")  # the metrics a block's operator gives
 # c10::DeviceType, lower-cased; PrivateUse1 is torch_npu's NPU (docs/formats-reference.md).
 DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip", 7: "fpga",
                 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu",
@@ -217,6 +221,10 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
                                 "cpu_ops": got.ops.count}
     if got.first_addr.keys() == {False}:
         metadata |= _unpaired_facts(got)
+    if not got.ops.count:  # no block can name its operator: an empty op_max_block_bytes would read as measured
+        why = metadata.setdefault("not_measurable", {})
+        for key in OP_KEYS:
+            why.setdefault(key, hints.no_kineto_ops())
     if repaired is not None and repaired.count:
         lines = ", ".join(map(str, repaired.repaired)) + (", ..." if repaired.count > len(repaired.repaired) else "")
         metadata["repaired_names"] = repaired.count
@@ -449,11 +457,14 @@ def _unpaired_facts(got: Collected) -> dict[str, Any]:
     totals = bool(got.mem.count) and not got.mem.column("no_alloc").all()
     pairing = ("its [memory] events carry no Addr (torch 1.9 writes only Bytes, Device Type and Device Id): "
                "a free cannot be matched to its allocation, so no block is known to be live at a moment")
-    why = {key: pairing for key in ("leaked_bytes", "leak_undetermined_bytes", "top_at_peak")}
+    # the blocks live at the peak too: an allocation without its free would count as live ever after
+    why = {key: pairing for key in ("leaked_bytes", "leak_undetermined_bytes", "top_at_peak", "op_bytes_at_peak",
+                                    "owner_bytes_at_peak")}
     if not totals:
+        measured = ("step_growth_bytes (from the running sum of Bytes) and op_max_block_bytes are measured"
+                    if got.ops.count else "step_growth_bytes (from the running sum of Bytes) is measured")
         level = ("its [memory] events carry no Total Allocated / Total Reserved (torch 1.9): the level memory "
-                 "stood at when the window opened is unknown, so no peak is; step_growth_bytes (from the "
-                 "running sum of Bytes) and op_max_block_bytes are measured")
+                 f"stood at when the window opened is unknown, so no peak is; {measured}")
         why |= {key: level for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation",
                                        "external_fragmentation")}
     elif (got.mem.column("dtype") == CPU).any():
@@ -464,7 +475,7 @@ def _unpaired_facts(got: Collected) -> dict[str, Any]:
 
 
 def _attribute(path: Path, got: Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:
-    """The innermost cpu_op on the same (pid, tid) whose [ts, ts+dur] contains each memory event."""
+    """The innermost op on the same (pid, tid) whose [ts, ts+dur] contains each memory event."""
     result = np.full(len(t_mem), None, dtype=object)
     spans = _spans(path, got.ops, base) if len(t_mem) else None
     if spans is None:

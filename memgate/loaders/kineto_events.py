@@ -1,7 +1,7 @@
 """What a Kineto trace load keeps of the events, batch by batch: the few ProfilerStep events whole,
-``[memory]`` events, ``cpu_op`` and ``python_function`` spans as int64 columns (everything else is
-dropped with its batch), each batch checked against the schema as it comes; of several bad events,
-the first in the file is reported.
+``[memory]`` events, operator (``cpu_op``, older ``Operator``) and ``python_function`` spans as int64
+columns (everything else is dropped with its batch), each batch checked against the schema as it
+comes; of several bad events, the first in the file is reported.
 
 Time: ``ts`` is µs with 3 decimals. ijson hands non-integers over as ``Decimal``, the json reader as
 their text (:mod:`memgate.readers.traceevents`), so ``t_ns = ts * 1000`` is exact (sub-ns digits, which
@@ -36,6 +36,12 @@ _FRAME = re.compile(r"^(?!<built-in)(.+?)\([0-9]+\): ")  # a with_stack frame: `
 I64_MAX = (1 << 63) - 1
 _PLAIN_US = r"^[0-9]+\.[0-9]{1,9}$"  # µs that convert exactly as text
 _OP_FIELDS = ("name", "ts", "dur", "pid", "tid")  # what is kept of a cpu_op, in the order they are checked
+# The cat of a CPU operator span: Kineto wrote "Operator" until June 2021 (torch <= 1.9; record_function
+# ranges too), then its ActivityType name "cpu_op". A tuple: ``in`` compares, never hashes (a cat may be a list).
+OP_CATEGORIES = ("cpu_op", "Operator")
+# A tid Kineto wrote as a string of a number: until August 2021 it wrote an operator's tid as "5786"
+# and a [memory] event's as 5786, one thread. Up to 19 digits (int() refuses thousands).
+_DECIMAL_TID = re.compile(r"(?:0|[1-9][0-9]{0,18})\Z")
 
 
 class Codes:
@@ -100,7 +106,7 @@ class Kept:
 
 class Collected:
     """The events memgate needs, pulled out batch by batch: the few steps whole, memory events and
-    cpu_ops as columns (everything else is dropped with its batch)."""
+    operator spans (:data:`OP_CATEGORIES`) as columns (everything else is dropped with its batch)."""
 
     def __init__(self, path: Path, schema: dict[str, Any], base: int) -> None:
         self.path = path
@@ -161,7 +167,7 @@ class Collected:
                         self.step_index.append(first + i)
                     else:
                         self.notes.append(with_decimals(event))
-                elif cat == "cpu_op":
+                elif cat in OP_CATEGORIES:
                     op_index.append(first + i)
                     add_name(name)
                     add_ts(get("ts"))
@@ -191,9 +197,13 @@ class Collected:
             self._add_ops(py_columns, py_index, self.py, self.py_names)
 
     def _threads(self, pids: list[Any], tids: list[Any], arrays: Mapping[str, pa.Array | None]) -> np.ndarray:
-        """One int64 per distinct (pid, tid); ``arrays``: the checked pid and tid columns."""
+        """One int64 per distinct (pid, tid); ``arrays``: the checked pid and tid columns. A tid string
+        of digits is that number (:data:`_DECIMAL_TID`), for ops and memory events alike."""
         pid = self.pids.encode(pids, _all_ints(arrays["pid"]))
-        return np.asarray((pid << 32) | self.tids.encode(tids, _all_ints(arrays["tid"])), dtype=np.int64)
+        ints = _all_ints(arrays["tid"])
+        if not ints:
+            tids = list(map(_thread_id, tids))
+        return np.asarray((pid << 32) | self.tids.encode(tids, ints), dtype=np.int64)
 
     def _add_memory(self, records: list[dict[str, Any]], index: list[int]) -> None:
         n = len(records)
@@ -275,6 +285,11 @@ class Collected:
             if problem is not None:
                 raise problem.error(self.path)
         return arrays
+
+
+def _thread_id(tid: Any) -> Any:
+    """The thread a tid names: a string of a number (not a json reader's number text) as that int."""
+    return int(tid) if type(tid) is str and _DECIMAL_TID.match(tid) else tid
 
 
 def _integers(arr: pa.Array | None) -> bool:

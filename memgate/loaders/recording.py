@@ -197,6 +197,12 @@ def load(path: Path) -> Profile:
         metadata["notes"] = [*metadata.get("notes", []), *notes]
     if truncated:
         metadata["not_measurable"] = truncated
+    elif "not_measurable" in trace.metadata and set(taken_from.values()) != {trace_file.name}:
+        # a snapshot's blocks name their ops from their frames: the trace's lack of op spans is not theirs
+        why = {k: v for k, v in trace.metadata["not_measurable"].items() if k not in kineto.OP_KEYS}
+        metadata.pop("not_measurable")
+        if why:
+            metadata["not_measurable"] = why
     return Profile(path=str(path), format=FORMAT, rank=trace.rank, devices=tuple(devices.values()),
                    steps=trace.steps, steps_source=trace.steps_source, metadata=metadata)
 

@@ -9,10 +9,12 @@ What the real files (tests/data/samples/torch/cpu_train_*.json) show and this wr
   ``Device Type`` (CPU 0, CUDA 1, NPU 20) and ``Device Id`` (-1 on CPU).
 - ``ProfilerStep#N`` as ``X`` events (``cat: user_annotation``); on GPU also the device-side copy
   (``gpu_user_annotation``, shifted in time), which is not the step.
-- Operators as ``cpu_op`` ``X`` events: each block's op spans its allocation, with an already
-  finished child op inside it (so the innermost op *containing* the event is not simply the last
-  one that started). Each block's events are on a thread of their own, so the op of an event is
-  unambiguous even when several blocks share an instant; blocks without an op have none.
+- Operators as ``cpu_op`` ``X`` events (``legacy_ops``: as torch <= 1.9 wrote them, ``cat: Operator``
+  with the tid a string of the number the memory events write): each block's op spans its
+  allocation, with an already finished child op inside it (so the innermost op *containing* the
+  event is not simply the last one that started). Each block's events are on a thread of their
+  own, so the op of an event is unambiguous even when several blocks share an instant; blocks
+  without an op have none.
 - ``ts``/``dur`` are µs with exactly 3 decimals, written as text the way Kineto formats them
   (``{us}.{ns:03}``): every ns instant is exact, so the comparison tolerance is 0 ns. With
   ``base_time`` they are relative to ``baseTimeNanoseconds``, otherwise µs since the epoch
@@ -44,10 +46,17 @@ class KinetoOptions:
     base_time: bool = True
     shuffle_seed: int | None = 0
     rank: int | None = None  # distributedInfo.rank
+    legacy_ops: bool = False  # ops as Kineto wrote them before June 2021: cat Operator, tid "1000"
 
 
 def device_label(trace: Trace, opts: KinetoOptions) -> str:
     return "cpu" if opts.device == "cpu" else f"{opts.device}:{trace.device_id}"
+
+
+def writes_ops(trace: Trace) -> bool:
+    """Does :func:`render` write an operator span (for a block allocated in the window with an op)?
+    A trace without one has no op figures to measure."""
+    return any(b.t_alloc is not None and b.op for b in trace.blocks)
 
 
 def _us(ns: int) -> str:
@@ -91,12 +100,14 @@ def render(trace: Trace, opts: KinetoOptions) -> str:
                      "Ev Idx": k},
         })
     ops: list[dict[str, Any]] = []
+    cat = "Operator" if opts.legacy_ops else "cpu_op"
     for i, b in enumerate(trace.blocks):
-        if b.t_alloc is None or not b.op:
+        if b.t_alloc is None or not b.op:  # as writes_ops() says
             continue
-        ops.append({"ph": "X", "cat": "cpu_op", "name": b.op, "pid": PID, "tid": 1000 + i, "ts": ts(b.t_alloc - 5),
+        tid = str(1000 + i) if opts.legacy_ops else 1000 + i
+        ops.append({"ph": "X", "cat": cat, "name": b.op, "pid": PID, "tid": tid, "ts": ts(b.t_alloc - 5),
                     "dur": _Raw("0.010"), "args": {"External id": i, "Ev Idx": i}})
-        ops.append({"ph": "X", "cat": "cpu_op", "name": CHILD_OP, "pid": PID, "tid": 1000 + i,
+        ops.append({"ph": "X", "cat": cat, "name": CHILD_OP, "pid": PID, "tid": tid,
                     "ts": ts(b.t_alloc - 3), "dur": _Raw("0.002"), "args": {"External id": i, "Ev Idx": i}})
     steps: list[dict[str, Any]] = []
     for n, start, end in trace.steps:
