@@ -102,3 +102,21 @@ def test_pad_shown_reads_the_small_blocks() -> None:
     assert block_sizes.pad_shown(np.array([1024, 512]), np.array([1000, 100]), settings) == 0  # 1000 -> 1024: CUDA
     assert block_sizes.pad_shown(np.array([512, 1536]), np.array([100, 1200]), settings) is None  # nothing tells
     assert block_sizes.pad_shown(np.array([1024]), np.array([1024]), settings) == 0  # 1024 B exactly: no pad
+
+
+def test_one_devices_segments_decide_its_layout(tmp_path: Path) -> None:
+    """A file joining two dumps (the expandable sample as device 0, the fixed-segment one as device 1)
+    gives device 1 the figures of its own file: expandable segments on another device change nothing."""
+    fixed, expandable = _raw(NPU / "npu_snapshot_empty_cache.pkl"), _raw(NPU / "npu_snapshot_expandable.pkl")
+    for seg in fixed["segments"]:
+        seg["device"] = 1
+    joined = {"segments": expandable["segments"] + fixed["segments"],
+              "device_traces": [expandable["device_traces"][0], fixed["device_traces"][0]]}
+    path = tmp_path / "joined.pickle"
+    path.write_bytes(pickle.dumps(joined))
+    by_device = {m.device: m.values for m in profile_metrics(snapshot.load(path))}
+    [alone] = profile_metrics(snapshot.load(NPU / "npu_snapshot_empty_cache.pkl"))
+    [alone_expandable] = profile_metrics(snapshot.load(NPU / "npu_snapshot_expandable.pkl"))
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "allocated_at_dump_bytes"):
+        assert by_device["npu:1"][key] == alone.values[key], key
+        assert by_device["npu:0"][key] == alone_expandable.values[key], key

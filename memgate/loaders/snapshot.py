@@ -157,7 +157,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
     by_dev = {p.device: p for p in parsed}
     for dev in _devices(path, segments, parsed, len(traces)):
         model, facts = device_model(dev, by_dev.get(dev) or empty_trace(dev), segments, npu, t_origin, path,
-                                    settings, every_frame, addresses)
+                                    _device_settings(snapshot, settings, dev), every_frame, addresses)
         models.append(model)
         notes[model.device] = facts
     steps, steps_source, step_notes = _steps(path, ann, t_origin, time_base)
@@ -202,13 +202,20 @@ def _clock(path: Path, parsed: Sequence[Trace]) -> tuple[str, int]:
 
 
 def _allocator_settings(snapshot: dict[str, Any], segments: Segments) -> block_sizes.Settings:
-    """The settings the block sizes follow: the recorded ones, expandable where a segment is, and no
-    caching allocator where a block is no multiple of 512 B."""
+    """The settings the block sizes follow: the recorded ones, and no caching allocator where a block
+    is no multiple of 512 B (expandable: per device, :func:`_device_settings`)."""
     settings = block_sizes.Settings.of(snapshot.get("allocator_settings"))
-    if any(isinstance(s, dict) and s.get("is_expandable") is True for s in snapshot["segments"]):
-        settings = replace(settings, expandable=True)
     if ((segments.size % block_sizes.MIN_BLOCK) != 0).any():  # no caching allocator hands out such blocks
         settings = replace(settings, caching=False)
+    return settings
+
+
+def _device_settings(snapshot: dict[str, Any], settings: block_sizes.Settings, dev: int) -> block_sizes.Settings:
+    """``settings`` for device ``dev``: expandable where one of its segments is (a file that joins the
+    dumps of two processes may hold one device's expandable segments beside another's fixed ones)."""
+    if any(isinstance(s, dict) and s.get("is_expandable") is True and s.get("device", 0) == dev
+           for s in snapshot["segments"]):
+        return replace(settings, expandable=True)
     return settings
 
 
