@@ -160,12 +160,12 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "op_bytes_at_peak", "bytes", "blocks",
         "bytes of the blocks live at the peak per operator: the 10 largest, the rest under (other)",
-        shape="by name", at_peak=True, nullable=False),
+        shape="by name", at_peak=True, needs_history=True, nullable=False),
     MetricSpec(
         "owner_bytes_at_peak", "bytes", "blocks",
         "bytes of the blocks live at the peak per owner (innermost nn.Module, user frame or msMemScope owner): the "
         "10 largest, the rest under (other); owner_caps budgets them by glob",
-        shape="by name", at_peak=True, nullable=False),
+        shape="by name", at_peak=True, needs_history=True, nullable=False),
     MetricSpec(
         "category_bytes_at_peak", "bytes", "blocks",
         "bytes of the blocks live at the peak per category (parameters, buffers, gradients, optimizer_state, "

@@ -66,7 +66,8 @@ SUFFIXES = (".pickle", ".pkl")
 # holders): not measurable from a snapshot without one. A one-sample series would otherwise read as
 # a peak, and as "reserved never grew" (external_fragmentation 0).
 HISTORY_METRICS = ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation",
-                   "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "top_at_peak")
+                   "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "top_at_peak", "op_bytes_at_peak",
+                   "owner_bytes_at_peak")
 EMPTY = "empty snapshot: no segments and no device traces"  # a dump from a process that never used the device
 _EMPTY_DICT, _EMPTY_LIST = 0x7D, 0x5D
 # Keys one of which a snapshot's first record names within its first bytes (dict or bare list).
