@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders.registry import FORMATS, Format, format_named, import_loaders
+from memgate.readers.files import LFS_POINTER_MAX, check_not_lfs_pointer
 
 if TYPE_CHECKING:
     from memgate.model import Profile
@@ -65,6 +66,16 @@ def _raise(exc: OSError) -> None:
     raise exc
 
 
+def _check_not_lfs_pointer(path: Path) -> None:
+    """A file no format claims may be a Git LFS pointer to a profile: say so (the fix is a pull)."""
+    try:
+        if path.stat().st_size <= LFS_POINTER_MAX:
+            with open(path, "rb") as fh:
+                check_not_lfs_pointer(path, fh.read(64))
+    except OSError:  # unreadable: the general message stands
+        return
+
+
 def _file_kind(path: Path) -> str:
     mode = path.stat().st_mode
     kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
@@ -91,6 +102,7 @@ def _discover(root: Path) -> list[Found]:
         if not root.is_file():  # a FIFO, a device (/dev/zero), a socket: never read (a read could block or never end)
             raise InputError("not a regular file", file=root, expected="a profile directory or file",
                              found=_file_kind(root))
+        _check_not_lfs_pointer(root)
         raise InputError("not a profile file of any known format", file=root,
                          expected="a profile directory or file (see `memgate inspect --help`)")
     found: list[Found] = []

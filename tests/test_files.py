@@ -50,3 +50,30 @@ def test_a_file_without_read_permission(tmp_path: Path, monkeypatch: pytest.Monk
     # what chmod 000 does for a non-root user (root reads any file, so the check is simulated)
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path else real_access(p, mode))
     assert _refusal(path) == f"{path}: file is not readable (permission denied)"
+
+
+POINTER = (b"version https://git-lfs.github.com/spec/v1\n"
+           b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 150343767\n")
+
+
+@pytest.mark.parametrize("name", ["operator_memory.csv", "trace.pt.trace.json", "snapshot.pickle", "profile.db",
+                                  "unknown.bin"])
+def test_a_git_lfs_pointer_is_named_as_one(tmp_path: Path, name: str) -> None:
+    """A CI checkout without `git lfs pull` leaves pointers where the profiles were: whatever the file's
+    name, memgate (the reader, or discovery where no format claims it) says what it is and how to fetch it."""
+    from memgate.discover import discover, load
+
+    path = tmp_path / name
+    path.write_bytes(POINTER)
+    with pytest.raises(InputError) as info:
+        for found in discover(path):
+            load(found)
+    assert info.value.file == str(path)
+    assert "a Git LFS pointer" in info.value.one_line() and "git lfs pull" in info.value.one_line()
+    assert "version https://git-lfs.github.com/spec/v1'" in info.value.one_line()  # the first line only
+
+
+def test_a_file_that_only_mentions_lfs_is_not_a_pointer(tmp_path: Path) -> None:
+    path = tmp_path / "memory_record.csv"
+    path.write_bytes(b"Component,version https://git-lfs.github.com/spec/v1\n")
+    check_readable(path)

@@ -1,4 +1,5 @@
-"""What every reader checks of a file before it opens it: there, a regular file, readable, not empty.
+"""What every reader checks of a file before it opens it: there, a regular file, readable, not empty,
+and not a Git LFS pointer standing in for the profile (a CI checkout without ``git lfs pull``).
 
 Each failure is an InputError naming the file, before any read could block (a FIFO), fail half-way
 or read nothing. The caps on what a file may hold are :mod:`memgate.readers.limits`'.
@@ -22,3 +23,20 @@ def check_readable(path: Path) -> None:
         raise InputError("file is not readable (permission denied)", file=path)
     if path.stat().st_size == 0:
         raise InputError("empty file (0 bytes)", file=path)
+    if path.stat().st_size <= LFS_POINTER_MAX:
+        with open(path, "rb") as fh:
+            check_not_lfs_pointer(path, fh.read(64))
+
+
+# Git LFS replaces a tracked file by a small text pointer (spec v1: this first line, an oid, a size)
+# wherever LFS did not fetch it: the profile is not there, and its bytes must not be read as one.
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+LFS_POINTER_MAX = 1024  # bytes: a pointer is ~130
+
+
+def check_not_lfs_pointer(path: Path, head: bytes) -> None:
+    """InputError where ``head`` (a file's first bytes) is a Git LFS pointer's."""
+    if head.startswith(LFS_POINTER):
+        raise InputError("a Git LFS pointer, not the file it stands for", file=path,
+                         expected="the file's content: run `git lfs pull` (or check out with Git LFS installed)",
+                         found=head.split(b"\n", 1)[0].decode("ascii", "replace"))

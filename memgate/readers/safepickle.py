@@ -32,6 +32,7 @@ from typing import Any, BinaryIO, cast
 
 from memgate.errors import InputError, cannot_read, show
 from memgate.readers import limits
+from memgate.readers.files import check_not_lfs_pointer
 from memgate.readers.memory import address_space_capped, collector_paused
 from memgate.sizes import format_size
 
@@ -277,6 +278,7 @@ def load(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> Any:
 
 def _check_protocol(path: Path, data: bytes) -> None:
     if sniff(data) is None:
+        check_not_lfs_pointer(path, data)
         found = data[:8].hex(" ")
         if data[:2] == b"\x80\x06" or (data[:1] == b"\x80" and len(data) > 1 and data[1] > HIGHEST_PROTOCOL):
             raise InputError(f"unsupported pickle protocol {data[1]}", file=path, line=None,
