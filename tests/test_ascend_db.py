@@ -179,13 +179,19 @@ def test_loading_writes_nothing_next_to_the_db(tmp_path: Path) -> None:
 FRAMEWORK_ORDER = ("PTA+GE", "MindSpore+GE", "PTA", "MindSpore", "allocator", "GE")
 
 
+# The names of memgate's whole-process and summed series: NPU_OP_MEM rows labelled so read as GE,
+# the label msprof writes on every such row (this hand-edited file says APP and PTA+GE).
+NOT_OP_COMPONENTS = ("APP", "PTA+GE", "MindSpore+GE")
+
+
 def op_mem_events() -> list[tuple]:
     """(rowid, kind, op, component, addr, size, t, allocated, reserved, device) with sqlite3 alone: the
-    type through ENUM_MEMORY, the names through STRING_IDS."""
-    return raw("SELECT m.rowid, e.name, n.value, c.value, m.addr, m.size, m.timestampNs, m.totalAllocate, "
+    type through ENUM_MEMORY, the names through STRING_IDS, a label of NOT_OP_COMPONENTS as GE."""
+    rows = raw("SELECT m.rowid, e.name, n.value, c.value, m.addr, m.size, m.timestampNs, m.totalAllocate, "
                "m.totalReserve, m.deviceId FROM NPU_OP_MEM m JOIN ENUM_MEMORY e ON e.id = m.type "
                "LEFT JOIN STRING_IDS n ON n.id = m.operatorName LEFT JOIN STRING_IDS c ON c.id = m.component "
                "ORDER BY m.rowid", MSPROF_DB)
+    return [(*r[:3], "GE" if r[3] in NOT_OP_COMPONENTS else r[3], *r[4:]) for r in rows]
 
 
 def paired_blocks(events: list[tuple]) -> list[tuple]:
@@ -204,8 +210,9 @@ def paired_blocks(events: list[tuple]) -> list[tuple]:
         elif key in open_:
             op, size, t_alloc, at_alloc = open_.pop(key)
             blocks.append((device, component, op, size, t_alloc, t, at_alloc))
+        elif key in seen:  # a release of an address already freed, no allocate in between: dropped
+            continue  # (this file: the hand-added release at the instant GE's own release of it is written)
         else:
-            assert key not in seen  # this file: no address released twice without an allocate
             blocks.append((device, component, op, size, None, t, None))
         seen.add(key)
     blocks += [(device, component, op, size, t, None, at_alloc)
@@ -235,7 +242,9 @@ def test_msprof_sample_blocks_are_the_paired_events(msprof: tuple) -> None:
     profile, _ = msprof
     events = op_mem_events()
     expected = paired_blocks(events)
-    assert len(expected) == 248  # 247 pairs; the two hand-added PTA+GE rows: a release first, then an allocate
+    assert len(expected) == 247  # 246 pairs and the hand-added allocate (its hand-added release dropped)
+    assert raw("SELECT DISTINCT c.value FROM NPU_OP_MEM m JOIN STRING_IDS c ON c.id = m.component ORDER BY 1",
+               MSPROF_DB) == [("APP",), ("PTA+GE",)]  # as the file labels them
     assert [d.device for d in profile.devices] == sorted({f"npu:{e[9]}" for e in events}) == ["npu:0"]
     got = []
     for device in profile.devices:
@@ -244,16 +253,21 @@ def test_msprof_sample_blocks_are_the_paired_events(msprof: tuple) -> None:
                  r.t_alloc, r.t_free, r.alloc_total) for r in frame.itertuples()]
         assert all(op.startswith("cann::") for op in frame["op"])
     assert sorted(got, key=str) == sorted(expected, key=str)
-    assert profile.metadata["export"] == "msprof db" and "notes" not in profile.metadata  # nothing repaired
+    assert profile.metadata["export"] == "msprof db"
+    assert profile.metadata["notes"] == [
+        ("NPU_OP_MEM: 494 row(s) (first rowid 1) labelled 'APP', 'PTA+GE' read as GE: their totals are operator "
+         "memory, not a whole-process or summed series"),
+        "1 release(s) of an address already freed, with no allocate in between: dropped"]
 
 
 def test_msprof_sample_series_and_peaks(msprof: tuple) -> None:
-    """One series per component as the file names it (APP, PTA+GE: see PROVENANCE.md §6), each the
-    totals written with its events; the peaks are those of the framework series memgate takes."""
+    """One GE series (the file's APP and PTA+GE labels read as GE: see PROVENANCE.md §6), the totals
+    written with its events; the peaks are those of that series: 604110848 B allocated, not the 131072 B
+    of the two rows the file labels PTA+GE."""
     profile, metrics = msprof
     events = op_mem_events()
     components = sorted({e[3] for e in events})
-    assert components == ["APP", "PTA+GE"]
+    assert components == ["GE"]
     (device,) = profile.devices
     assert sorted(device.series) == components
     for component in components:

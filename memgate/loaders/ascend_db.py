@@ -40,6 +40,7 @@ from memgate.loaders import registry
 from memgate.loaders.crossfile import cross_file_facts
 from memgate.loaders.msmemscope import pair_events, repair_notes, take
 from memgate.model import (
+    APP_COMPONENT,
     STEP_COLUMNS,
     DeviceModel,
     Profile,
@@ -353,6 +354,7 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[s
                          column="NPU_OP_MEM.type", expected=f"{names} {text} 'allocate' or 'release'",
                          found=repr(row["kind"]) if not pd.isna(row["kind"]) else f"an id not in {names}")
     frame["component"] = frame["component"].fillna("GE")
+    relabelled = _op_components(frame)
     frame["device"] = _device_labels(frame["device_id"])
     keys = [pd.factorize(frame[c])[0] for c in ("device", "component", "addr")]
     is_alloc = (frame["kind"] == "allocate").to_numpy(dtype=bool)
@@ -380,7 +382,25 @@ def read_npu_op_mem(db: Database) -> tuple[list[tuple[str, Table]], list[tuple[s
         "allocated": frame["allocated"], "reserved": frame["reserved"],
         "active": pd.Series(pd.NA, index=frame.index, dtype="Int64"),
     })
-    return blocks_of, split_series(series_frame), repair_notes(pairs, "allocate", "release")
+    return blocks_of, split_series(series_frame), relabelled + repair_notes(pairs, "allocate", "release")
+
+
+# Names memgate gives a whole-process or summed series: NPU_OP_MEM's rows are operator memory (msprof
+# labels them GE), and a label taking one of these names would pass its totals off as that series.
+_NOT_OP_COMPONENTS = (APP_COMPONENT, "PTA+GE", "MindSpore+GE")  # the sums: metrics.SERIES_PARTS
+
+
+def _op_components(frame: pd.DataFrame) -> list[str]:
+    """Rows labelled with one of :data:`_NOT_OP_COMPONENTS` read as GE, what msprof writes for every
+    NPU_OP_MEM row (a hand-edited db relabelled them); a note says how many and which labels."""
+    bad = frame["component"].isin(_NOT_OP_COMPONENTS)
+    if not bad.any():
+        return []
+    labels = sorted(set(frame.loc[bad, "component"]))
+    first = int(frame.loc[bad.idxmax(), "rowid"])
+    frame.loc[bad, "component"] = "GE"
+    return [(f"NPU_OP_MEM: {int(bad.sum())} row(s) (first rowid {first}) labelled {', '.join(map(repr, labels))} "
+             "read as GE: their totals are operator memory, not a whole-process or summed series")]
 
 
 def read_npu_mem(db: Database) -> list[tuple[str, str, Table]]:
