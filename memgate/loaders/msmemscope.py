@@ -2,7 +2,10 @@
 
 docs/formats-reference.md §6. Header ``ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr``
 plus ``Call Stack(Python)`` / ``Call Stack(C)`` when stacks were collected (msleaks wrote
-``Timestamp(us)``); the db holds the same columns in table ``memscope_dump``.
+``Timestamp(us)``); the db holds the same columns in table ``memscope_dump``, or in table ``leaks_dump``
+(msleaks' db writer of 2025-06 on), or in ``leaks_dump`` under camelCase names (``id, event, eventType, name,
+timestamp, processId, threadId, deviceId, ptr, attr``: the msleaks dumps MindStudio Insight reads, its test data
+of 2025-05) whose ``timestamp`` names no unit and is read by the magnitude rule below.
 
 How the events become the model:
 
@@ -72,12 +75,17 @@ from memgate.readers.csvcheck import describe
 from memgate.readers.csvtable import read_csv
 from memgate.readers.limits import check_rows
 from memgate.readers.numtext import offsets_and_text
-from memgate.readers.sqlitetable import open_db, quote_ident, sqlite_or_unreadable, validate_table
+from memgate.readers.sqlitetable import Database, open_db, quote_ident, sqlite_or_unreadable, validate_table
 from memgate.schemas import load_schema, re2_pattern
 from memgate.table import Table
 
 FORMAT = "msmemscope"
 TABLE = "memscope_dump"
+LEAKS_TABLE = "leaks_dump"
+# The reader's names (the CSV header's) → the camelCase leaks_dump's columns.
+CAMEL_COLUMNS = {"ID": "id", "Event": "event", "Event Type": "eventType", "Name": "name", "Timestamp(ns)": "timestamp",
+                 "Process Id": "processId", "Thread Id": "threadId", "Device Id": "deviceId", "Ptr": "ptr",
+                 "Attr": "attr"}
 DB_NAME = re.compile(r"(?:^|_)(?:memscope|leaks)_dump_[0-9]+.*\.db$")
 HEADER_PREFIX = "ID,Event,Event Type,Name,Timestamp("
 COLUMNS = ("ID", "Event", "Event Type", "Name", "Timestamp", "Process Id", "Thread Id", "Device Id", "Ptr", "Attr")
@@ -194,6 +202,8 @@ class Rows:
     table: pa.Table  # COLUMNS, all string
     time_unit: str  # the header's unit: "ns" or "us"
     rowids: np.ndarray | None  # db rowids; None for a CSV (row i is line i + 2)
+    db_table: str = TABLE
+    db_columns: dict[str, str] | None = None  # the reader's column names → the db table's, when they differ
 
     def col(self, name: str) -> pa.ChunkedArray:
         return self.table.column(name)
@@ -206,8 +216,15 @@ class Rows:
               found: str | None = None) -> InputError:
         if self.rowids is None:
             return InputError(message, file=self.path, line=row + 2, column=column, expected=expected, found=found)
-        return InputError(f"table {TABLE} rowid {int(self.rowids[row])}: {message}", file=self.path,
-                          column=f"{TABLE}.{column}", expected=expected, found=found)
+        column = (self.db_columns or {}).get(column, column)
+        return InputError(f"table {self.db_table} rowid {int(self.rowids[row])}: {message}", file=self.path,
+                          column=f"{self.db_table}.{column}", expected=expected, found=found)
+
+    @property
+    def timestamp_header(self) -> str:
+        """The timestamp column's name in the file, for messages."""
+        header = f"Timestamp({self.time_unit})"
+        return (self.db_columns or {}).get(header, header)
 
 
 def read_csv_rows(path: Path) -> Rows:
@@ -217,24 +234,42 @@ def read_csv_rows(path: Path) -> Rows:
     return Rows(path, pa.table(columns, names=list(COLUMNS)), unit, None)
 
 
+def _db_form(db: Database) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """The schema of the dump table this db holds, and its column names when they are not the CSV's.
+
+    ``memscope_dump`` wins; without it, ``leaks_dump`` under the CSV's names (the ``Timestamp(ns)`` column
+    tells) or under camelCase names. A db with neither is reported as missing ``memscope_dump``.
+    """
+    if TABLE in db.tables or TABLE in db.others or LEAKS_TABLE not in db.tables:
+        return load_schema("msmemscope.memscope_dump"), None
+    if "Timestamp(ns)" in db.columns(LEAKS_TABLE):
+        schema = dict(load_schema("msmemscope.memscope_dump"))
+        schema.update({"x-memgate-table": LEAKS_TABLE, "title": "msleaks leaks_dump_{ts}.db: table leaks_dump"})
+        return schema, None
+    return load_schema("msmemscope.leaks_dump"), CAMEL_COLUMNS
+
+
 def read_db_rows(path: Path) -> Rows:
-    schema = load_schema("msmemscope.memscope_dump")
     with open_db(path) as db:
+        schema, renamed = _db_form(db)
+        table = str(schema["x-memgate-table"])
         validate_table(db, schema)
         names = ["ID", "Event", "Event Type", "Name", "Timestamp(ns)", "Process Id", "Thread Id", "Device Id", "Ptr",
                  "Attr"]
-        select = ", ".join(f"CAST({quote_ident(n)} AS TEXT)" for n in names)
-        rows = db.query(f"SELECT rowid, {select} FROM {quote_ident(TABLE)} ORDER BY rowid", table=TABLE)
+        select = ", ".join(f"CAST({quote_ident((renamed or {}).get(n, n))} AS TEXT)" for n in names)
+        rows = db.query(f"SELECT rowid, {select} FROM {quote_ident(table)} ORDER BY rowid", table=table)
     if not rows:
-        raise InputError(f"table {TABLE} has no rows", file=path, column=TABLE)
-    check_rows(path, len(rows), column=TABLE)
+        raise InputError(f"table {table} has no rows", file=path, column=table)
+    check_rows(path, len(rows), column=table)
     grid = np.array(rows, dtype=object).reshape(len(rows), len(names) + 1)  # cheaper than zip(*rows)
     rowids = grid[:, 0].astype(np.int64)
     arrays = []
     for i in range(1, len(names) + 1):
         arr = pa.array(grid[:, i], type=pa.string(), from_pandas=False)
         arrays.append(pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr))
-    result = Rows(path, pa.table(arrays, names=list(COLUMNS)), "ns", rowids)
+    # "ns" also for camelCase ``timestamp``, which names no unit: timestamps_ns decides µs vs ns by
+    # magnitude (msleaks recorded µs until 2025-05-29, ns after).
+    result = Rows(path, pa.table(arrays, names=list(COLUMNS)), "ns", rowids, table, renamed)
     _check_patterns(result)
     return result
 
@@ -299,6 +334,7 @@ def _strings(values: pa.ChunkedArray | pa.Array) -> pd.Series:
 def timestamps_ns(rows: Rows) -> tuple[np.ndarray, str | None]:
     """Timestamps as int64 ns and a note when the unit was decided by magnitude."""
     col = rows.col("Timestamp")
+    header = rows.timestamp_header
     raw = np.asarray(_int64(rows, "Timestamp", f"Timestamp({rows.time_unit})").to_numpy(zero_copy_only=False),
                      dtype=np.int64)
     us_column = rows.time_unit == "us"
@@ -313,11 +349,11 @@ def timestamps_ns(rows: Rows) -> tuple[np.ndarray, str | None]:
     ns_like = raw >= NS_LOW
     if us_like.any() and ns_like.any():
         row = int(max(np.flatnonzero(us_like)[0], np.flatnonzero(ns_like)[0]))  # where the second kind starts
-        raise rows.error(row, "Timestamp(ns) mixes 16-digit (µs-looking) and 19-digit (ns) epoch values",
+        raise rows.error(row, f"{header} mixes 16-digit (µs-looking) and 19-digit (ns) epoch values",
                          "Timestamp(ns)", expected="one unit for the whole file", found=repr(col[row].as_py()))
     if us_like.any():
-        return raw * 1000, ("Timestamp(ns) holds 16-digit values (µs since the epoch, as old msMemScope "
-                            "fixtures wrote them): read as µs")
+        return raw * 1000, (f"{header} holds 16-digit values (µs since the epoch, as msleaks until 2025-05 and "
+                            "old msMemScope fixtures wrote them): read as µs")
     return raw, None
 
 
