@@ -1,7 +1,8 @@
-"""Small helpers shared by the tests: run the CLI, copy a sample, rewrite a file's lines."""
+"""Small helpers shared by the tests: run the CLI, copy a sample, rewrite a file's lines, skip without torch."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sqlite3
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "tests" / "data" / "samples"
 ASCEND = SAMPLES / "ascend"
@@ -21,6 +24,13 @@ PTA21_L1 = ASCEND / "msinsight_pta21_level1_rank0"
 PTA21_L0 = ASCEND / "msinsight_pta21_level0_rank0"
 PRE21 = ASCEND / "msinsight_ut_pre21_rank0"  # torch_npu before 2.1: no Active or Stream Ptr columns
 TORCH_NPU_SAMPLES = (PTA271, PTA21_L1, PTA21_L0, PRE21)
+NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
+
+
+def skip_without_torch(reason: str = NEEDS_TORCH) -> None:
+    """Skip unless torch is installed, found without importing it: pytester unloads what a test imports."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip(reason)
 
 
 @dataclass(frozen=True)

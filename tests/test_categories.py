@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import NEEDS_TORCH
 
 from memgate.budgets import budget_from_mapping
 from memgate.compare import attribution_lines, grown_at_peak
@@ -30,7 +31,6 @@ from memgate.report import profile_entry
 from memgate.suggest import suggest_toml
 from memgate.table import Ints, Table, Texts
 
-NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
 # Odd sizes (no tensor a multiple of 512 bytes); BatchNorm1d brings buffers (running stats and the
 # int64 num_batches_tracked).
 IN, HIDDEN, OUT, BATCH, STEPS = 61, 127, 11, 33, 3

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import ast
 import fnmatch
-import importlib.util
 import json
 import re
 import shlex
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import skip_without_torch
 
 from memgate.budgets import BUDGET_KEYS, CROSS_RANK, budget_from_mapping, load_budget_file
 from memgate.cli import build_parser, main
@@ -186,8 +186,7 @@ def _run_command(pytester: pytest.Pytester, words: list[str]) -> tuple[int, list
 def test_pytorch_quick_start_runs_as_written(pytester: pytest.Pytester) -> None:
     """Every file of the page written, every command run, in the page's order, in a fresh folder;
     each documented output is what its command printed."""
-    if importlib.util.find_spec("torch") is None:  # not imported here: pytester unloads what a test imports
-        pytest.skip("the PyTorch quick start needs torch (pip install 'memgate[torch]')")
+    skip_without_torch("the PyTorch quick start needs torch (pip install 'memgate[torch]')")
     cuda = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                           capture_output=True, text=True, check=True, timeout=120).stdout.strip() == "True"
     page = _page("quickstart-pytorch.md")

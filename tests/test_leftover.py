@@ -9,9 +9,8 @@ model's shapes.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from helpers import skip_without_torch
 
 from memgate.budgets import budget_from_mapping
 from memgate.errors import ConfigError, NotMeasurable
@@ -22,7 +21,6 @@ from memgate.model import DeviceModel, Profile
 from memgate.outputs import left_lines
 from memgate.table import Ints, Table, Texts
 
-NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
 N = 300_007  # odd: no allocator rounding makes it up
 
 
@@ -158,8 +156,7 @@ def test_state_at_its_exact_bytes(memgate_record):
 
 
 def test_a_test_that_keeps_n_bytes_fails_left_allocated_0_and_passes_at_n(pytester: pytest.Pytester) -> None:
-    if importlib.util.find_spec("torch") is None:  # not imported here: pytester unloads what a test imports
-        pytest.skip(NEEDS_TORCH)
+    skip_without_torch()
     pytester.makepyfile(test_left=TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-rA",
                                            "--memgate-report-left")

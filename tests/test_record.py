@@ -5,7 +5,6 @@ The ``memgate_record`` fixture comes with the memgate pytest plugin; pytester pr
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -13,13 +12,12 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from helpers import NEEDS_TORCH, skip_without_torch
 
 from memgate.discover import discover, load
 from memgate.loaders import kineto
 from memgate.metrics import profile_metrics
 from memgate.record import RECORDING_MANIFEST, TRACE_NAME, drop_step, record
-
-NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
 
 LEAK = 256 * 1024
 
@@ -50,8 +48,7 @@ def test_train(memgate_record, memgate_profile_dir):
 
 
 def test_training_loops_gated_by_step_growth(pytester: pytest.Pytester) -> None:
-    if importlib.util.find_spec("torch") is None:  # not imported here: pytester unloads what a test imports
-        pytest.skip(NEEDS_TORCH)
+    skip_without_torch()
     """Three projects' worth of tests in one subprocess run (torch is imported once; an in-process
     run would re-import torch modules that pytester unloads between runs):
     - a loop that keeps 256 KiB per step fails ``step_growth="64 KiB"`` with the DESIGN failure line;
@@ -180,8 +177,7 @@ def test_nothing(memgate_record):
 
 
 def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pytest.Pytester) -> None:
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip(NEEDS_TORCH)
+    skip_without_torch()
     from memgate.marks import artifact_name
 
     pytester.makepyfile(test_stack=STACKS, test_forgot=FORGOT_STEP, test_nothing=NOTHING)
@@ -240,8 +236,7 @@ def test_drop_step_repairs_names_torch_left_unescaped(tmp_path: Path) -> None:
 
 
 def test_the_profilers_trace_point_chatter_stays_out_of_stderr(tmp_path: Path) -> None:
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip(NEEDS_TORCH)
+    skip_without_torch()
     import subprocess
 
     code = ("import sys, torch\nfrom memgate.record import record\n"

@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from helpers import NEEDS_TORCH
 
 import memgate
 from memgate.discover import discover
@@ -29,7 +30,6 @@ from memgate.record import (
 from memgate.schemas import load_schema
 
 MiB = 1 << 20
-NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
 
 
 def check_schema(manifest: dict[str, Any]) -> None:

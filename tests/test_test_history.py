@@ -3,10 +3,10 @@ profiles (a recording's folder is a new temporary one every run)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
+from helpers import skip_without_torch
 
 TRAIN = """
 import pytest
@@ -31,8 +31,7 @@ def test_train(memgate_record, width):
 
 @pytest.fixture
 def needs_torch() -> None:
-    if importlib.util.find_spec("torch") is None:  # not imported here: pytester unloads what a test imports
-        pytest.skip("recording needs torch (pip install 'memgate[torch]')")
+    skip_without_torch()
 
 
 def test_a_marked_test_is_saved_and_a_bigger_model_fails_the_comparison(pytester: pytest.Pytester,
