@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders.registry import FORMATS, Format, format_named, import_loaders
-from memgate.readers.files import LFS_POINTER_MAX, check_not_lfs_pointer
+from memgate.readers.files import check_not_lfs_file
 
 if TYPE_CHECKING:
     from memgate.model import Profile
@@ -69,9 +69,7 @@ def _raise(exc: OSError) -> None:
 def _check_not_lfs_pointer(path: Path) -> None:
     """A file no format claims may be a Git LFS pointer to a profile: say so (the fix is a pull)."""
     try:
-        if path.stat().st_size <= LFS_POINTER_MAX:
-            with open(path, "rb") as fh:
-                check_not_lfs_pointer(path, fh.read(64))
+        check_not_lfs_file(path, path.stat().st_size)
     except OSError:  # unreadable: the general message stands
         return
 

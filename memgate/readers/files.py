@@ -21,17 +21,24 @@ def check_readable(path: Path) -> None:
         raise InputError("not a regular file", file=path)
     if not os.access(path, os.R_OK):
         raise InputError("file is not readable (permission denied)", file=path)
-    if path.stat().st_size == 0:
+    size = path.stat().st_size
+    if size == 0:
         raise InputError("empty file (0 bytes)", file=path)
-    if path.stat().st_size <= LFS_POINTER_MAX:
-        with open(path, "rb") as fh:
-            check_not_lfs_pointer(path, fh.read(64))
+    check_not_lfs_file(path, size)
 
 
 # Git LFS replaces a tracked file by a small text pointer (spec v1: this first line, an oid, a size)
 # wherever LFS did not fetch it: the profile is not there, and its bytes must not be read as one.
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 LFS_POINTER_MAX = 1024  # bytes: a pointer is ~130
+
+
+def check_not_lfs_file(path: Path, size: int) -> None:
+    """InputError where the file of ``size`` bytes at ``path`` is a Git LFS pointer (OSError where it
+    cannot be read)."""
+    if size <= LFS_POINTER_MAX:
+        with open(path, "rb") as fh:
+            check_not_lfs_pointer(path, fh.read(64))
 
 
 def check_not_lfs_pointer(path: Path, head: bytes) -> None:
