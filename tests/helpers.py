@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import shutil
 import sqlite3
 import stat
@@ -25,6 +26,18 @@ PTA21_L0 = ASCEND / "msinsight_pta21_level0_rank0"
 PRE21 = ASCEND / "msinsight_ut_pre21_rank0"  # torch_npu before 2.1: no Active or Stream Ptr columns
 TORCH_NPU_SAMPLES = (PTA271, PTA21_L1, PTA21_L0, PRE21)
 NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
+
+
+class _NoClasses(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"class {module}.{name} refused")
+
+
+def sample_pickle(path: Path) -> Any:
+    """A sample snapshot as plain Python data, read without memgate by an Unpickler that refuses every
+    class (the samples are plain data: PROVENANCE.md)."""
+    with open(path, "rb") as fh:
+        return _NoClasses(fh).load()
 
 
 def skip_without_torch(reason: str = NEEDS_TORCH) -> None:

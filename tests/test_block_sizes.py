@@ -8,14 +8,12 @@ segments' block ``size`` and torch.cuda's own counters of real H200 runs (sample
 from __future__ import annotations
 
 import json
-import pickle
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from helpers import REPO, SAMPLES
+from helpers import REPO, SAMPLES, sample_pickle
 
 from memgate.loaders import block_sizes, snapshot
 from memgate.loaders.block_sizes import Settings, rounded
@@ -250,18 +248,13 @@ def test_snapshot_figures_equal_torch_cuda_counters(folder: str) -> None:
     assert "blocks_at_rounded_size" not in profile.metadata["devices"]["cuda:0"]
 
 
-def _raw(path: Path) -> Any:
-    with open(path, "rb") as fh:
-        return pickle.load(fh)  # data only (PROVENANCE.md)
-
-
 @needs_cuda
 @pytest.mark.parametrize("folder", sorted(SNAPSHOTS))
 def test_blocks_live_at_the_dump_are_the_final_segments_blocks(folder: str) -> None:
     """Every allocation of the trace still live at the dump is a block of the final segments: the replay
     gives it that block's ``size``, as the allocator wrote it (4177920 B for a 3149824 B request)."""
     assert CUDA is not None
-    data = _raw(CUDA / folder / SNAPSHOTS[folder])
+    data = sample_pickle(CUDA / folder / SNAPSHOTS[folder])
     entries = [e for e in data["device_traces"][0] if e["action"] in _CODE]
     assert [e["time_us"] for e in entries] == sorted(e["time_us"] for e in entries)
     final: dict[int, int] = {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import sample_pickle
 
 from memgate.budgets import budget_from_mapping
 from memgate.discover import discover, load
@@ -379,8 +380,7 @@ def snapshot_reference(data: dict[str, Any], dev: int) -> tuple[float, float]:
 
 
 def _grows_in_trace(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        data = pickle.load(fh)  # the repository's own data-only samples
+    data = sample_pickle(path)
     return isinstance(data, dict) and any(e.get("action") in ("segment_alloc", "segment_map")
                                           for t in data.get("device_traces") or [] for e in t)
 
@@ -398,8 +398,7 @@ def test_the_samples_with_segment_growth_are_the_expected_ones() -> None:
 
 @pytest.mark.parametrize("path", GROWING_SNAPSHOTS, ids=lambda p: p.name)
 def test_real_snapshot_external_fragmentation_equals_the_raw_reconstruction(path: Path) -> None:
-    with open(path, "rb") as fh:
-        data = pickle.load(fh)  # data-only sample of this repository
+    data = sample_pickle(path)
     profile = load_one(path)
     for dev, m in enumerate(profile_metrics(profile)):
         external, internal = snapshot_reference(data, dev)

@@ -27,6 +27,7 @@ import jsonschema
 import pandas as pd
 import pytest
 from groundtruth import Trace, expected_metrics
+from helpers import sample_pickle
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import traces
@@ -57,14 +58,7 @@ EORNN = TORCH / "snapshot_mid_timeus_noallocsettings_eornn.pickle"
 MULTI = TORCH / "snapshot_multidevice_expandable_notrace.pickle"
 
 
-class _NoClasses(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"class {module}.{name} refused")
-
-
-def raw(path: Path) -> Any:
-    with open(path, "rb") as fh:
-        return _NoClasses(fh).load()
+raw = sample_pickle  # the name the other snapshot tests import
 
 
 # ---- an independent reading of a snapshot (plain loops) -----------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import SAMPLES
+from helpers import SAMPLES, sample_pickle
 
 from memgate.loaders import block_sizes, snapshot
 from memgate.metrics import profile_metrics
@@ -24,9 +24,8 @@ FILES = sorted(NPU.glob("*.pkl"))
 
 
 def _raw(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as fh:
-        data: dict[str, Any] = pickle.load(fh)  # data only (PROVENANCE.md)
-        return data
+    data: dict[str, Any] = sample_pickle(path)
+    return data
 
 
 def _round512(n: int) -> int:
