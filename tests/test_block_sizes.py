@@ -8,6 +8,7 @@ segments' block ``size`` and torch.cuda's own counters of real H200 runs (sample
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from helpers import REPO, SAMPLES, sample_pickle
 
+from memgate.errors import InputError
 from memgate.loaders import block_sizes, snapshot
 from memgate.loaders.block_sizes import Settings, rounded
 from memgate.loaders.snapshot_trace import ACTIONS
@@ -89,6 +91,56 @@ def test_settings_defaults() -> None:
                         "expandable_segments": False}) == default
     assert default.divisions == (0,) * 16 and not default.expandable
     assert default.max_split_size > 1 << 60
+
+
+@pytest.mark.parametrize(("raw", "column", "found"), [
+    ({"roundup_power2_divisions": {**dict.fromkeys(KEYS, 0), "4096": 2**64 + 5}},
+     "allocator_settings.roundup_power2_divisions.4096", "'18446744073709551621'"),
+    ({"roundup_power2_divisions": {"64": 2**63}}, "allocator_settings.roundup_power2_divisions.64", f"'{2**63}'"),
+    ({"roundup_power2_divisions": {"1": 2**54}}, "allocator_settings.roundup_power2_divisions.1", f"'{2**54}'"),
+    ({"roundup_power2_divisions": {"2": -4}}, "allocator_settings.roundup_power2_divisions.2", "'-4'"),
+    ({"roundup_power2_divisions": {"2": True}}, "allocator_settings.roundup_power2_divisions.2", "'True'"),
+    ({"roundup_power2_divisions": {"2": "4"}}, "allocator_settings.roundup_power2_divisions.2", "'4'"),
+    ({"roundup_power2_divisions": {"3": 4}}, "allocator_settings.roundup_power2_divisions.3", "'3'"),
+    ({"roundup_power2_divisions": {">": 4}}, "allocator_settings.roundup_power2_divisions.>", "'>'"),
+    ({"roundup_power2_divisions": {1: 4}}, "allocator_settings.roundup_power2_divisions.1", "'int 1'"),
+    ({"roundup_power2_divisions": [4, 1.5]}, "allocator_settings.roundup_power2_divisions[1]", "'1.5'"),
+    ({"roundup_power2_divisions": 8}, "allocator_settings.roundup_power2_divisions", "'8'"),
+    ({"max_split_size": "1"}, "allocator_settings.max_split_size", "'1'"),
+    ({"max_split_size": 2.0}, "allocator_settings.max_split_size", "'2.0'"),
+    ({"expandable_segments": "True"}, "allocator_settings.expandable_segments", "'True'"),
+    ({"expandable_segments": 1}, "allocator_settings.expandable_segments", "'1'"),
+])
+def test_a_setting_torch_never_writes_is_an_error_naming_it(raw: dict[str, object], column: str, found: str) -> None:
+    """Block sizes follow these settings: one ignored would size every block by torch's defaults, and
+    a division count past int64 made the rounding raise OverflowError."""
+    with pytest.raises(InputError, match="malformed allocator setting") as caught:
+        Settings.of(raw, file="snap.pickle")
+    assert (caught.value.file, caught.value.column) == ("snap.pickle", column)
+    assert caught.value.one_line().endswith(f", found {found}")
+
+
+def test_settings_at_their_bounds_are_read() -> None:
+    """The largest division count the rounding can take, torch's own -1 split size, and a split size
+    an unsigned writer would give (2**64 - 1) are all read, not refused."""
+    settings = Settings.of({"roundup_power2_divisions": {"1": 2**54 - 1}, "max_split_size": 2**64 - 1,
+                            "expandable_segments": None})
+    assert settings.divisions[0] == 2**54 - 1 and settings.max_split_size == 2**64 - 1
+    # torch divides only sizes above 512 B x divisions: below that, 512 B steps
+    assert _rounded(MIB + MIB // 2 + 1, settings=settings) == [MIB + MIB // 2 + 512]
+    assert Settings.of({"max_split_size": -1}).max_split_size == Settings().max_split_size
+
+
+def test_a_snapshot_with_a_malformed_setting_names_its_file(tmp_path: Path) -> None:
+    data = sample_pickle(SAMPLES / "torch" / "snapshot_modern_small_cs336.pickle")
+    data["allocator_settings"] = {**data.get("allocator_settings", {}),
+                                  "roundup_power2_divisions": {**dict.fromkeys(KEYS, 0), "64": 2**63}}
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    with pytest.raises(InputError, match="malformed allocator setting") as caught:
+        snapshot.load(path)
+    assert caught.value.file == str(path)
+    assert caught.value.column == "allocator_settings.roundup_power2_divisions.64"
 
 
 # ---- the replay over hand-made traces -------------------------------------------------------------------

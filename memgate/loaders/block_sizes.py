@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from memgate.errors import InputError, show
 
 MIN_BLOCK = 512  # kMinBlockSize: every block is a multiple of it
 SMALL_SIZE = 1 << 20  # kSmallSize: requests up to it are served by the small pool; larger rests are split off
@@ -55,24 +58,54 @@ class Settings:
     pad: int = 0  # bytes added to each request before it is rounded (torch_npu's NPU_PAD)
 
     @classmethod
-    def of(cls, raw: Any) -> Settings:
-        """From a snapshot's ``allocator_settings`` (absent or partial in older files: torch's defaults)."""
+    def of(cls, raw: Any, *, file: str | Path | None = None) -> Settings:
+        """From a snapshot's ``allocator_settings`` (absent or partial in older files: torch's defaults).
+
+        A value the block sizes would follow that torch never writes is an InputError naming it: a
+        division count that is no integer from 0 to 2**54 - 1, an interval start that is no power of
+        two, a split size that is no integer, an expandable flag that is no boolean. Ignored, it would
+        size every block by torch's defaults without a word."""
         if not isinstance(raw, dict):
             return cls()
+
+        def bad(key: str, expected: str, found: Any) -> InputError:
+            return InputError("malformed allocator setting", file=file, column=f"allocator_settings.{key}",
+                              expected=expected, found=found)
+
         divisions = [0] * _INTERVALS
         given = raw.get("roundup_power2_divisions")
+        count = "a number of divisions: an integer from 0 to 2**54 - 1"
         if isinstance(given, dict):  # {"1": d, "2": d, ..., "32768": d}: each interval's start in MiB
             for key, value in given.items():
-                mib = int(key) if isinstance(key, str) and key.isdigit() else None
-                if mib and mib & (mib - 1) == 0 and type(value) is int and value >= 0:
-                    divisions[min(mib.bit_length() - 1, _INTERVALS - 1)] = value
+                where = f"roundup_power2_divisions.{key if isinstance(key, str) and len(key) <= 40 else show(key, 40)}"
+                mib = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else 0
+                if not mib or mib & (mib - 1):
+                    raise bad(where, "interval starts in MiB: powers of two as text ('1', '2', '4', ... '32768')",
+                              key if isinstance(key, str) else f"{type(key).__name__} {show(key)}")
+                if not _is_count(value):
+                    raise bad(where, count, value)
+                divisions[min(mib.bit_length() - 1, _INTERVALS - 1)] = value
         elif isinstance(given, (list, tuple)):
             for i, value in enumerate(given[:_INTERVALS]):
-                if type(value) is int and value >= 0:
-                    divisions[i] = value
+                if not _is_count(value):
+                    raise bad(f"roundup_power2_divisions[{i}]", count, value)
+                divisions[i] = value
+        elif given is not None:
+            raise bad("roundup_power2_divisions", "an object of divisions per interval", given)
         split = raw.get("max_split_size")
-        max_split = split if type(split) is int and split > 0 else _NO_LIMIT
-        return cls(tuple(divisions), max_split, raw.get("expandable_segments") is True)
+        if split is not None and type(split) is not int:
+            raise bad("max_split_size", "an integer (bytes; -1: no limit)", split)
+        expandable = raw.get("expandable_segments")
+        if expandable is not None and type(expandable) is not bool:
+            raise bad("expandable_segments", "true or false", expandable)
+        max_split = split if split is not None and split > 0 else _NO_LIMIT
+        return cls(tuple(divisions), max_split, expandable is True)
+
+
+def _is_count(value: Any) -> bool:
+    """A division count the rounding can use: an int (not a bool), not negative, and small enough that
+    512 B times it fits int64 (:func:`rounded` compares a request with that product)."""
+    return type(value) is int and 0 <= value <= _NO_LIMIT // MIN_BLOCK
 
 
 def rounded(requested: np.ndarray, settings: Settings) -> np.ndarray:

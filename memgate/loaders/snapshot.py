@@ -146,7 +146,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
                         where=lambda i: f"external_annotations[{i}]", root=schema) if annotations else {}
     parsed = [parse_trace(path, dev, entries, schema) for dev, entries in enumerate(traces)]
     time_base, t_origin = _clock(path, parsed)
-    settings = _allocator_settings(snapshot, segments)
+    settings = _allocator_settings(path, snapshot, segments)
     telling = segments.allocated & segments.requested_stated
     pad = block_sizes.pad_shown(segments.size[telling], segments.requested[telling], settings) \
         if settings.caching else None
@@ -202,10 +202,10 @@ def _clock(path: Path, parsed: Sequence[Trace]) -> tuple[str, int]:
     return time_base, t_origin
 
 
-def _allocator_settings(snapshot: dict[str, Any], segments: Segments) -> block_sizes.Settings:
+def _allocator_settings(path: Path, snapshot: dict[str, Any], segments: Segments) -> block_sizes.Settings:
     """The settings the block sizes follow: the recorded ones, and no caching allocator where a block
     is no multiple of 512 B (expandable: per device, :func:`_device_settings`)."""
-    settings = block_sizes.Settings.of(snapshot.get("allocator_settings"))
+    settings = block_sizes.Settings.of(snapshot.get("allocator_settings"), file=path)
     if ((segments.size % block_sizes.MIN_BLOCK) != 0).any():  # no caching allocator hands out such blocks
         settings = replace(settings, caching=False)
     return settings
