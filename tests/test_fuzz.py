@@ -499,8 +499,8 @@ _JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2*
                                                                                          max_size=3), max_leaves=6)
 
 
-def _replace_a_value(doc: Any, data: st.DataObject) -> Any:
-    """``doc`` with one value somewhere (drawn path) replaced by an arbitrary JSON value."""
+def _replace_a_value(doc: Any, data: st.DataObject, values: st.SearchStrategy[Any] = _JSON_VALUES) -> Any:
+    """``doc`` with one value somewhere (drawn path) replaced by one of ``values`` (an arbitrary JSON value)."""
     node: Any = doc
     parent: Any = None
     key: Any = None
@@ -512,7 +512,7 @@ def _replace_a_value(doc: Any, data: st.DataObject) -> Any:
         else:
             break
         node = parent[key]
-    value = data.draw(_JSON_VALUES, label="value")
+    value = data.draw(values, label="value")
     if parent is None:
         return value
     parent[key] = value
@@ -547,3 +547,39 @@ def test_mutated_run_files_only_raise_memgate_errors(run_files: dict[str, bytes]
         diff_entries(entries, good)
     except MemgateError:
         pass
+
+
+# ==== the unpickled snapshot object: values torch never writes, anywhere in it ==========================
+
+import pickle
+
+from helpers import SAMPLES, sample_pickle
+
+from memgate.loaders import snapshot as snapshot_loader
+from memgate.metrics import profile_metrics
+
+SNAPSHOT_OBJECTS = {
+    "cuda": SAMPLES / "torch_cuda" / "h200_record_leak" / "cuda_snapshot.pickle",
+    "torch": SAMPLES / "torch" / "snapshot_modern_small_cs336.pickle",
+    "npu": SAMPLES / "torch_npu_snapshot" / "npu_snapshot_expandable.pkl",
+}
+# What a pickle holds beyond JSON: ints past int64 either way, bools and floats where ints belong, tuples, bytes
+_PICKLE_VALUES = st.one_of(_JSON_VALUES, st.sampled_from([2**63, 2**64 + 5, -(2**63) - 1, True, 1.0, float("nan"),
+                                                           (1, 2), b"x", "", "ProfilerStep#1", "alloc"]))
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOT_OBJECTS))
+@fuzz_settings(ci=45, dev=12)
+@given(data=st.data())
+def test_mutated_snapshot_objects_only_raise_memgate_errors(name: str, data: st.DataObject,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A snapshot whose values were changed after unpickling (the byte mutations above rarely make a
+    valid pickle): a load and its metrics give figures or a MemgateError, never another exception. A
+    division count past int64 in ``allocator_settings`` raised OverflowError before."""
+    doc = sample_pickle(SNAPSHOT_OBJECTS[name])
+    for _ in range(data.draw(st.integers(1, 3), label="changes")):
+        doc = _replace_a_value(doc, data, _PICKLE_VALUES)
+    path = tmp_path_factory.mktemp("snap") / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    survives(lambda: profile_metrics(snapshot_loader.load(path)))
+    shutil.rmtree(path.parent)
