@@ -583,3 +583,22 @@ def test_mutated_snapshot_objects_only_raise_memgate_errors(name: str, data: st.
     path.write_bytes(pickle.dumps(doc, protocol=4))
     survives(lambda: profile_metrics(snapshot_loader.load(path)))
     shutil.rmtree(path.parent)
+
+
+@fuzz_settings(ci=20, dev=6)
+@given(data=st.data())
+def test_mutated_recordings_only_raise_memgate_errors(data: st.DataObject,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One file of a real CUDA recording (its snapshot, or its Kineto trace) changed after reading:
+    the recording, reconciled as one profile, gives figures or a MemgateError, never another exception."""
+    source = SAMPLES / "torch_cuda" / "h200_record_leak"
+    root = tmp_path_factory.mktemp("rec") / "h200_record_leak"
+    shutil.copytree(source, root)
+    if data.draw(st.booleans(), label="snapshot"):
+        doc = sample_pickle(root / "cuda_snapshot.pickle")
+        (root / "cuda_snapshot.pickle").write_bytes(pickle.dumps(_replace_a_value(doc, data, _PICKLE_VALUES), protocol=4))
+    else:
+        trace = json.loads((root / "torch_trace.json").read_bytes())
+        (root / "torch_trace.json").write_text(json.dumps(_replace_a_value(trace, data), allow_nan=True))
+    survives(lambda: [profile_metrics(load(found)) for found in discover(root)])
+    shutil.rmtree(root.parent)
