@@ -97,3 +97,34 @@ def test_a_filled_ring_buffer_is_said_and_not_judged(tmp_path: Path) -> None:
         in result.stdout
     assert "max_entries" in result.stdout
     assert "allocated_at_dump_bytes  478.13 MiB (501354496 B)" in result.stdout  # the dump needs no history
+
+
+def _one_entry(tmp_path: Path, *, frames: bool) -> Path:
+    """The leak run's snapshot as torch's legacy ``_record_memory_history(True)`` leaves it: of the whole
+    run, the trace keeps its last entry (``trace_alloc_max_entries=1``), here an alloc of a block still
+    live at the dump, without frames (``trace_alloc_record_context=False``) unless ``frames``."""
+    import pickle
+
+    data = pickle.loads((CUDA / "h200_record_leak" / "cuda_snapshot.pickle").read_bytes())  # our own sample
+    live = {b["address"] for s in data["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
+    last = next(e for e in reversed(data["device_traces"][0]) if e["action"] == "alloc" and e["addr"] in live)
+    data["device_traces"][0] = [{**last, "frames": last["frames"] if frames else []}]
+    path = tmp_path / ("framed.pickle" if frames else "legacy.pickle")
+    path.write_bytes(pickle.dumps(data))
+    return path
+
+
+def test_a_history_of_one_entry_without_frames_is_said_and_not_judged(tmp_path: Path) -> None:
+    """What the legacy API keeps is no history of the run: its peak would be the state at the dump."""
+    [metrics] = profile_metrics(load(discover(_one_entry(tmp_path, frames=False))[0]))
+    assert metrics.values["peak_allocated_bytes"] is None
+    why = metrics.missing["peak_allocated_bytes"]
+    assert "the history holds one entry, without frames" in why and "trace_alloc_max_entries=1" in why
+    assert "max_entries" in why.split("trace_alloc_max_entries=1")[1]  # how to record the whole window
+    assert metrics.values["allocated_at_dump_bytes"] == 501354496  # the dump needs no history
+
+
+def test_a_history_of_one_entry_with_frames_is_judged(tmp_path: Path) -> None:
+    """The current API records stacks: a trace of one framed entry is a run that allocated once."""
+    [metrics] = profile_metrics(load(discover(_one_entry(tmp_path, frames=True))[0]))
+    assert metrics.values["peak_allocated_bytes"] == metrics.values["allocated_at_dump_bytes"] == 501354496

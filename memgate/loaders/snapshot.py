@@ -268,7 +268,7 @@ def _not_measurable(notes: dict[str, Any], traces: Sequence[Any]) -> dict[str, A
     if not any(isinstance(e, dict) and e.get("action") not in markers for t in traces for e in t):
         # Only the final state: no history to find a peak, a growth or a leak in. The pool state at
         # the dump (DeviceModel.dump_state) needs none, so its metrics are never marked here.
-        why = ("the snapshot has no allocation history (device_traces are empty): record with "
+        why = ("the snapshot has no allocation history (device_traces hold no allocation or free): record with "
                "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()")
         return {"not_measurable": {
             k: why + ("; free_block_fragmentation judges the pool at the dump" if k.endswith("fragmentation") else "")
