@@ -151,7 +151,8 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     figures = _Figures(values=dict.fromkeys(METRIC_KEYS))
     curve = _framework_curve(profile, device, options.component, facts, figures)
     peak_t = _peaks(curve, figures)
-    if "peak_allocated_bytes" in (profile.metadata.get("not_measurable") or {}):
+    unmeasured = profile.not_measurable(device.device)
+    if "peak_allocated_bytes" in unmeasured:
         peak_t = None  # the loader says there is no peak: no moment, step or blocks of it either
     pools = _pools(device, options.component, curve.name, figures)
     _requested_peak(device, figures)
@@ -160,7 +161,7 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     _steps_and_leaks(profile, device, options, curve, steps, figures)
     _dump_values(device.dump_state, figures)
     _blocks_at_peak(device, curve.name, peak_t, figures)
-    pools = _loader_not_measurable(profile, figures, pools)
+    pools = _loader_not_measurable(unmeasured, figures, pools)
     for key in metric_specs.OPTIONAL_KEYS:  # absent where not measured: other profiles report as before
         if figures.values.get(key) is None:
             figures.values.pop(key, None)
@@ -341,11 +342,11 @@ def _blocks_at_peak(device: DeviceModel, name: str | None, peak_t: int | None, f
         values["category_bytes_at_peak"] = bytes_by_category(blocks, at_peak) if at_peak is not None else {}
 
 
-def _loader_not_measurable(profile: Profile, figures: _Figures,
+def _loader_not_measurable(unmeasured: dict[str, str], figures: _Figures,
                            pools: dict[str, PoolMetrics]) -> dict[str, PoolMetrics]:
-    """What the loader knows cannot be measured from this file (e.g. a snapshot without history):
-    each such metric emptied and said missing; returns the pools left to show."""
-    for key, why in (profile.metadata.get("not_measurable") or {}).items():
+    """What the loader knows cannot be measured on the device (:meth:`Profile.not_measurable`; e.g. a
+    snapshot without history): each such metric emptied and said missing; returns the pools left to show."""
+    for key, why in unmeasured.items():
         spec = SPEC_OF.get(key)
         figures.values[key] = spec.empty if spec is not None else None
         for detail in details_of(key):

@@ -292,6 +292,9 @@ class DeviceModel:
             _check_table(self.steps, "steps")
 
 
+NOT_MEASURABLE_BY_DEVICE = "not_measurable_by_device"  # metadata: device → {metric: why} (Profile.not_measurable)
+
+
 @dataclass(frozen=True)
 class Profile:
     """One rank's output, normalized."""
@@ -306,6 +309,13 @@ class Profile:
 
     def __post_init__(self) -> None:
         _check_table(self.steps, "steps")
+
+    def not_measurable(self, device: str) -> dict[str, str]:
+        """What the loader says cannot be measured on ``device``: metric → why. ``metadata["not_measurable"]``
+        holds what no device of the file measures, ``metadata[NOT_MEASURABLE_BY_DEVICE][device]`` what
+        only this one does not (one device's history ring buffer filled, another's did not)."""
+        by_device = self.metadata.get(NOT_MEASURABLE_BY_DEVICE) or {}
+        return {**(self.metadata.get("not_measurable") or {}), **(by_device.get(device) or {})}
 
 
 def _check_table(table: object, what: str) -> None:

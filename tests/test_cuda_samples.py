@@ -128,3 +128,23 @@ def test_a_history_of_one_entry_with_frames_is_judged(tmp_path: Path) -> None:
     """The current API records stacks: a trace of one framed entry is a run that allocated once."""
     [metrics] = profile_metrics(load(discover(_one_entry(tmp_path, frames=True))[0]))
     assert metrics.values["peak_allocated_bytes"] == metrics.values["allocated_at_dump_bytes"] == 501354496
+
+
+def test_one_devices_filled_ring_buffer_leaves_the_others_figures(tmp_path: Path) -> None:
+    """Each device's allocator keeps a ring buffer of its own: a process on two GPUs whose second filled
+    its buffer still has the first one's whole history, and its figures."""
+    import pickle
+
+    whole, cut = tmp_path / "whole.pickle", tmp_path / "cut.pickle"
+    ring_buffer_cut(CUDA / "h200_record_leak" / "cuda_snapshot.pickle", cut)
+    data = pickle.loads((CUDA / "h200_record_leak" / "cuda_snapshot.pickle").read_bytes())  # our own sample
+    second = pickle.loads(cut.read_bytes())
+    data["segments"] += [{**s, "device": 1} for s in second["segments"]]
+    data["device_traces"].append(second["device_traces"][0])
+    whole.write_bytes(pickle.dumps(data))
+    by_device = {m.device: m for m in profile_metrics(load(discover(whole)[0]))}
+    assert by_device["cuda:0"].values["peak_allocated_bytes"] == TRUTH["h200_record_leak"]["peak_allocated"]
+    assert "peak_allocated_bytes" not in by_device["cuda:0"].missing
+    assert by_device["cuda:1"].values["peak_allocated_bytes"] is None
+    assert by_device["cuda:1"].missing["peak_allocated_bytes"].startswith("cuda:1: 1 free_completed entry")
+    assert by_device["cuda:1"].values["allocated_at_dump_bytes"] == by_device["cuda:0"].values["allocated_at_dump_bytes"]

@@ -37,7 +37,7 @@ import numpy as np
 
 from memgate.errors import InputError
 from memgate.loaders import categories, kineto, registry, snapshot, snapshot_device
-from memgate.model import APP_COMPONENT, DeviceModel, Profile, Series
+from memgate.model import APP_COMPONENT, NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, Series
 from memgate.readers import limits
 from memgate.schemas import load_schema
 from memgate.table import Ints, Table
@@ -129,7 +129,7 @@ def load(path: Path) -> Profile:
     devices: dict[str, DeviceModel] = {d.device: d for d in trace.devices}
     taken_from = {label: trace_file.name for label in devices}
     notes: list[str] = []
-    truncated: dict[str, str] = {}
+    truncated: dict[str, dict[str, str]] = {}  # device → the history metrics its snapshot covers in part
     snapshot_meta: dict[str, Any] = {}
     for file in snapshots:
         try:
@@ -141,7 +141,7 @@ def load(path: Path) -> Profile:
             notes.append(f"{file.name} is empty: nothing was allocated on its device while recording")
             continue
         snapshot_meta[file.name] = {k: v for k, v in snap.metadata.items()
-                                    if k not in ("not_measurable", snapshot.NOTE_STARTS)}
+                                    if k not in ("not_measurable", NOT_MEASURABLE_BY_DEVICE, snapshot.NOTE_STARTS)}
         snap_moments = {int(k): int(t) for k, t in (snap.metadata.get(snapshot.NOTE_STARTS) or {}).items()}
         if snap.metadata.get("time_base") not in ("time_us", "none"):  # none: no history to place
             raise InputError("a snapshot without time_us cannot be reconciled with a trace: its history has no "
@@ -162,7 +162,7 @@ def load(path: Path) -> Profile:
                 f"{entries} entries, the max_entries={cap} the recorder asked for" if cap and entries >= cap else None)
             if cut:
                 if before is None:
-                    truncated.update(snapshot.truncated_window(f"{file.name} {device.device}: {cut}"))
+                    truncated[device.device] = snapshot.truncated_window(f"{file.name} {device.device}: {cut}")
                     devices[device.device] = device
                 else:  # the trace records the whole window: its figures, and the snapshot's pool at the dump
                     devices[device.device] = replace(before, dump_state=device.dump_state)
@@ -196,8 +196,8 @@ def load(path: Path) -> Profile:
     if notes:
         metadata["notes"] = [*metadata.get("notes", []), *notes]
     if truncated:
-        metadata["not_measurable"] = truncated
-    elif "not_measurable" in trace.metadata and set(taken_from.values()) != {trace_file.name}:
+        metadata[NOT_MEASURABLE_BY_DEVICE] = truncated
+    if "not_measurable" in trace.metadata and set(taken_from.values()) != {trace_file.name}:
         # a snapshot's blocks name their ops from their frames: the trace's lack of op spans is not theirs
         why = {k: v for k, v in trace.metadata["not_measurable"].items() if k not in kineto.OP_KEYS}
         metadata.pop("not_measurable")

@@ -51,7 +51,7 @@ from memgate.loaders.snapshot_stacks import is_npu
 from memgate.loaders.snapshot_steps import note_start_times
 from memgate.loaders.snapshot_steps import steps as annotated_steps
 from memgate.loaders.snapshot_trace import Trace, empty_trace, parse_trace
-from memgate.model import DeviceModel, Profile, empty_steps
+from memgate.model import NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, empty_steps
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
 from memgate.readers.pyrecords import check_records
@@ -260,10 +260,10 @@ def _alloc_conf(raw_settings: Any) -> dict[str, Any]:
 
 
 def _not_measurable(notes: dict[str, Any], traces: Sequence[Any]) -> dict[str, Any]:
-    """``not_measurable``: the history metrics a truncated history covers in part, or, without any
-    history, all of them."""
-    cut = next((f"{label}: {facts['history_truncated']}" for label, facts in notes.items()
-                if facts.get("history_truncated")), None)
+    """``not_measurable``: without any history, every history metric; else, per device whose history
+    was truncated (each device has a ring buffer of its own), those its history covers in part."""
+    cut = {label: truncated_window(f"{label}: {facts['history_truncated']}") for label, facts in notes.items()
+           if facts.get("history_truncated")}
     markers = ("snapshot", "workspace_snapshot")  # mark the dump, record no allocation
     if not any(isinstance(e, dict) and e.get("action") not in markers for t in traces for e in t):
         # Only the final state: no history to find a peak, a growth or a leak in. The pool state at
@@ -273,7 +273,7 @@ def _not_measurable(notes: dict[str, Any], traces: Sequence[Any]) -> dict[str, A
         return {"not_measurable": {
             k: why + ("; free_block_fragmentation judges the pool at the dump" if k.endswith("fragmentation") else "")
             for k in HISTORY_METRICS}}
-    return {"not_measurable": truncated_window(cut)} if cut else {}
+    return {NOT_MEASURABLE_BY_DEVICE: cut} if cut else {}
 
 
 def truncated_window(reason: str) -> dict[str, str]:
