@@ -598,6 +598,18 @@ def test_a_trace_with_totals_but_no_addr_keeps_what_the_totals_give(tmp_path: Pa
     assert "peak_reserved_bytes" not in profile.metadata["not_measurable"]  # the metric's own reason: CPU reserves 0
 
 
+def test_the_cpu_reason_for_totals_without_addr_is_the_cpu_devices_alone(tmp_path: Path) -> None:
+    """A CUDA device's Total Allocated is the caching allocator's own count, from the process start: its
+    peak stands without Addr. Only the CPU's totals may carry bytes from an earlier session."""
+    source = TORCH.parent / "torch_cuda" / "h200_trace_leak" / "train.1795846944832606968.pt.trace.json"
+    path = as_torch_1_9(source, tmp_path / "totals.pt.trace.json", totals=True)
+    by_device = {m.device: m for m in profile_metrics(kineto.load(path))}
+    cuda_totals = [e["args"]["Total Allocated"] for e in memory_events(raw(path)) if e["args"]["Device Type"] == 1]
+    assert by_device["cuda:0"].values["peak_allocated_bytes"] == max(cuda_totals)
+    assert by_device["cpu"].values["peak_allocated_bytes"] is None
+    assert "CPU totals may carry bytes" in by_device["cpu"].missing["peak_allocated_bytes"]
+
+
 def _drop_addr(trace_text: bytes, which: list[int]) -> bytes:
     """Delete Addr from the memory events numbered ``which`` (0 = the first in the file)."""
     k = -1

@@ -51,7 +51,17 @@ from memgate.loaders import registry
 from memgate.loaders.categories import ADDRESS, moment_of
 from memgate.loaders.events import pair_allocs, repeated_action
 from memgate.loaders.kineto_events import I64_MAX, MODULE_PREFIX, Collected, Kept, us_to_ns
-from memgate.model import MAX_BYTES, MAX_RANK, DeviceModel, Profile, Series, check_steps, empty_steps, step_number
+from memgate.model import (
+    MAX_BYTES,
+    MAX_RANK,
+    NOT_MEASURABLE_BY_DEVICE,
+    DeviceModel,
+    Profile,
+    Series,
+    check_steps,
+    empty_steps,
+    step_number,
+)
 from memgate.readers import limits
 from memgate.readers.files import check_readable
 from memgate.readers.jsonstream import JsonLimitError, guard
@@ -467,11 +477,12 @@ def _unpaired_facts(got: Collected) -> dict[str, Any]:
                  f"stood at when the window opened is unknown, so no peak is; {measured}")
         why |= {key: level for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation",
                                        "external_fragmentation")}
-    elif (got.mem.column("dtype") == CPU).any():
-        why["peak_allocated_bytes"] = (
+    facts: dict[str, Any] = {"memory_events_without_addr": True, "not_measurable": why}
+    if totals and (got.mem.column("dtype") == CPU).any():  # the CPU device's alone: a CUDA total is absolute
+        facts[NOT_MEASURABLE_BY_DEVICE] = {_label(CPU, -1): {"peak_allocated_bytes": (
             "its CPU totals may carry bytes from before the window (an earlier profiling session), which only "
-            "allocations paired with their frees tell apart, and its [memory] events carry no Addr")
-    return {"memory_events_without_addr": True, "not_measurable": why}
+            "allocations paired with their frees tell apart, and its [memory] events carry no Addr")}}
+    return facts
 
 
 def _attribute(path: Path, got: Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:

@@ -196,7 +196,7 @@ def load(path: Path) -> Profile:
     if notes:
         metadata["notes"] = [*metadata.get("notes", []), *notes]
     if truncated:
-        metadata[NOT_MEASURABLE_BY_DEVICE] = truncated
+        metadata[NOT_MEASURABLE_BY_DEVICE] = {**metadata.get(NOT_MEASURABLE_BY_DEVICE, {}), **truncated}
     if "not_measurable" in trace.metadata and set(taken_from.values()) != {trace_file.name}:
         # a snapshot's blocks name their ops from their frames: the trace's lack of op spans is not theirs
         why = {k: v for k, v in trace.metadata["not_measurable"].items() if k not in kineto.OP_KEYS}
