@@ -240,9 +240,7 @@ def judged_pta271() -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
 def ring_buffer_cut(source: Path, into: Path) -> None:
     """``source``'s snapshot as a filled ring buffer leaves it: the oldest entries gone, up to and including
     a free_requested whose free_completed stays."""
-    import pickle
-
-    data = pickle.loads(source.read_bytes())  # our own sample (tests/data), not untrusted input
+    data = sample_pickle(source)
     trace = data["device_traces"][0]
     cut = next(i for i in range(20, len(trace) - 1) if trace[i]["action"] == "free_requested"
                and trace[i + 1]["action"] == "free_completed" and trace[i + 1]["addr"] == trace[i]["addr"])

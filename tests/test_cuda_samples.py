@@ -6,11 +6,12 @@ own counters (``truth.json``, taken during the same run), and a recording is one
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
 import pytest
-from helpers import SAMPLES, ring_buffer_cut, run_cli
+from helpers import SAMPLES, ring_buffer_cut, run_cli, sample_pickle
 
 from memgate.discover import discover, load
 from memgate.metrics import profile_metrics
@@ -103,9 +104,7 @@ def _one_entry(tmp_path: Path, *, frames: bool) -> Path:
     """The leak run's snapshot as torch's legacy ``_record_memory_history(True)`` leaves it: of the whole
     run, the trace keeps its last entry (``trace_alloc_max_entries=1``), here an alloc of a block still
     live at the dump, without frames (``trace_alloc_record_context=False``) unless ``frames``."""
-    import pickle
-
-    data = pickle.loads((CUDA / "h200_record_leak" / "cuda_snapshot.pickle").read_bytes())  # our own sample
+    data = sample_pickle(CUDA / "h200_record_leak" / "cuda_snapshot.pickle")
     live = {b["address"] for s in data["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
     last = next(e for e in reversed(data["device_traces"][0]) if e["action"] == "alloc" and e["addr"] in live)
     data["device_traces"][0] = [{**last, "frames": last["frames"] if frames else []}]
@@ -133,12 +132,10 @@ def test_a_history_of_one_entry_with_frames_is_judged(tmp_path: Path) -> None:
 def test_one_devices_filled_ring_buffer_leaves_the_others_figures(tmp_path: Path) -> None:
     """Each device's allocator keeps a ring buffer of its own: a process on two GPUs whose second filled
     its buffer still has the first one's whole history, and its figures."""
-    import pickle
-
     whole, cut = tmp_path / "whole.pickle", tmp_path / "cut.pickle"
     ring_buffer_cut(CUDA / "h200_record_leak" / "cuda_snapshot.pickle", cut)
-    data = pickle.loads((CUDA / "h200_record_leak" / "cuda_snapshot.pickle").read_bytes())  # our own sample
-    second = pickle.loads(cut.read_bytes())
+    data = sample_pickle(CUDA / "h200_record_leak" / "cuda_snapshot.pickle")
+    second = sample_pickle(cut)
     data["segments"] += [{**s, "device": 1} for s in second["segments"]]
     data["device_traces"].append(second["device_traces"][0])
     whole.write_bytes(pickle.dumps(data))
