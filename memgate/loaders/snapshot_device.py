@@ -229,13 +229,12 @@ def _facts(trace: Trace, rows: _Entries, replay: block_sizes.Replayed) -> dict[s
     }
     if rows.missing_in_segments:
         facts["open_allocs_without_segment_block"] = rows.missing_in_segments
-    truncated = lost_free_requests(trace)
     if trace.n == 1 and not trace.frames[0]:
         # torch's legacy _record_memory_history(True) keeps trace_alloc_max_entries=1 entry, without stacks
         # (trace_alloc_record_context=False): the one entry says nothing of the run before it, whatever it is
         facts["history_truncated"] = ("the history holds one entry, without frames: what torch's "
                                       "_record_memory_history(True) keeps (its legacy form: trace_alloc_max_entries=1)")
-    elif truncated:
+    elif truncated := lost_free_requests(trace):
         facts["history_truncated"] = (
             f"{truncated} free_completed entr{'y' if truncated == 1 else 'ies'} without the free_requested before "
             "it: the history's ring buffer filled and dropped its oldest entries")
