@@ -103,6 +103,10 @@ def test_settings_defaults() -> None:
     ({"roundup_power2_divisions": {"2": "4"}}, "allocator_settings.roundup_power2_divisions.2", "'4'"),
     ({"roundup_power2_divisions": {"3": 4}}, "allocator_settings.roundup_power2_divisions.3", "'3'"),
     ({"roundup_power2_divisions": {">": 4}}, "allocator_settings.roundup_power2_divisions.>", "'>'"),
+    ({"roundup_power2_divisions": {str(2**64): 4}}, f"allocator_settings.roundup_power2_divisions.{2**64}",
+     f"'{2**64}'"),  # a power of two past int64
+    ({"roundup_power2_divisions": {"9" * 5000: 4}},  # int() of it would raise ValueError (int_max_str_digits)
+     "allocator_settings.roundup_power2_divisions.'" + "9" * 36 + "...", "'" + "9" * 76 + "..."),
     ({"roundup_power2_divisions": {1: 4}}, "allocator_settings.roundup_power2_divisions.1", "'int 1'"),
     ({"roundup_power2_divisions": [4, 1.5]}, "allocator_settings.roundup_power2_divisions[1]", "'1.5'"),
     ({"roundup_power2_divisions": 8}, "allocator_settings.roundup_power2_divisions", "'8'"),

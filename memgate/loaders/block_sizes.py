@@ -78,7 +78,8 @@ class Settings:
         if isinstance(given, dict):  # {"1": d, "2": d, ..., "32768": d}: each interval's start in MiB
             for key, value in given.items():
                 where = f"roundup_power2_divisions.{key if isinstance(key, str) and len(key) <= 40 else show(key, 40)}"
-                mib = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else 0
+                # at most 19 digits: past int64 no power of two is an interval, and int() of 4301 digits raises
+                mib = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 19 else 0
                 if not mib or mib & (mib - 1):
                     raise bad(where, "interval starts in MiB: powers of two as text ('1', '2', '4', ... '32768')",
                               key if isinstance(key, str) else f"{type(key).__name__} {show(key)}")
