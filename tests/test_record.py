@@ -48,14 +48,13 @@ def test_train(memgate_record, memgate_profile_dir):
 
 
 def test_training_loops_gated_by_step_growth(pytester: pytest.Pytester) -> None:
-    skip_without_torch()
     """Three projects' worth of tests in one subprocess run (torch is imported once; an in-process
     run would re-import torch modules that pytester unloads between runs):
     - a loop that keeps 256 KiB per step fails ``step_growth="64 KiB"`` with the DESIGN failure line;
     - the same loop passes at the exact boundary, ``step_growth="256 KiB"`` (value <= limit passes);
     - the loop without the leak passes ``step_growth="64 KiB"``.
     """
-
+    skip_without_torch()
     pytester.makepyfile(
         test_leak_64=TRAIN.format(leak=True, budget="64 KiB"),
         test_leak_256=TRAIN.format(leak=True, budget="256 KiB"),
