@@ -72,6 +72,15 @@ COLUMN_HELP = {
     "result": "pass, FAIL, error (the value could not be measured: see the message) or not selected (the "
               "budget's devices select none of the profile's)",
     "message": "the verdict line, as pytest and memgate check print it",
+    "test or profile": "the marked test (its node id) or the profile compared with its baseline",
+    "baseline": "the value the baseline or saved run recorded (exact on hover)",
+    "change": "measured − baseline, and as a share of the baseline",
+    "allowed": "the largest value the compare rule lets pass against the baseline (exact on hover)",
+    "baseline file": "the baseline file or saved run compared with",
+    "test": "the test memgate_record recorded (its node id)",
+    "left allocated": "device memory allocated in the test's recording and still allocated when its body ended",
+    "blocks left": "how many blocks it left allocated",
+    "largest": "the largest block it left, and what allocated it",
     # metrics
     "value": "the value, in IEC units or as a ratio and a percentage",
     "exact": "the exact value: bytes, or the ratio at full precision",
@@ -195,7 +204,7 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str],
         elif value is not None and limit is not None:
             headroom = f"{limit - value:+.4f}"
         anchor = anchors.get(str(o.get("profile")))
-        rank = _e(o.get("rank", "?"))
+        rank = _e(o.get("rank") or "-")  # "": nothing was loaded
         rank_cell = f'<a href="#{anchor}">{rank}</a>' if anchor else rank
         rows.append(
             f'<tr class="{cls}"><td>{rank_cell}</td><td>{_e(o.get("device") or "-")}</td><td>{_e(o.get("budget"))}</td>'
@@ -205,6 +214,46 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str],
             f'<td class="num">{_e(headroom)}</td><td class="result">{result}</td>'
             f'<td class="msg">{_e(o.get("error") or o.get("skipped") or o.get("message") or "")}</td></tr>'
         )
+    return rows
+
+
+def _comparison_rows(compared: list[dict[str, Any]]) -> list[str]:
+    """A row per comparison with a baseline: the value, the baseline's, the change, the allowed value, the verdict."""
+    rows = []
+    for o in compared:
+        metric, value, base = str(o.get("metric", "")), o.get("value"), o.get("baseline_value")
+        change = "-"
+        if value is not None and base is not None:
+            delta = value - base
+            change = (("+" if delta >= 0 else "") + (_metric_text(metric, delta) if not _is_ratio(metric)
+                                                      else f"{delta:.4f}")
+                      + (f" ({delta / base * 100:+.1f}%)" if base else ""))
+        result, cls = ("error", "error") if o.get("passed") is None else (
+            ("pass", "pass") if o["passed"] else ("FAIL", "fail"))
+        rows.append(
+            f'<tr class="{cls}"><td class="path">{_e(o.get("test") or o.get("profile"))}</td>'
+            f'<td>{_e(o.get("rank") or "-")}</td><td>{_e(o.get("device") or "-")}</td><td>{_e(metric)}</td>'
+            f'<td class="num" title="{_e(exact_text(value))}">{_e(_metric_text(metric, value))}</td>'
+            f'<td class="num" title="{_e(exact_text(base))}">{_e(_metric_text(metric, base))}</td>'
+            f'<td class="num">{_e(change)}</td>'
+            f'<td class="num" title="{_e(exact_text(o.get("limit")))}">{_e(_metric_text(metric, o.get("limit")))}</td>'
+            f'<td class="result">{result}</td><td class="path">{_e(o.get("baseline"))}</td></tr>')
+    return rows
+
+
+def _left_rows(left: list[dict[str, Any]]) -> list[str]:
+    """A row per (recorded test, device): what it left allocated when its body ended, largest first."""
+    rows = []
+    for e in sorted(left, key=lambda e: (-(e.get("bytes") or 0), str(e.get("test")), str(e.get("device")))):
+        largest = e.get("largest") or {}
+        size = e.get("bytes")
+        rows.append(
+            f'<tr class="{"fail" if size else "pass"}"><td class="path">{_e(e.get("test"))}</td>'
+            f'<td>{_e(e.get("device"))}</td>'
+            f'<td class="num" title="{_e(exact_text(size))}">{_e(format_size(size) if size is not None else "not measurable")}</td>'
+            f'<td class="num">{_e(e.get("count"))}</td>'
+            f'<td>{_e((format_size(largest["size"]) + " " + str(largest.get("what") or "")) if largest.get("size") else "-")}'
+            "</td></tr>")
     return rows
 
 
@@ -430,6 +479,7 @@ def render_html(
     *,
     max_points: int = 2000,
     errors: list[dict[str, Any]] | None = None,
+    left: list[dict[str, Any]] | None = None,
     title: str = "memgate report",
 ) -> str:
     """The whole page as a string.
@@ -438,7 +488,8 @@ def render_html(
     (:meth:`memgate.rows.CheckRow.as_json`: verdicts and the error rows of :meth:`memgate.rows.CheckRow.unjudged`);
     ``profiles``: the normalized profiles, matched to entries by ``path``, for the curves (without
     them the page has every table but no chart); ``max_points``: samples drawn per curve at most
-    (+1 for the peak); ``errors``: profiles that failed to load (``{"profile", "error"}``).
+    (+1 for the peak); ``errors``: profiles that failed to load (``{"profile", "error"}``); ``left``:
+    what each recorded test left allocated (:meth:`memgate.leftover.LeftOn.summary`).
     """
     by_path = {p.path: p for p in profiles or []}
     anchors = {str(e.get("path")): f"p{i}" for i, e in enumerate(entries)}
@@ -469,6 +520,14 @@ def render_html(
                           _budget_rows(outcomes, anchors, _capacities(entries)), "budgets"))
     else:
         out.append('<p class="note">no budget was judged (run memgate check or pytest --memgate with budgets)</p>')
+    compared = [o for o in outcomes if "baseline_value" in o]
+    if compared:
+        out.append("<h2>Comparisons</h2>")
+        out.append(_table(("test or profile", "rank", "device", "metric", "measured", "baseline", "change", "allowed",
+                           "result", "baseline file"), _comparison_rows(compared), "comparisons"))
+    if left:
+        out.append("<h2>Memory left allocated by tests</h2>")
+        out.append(_table(("test", "device", "left allocated", "blocks left", "largest"), _left_rows(left), "left"))
     if errors:
         out.append("<h2>Profiles that could not be read</h2>")
         out.append(_table(("profile", "error"), (f"<tr><td class=\"path\">{_e(x.get('profile'))}</td>"

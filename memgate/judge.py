@@ -17,11 +17,11 @@ from memgate.budgets import CROSS_RANK, LEFT, LIMITS, Budget
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
 from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
-from memgate.metrics import DeviceMetrics
+from memgate.metrics import DeviceMetrics, grown_blocks
 from memgate.model import ProfileInfo
 from memgate.rows import CheckRow, RankSpread
 from memgate.sizes import format_share, format_size
-from memgate.verdict import Outcome, format_value, source_lines, verdict_line
+from memgate.verdict import Blocks, Outcome, format_value, source_lines, verdict_line
 
 # A device's value of a check, the device, and what the verdict line adds after the device
 Candidate = tuple[int | float, DeviceMetrics, str]
@@ -162,6 +162,7 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
     if not devices:
         raise NotSelected(f"not selected: budget {budget.name!r} selects devices={budget.devices!r}, the profile has "
                           f"{', '.join(d.device for d in cache.get(budget.options)) or 'none'}", file=profile.path)
+    left: dict[str, LeftOn] = {}  # left_allocated: each device's blocks left, its failure's cause
     if metric.startswith("op_caps["):
         candidates, kind = _op_cap(devices, metric, profile.path), "size"
     elif metric.startswith("owner_caps["):
@@ -179,13 +180,7 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         judged.append((value - limit, value, limit, m, ", ".join(x for x in (extra, resolved) if x)))
     _, value, limit, worst, extra = max(judged, key=lambda c: c[0])
     where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
-    if metric == LEFT:  # the holders are the blocks left, not those at the peak
-        gone = left[worst.device]
-        return Outcome(profile_path=profile.path, rank=profile.rank, budget=budget.name, metric=metric, limit=limit,
-                       value=value, passed=value <= limit, device=worst.device, step=None,
-                       message=verdict_line(metric, kind, value, limit, where), holders=tuple(gone.holders),
-                       where=source_lines(worst, profile), live_count=gone.count,
-                       holders_when="left allocated at the end")
+    passed = value <= limit
     return Outcome(
         profile_path=profile.path,
         rank=profile.rank,
@@ -193,16 +188,36 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         metric=metric,
         limit=limit,
         value=value,
-        passed=value <= limit,
+        passed=passed,
         device=worst.device,
-        step=worst.peak_step,
+        step=None if metric == LEFT else worst.peak_step,
         message=verdict_line(metric, kind, value, limit, where),
         holders=tuple(worst.values.get("top_at_peak") or ()),
         where=source_lines(worst, profile),
         share=budget.shares.get(metric),
         live_count=worst.values.get("live_at_peak_count"),
         categories=dict(worst.values.get("category_bytes_at_peak") or {}) if _at_the_peak(metric) else {},
+        cause=None if passed else _cause(cache, budget, metric, worst.device, left),
     )
+
+
+def _cause(cache: MetricCache, budget: Budget, metric: str, device: str, left: dict[str, LeftOn]) -> Blocks | None:
+    """What a failed left_allocated, step_growth or leaked check is about: the blocks left at the end
+    of the window, or those allocated in the counted steps and still live when they ended
+    (:func:`memgate.metrics.grown_blocks`); None for checks measured at the peak."""
+    if metric == LEFT:
+        gone = left[device]
+        return Blocks(f"left allocated at the end of the window ({device})", tuple(gone.holders), gone.count,
+                      gone.bytes)
+    if metric not in ("step_growth", "leaked"):
+        return None
+    model = next((d for d in cache.profile.devices if d.device == device), None)
+    grown = grown_blocks(cache.profile, model, budget.options, undetermined=metric == "step_growth") \
+        if model is not None else None
+    if grown is None or not grown.count:
+        return None
+    return Blocks(f"{'grew' if metric == 'step_growth' else 'leaked'}: {grown.steps} ({device})",
+                  tuple(grown.holders), grown.count, grown.total)
 
 
 def _at_the_peak(metric: str) -> bool:

@@ -14,19 +14,18 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from memgate.baselines import baseline_entries, history_entry
-from memgate.budgets import LEFT, Budget, budget_from_mapping
+from memgate.budgets import Budget, budget_from_mapping
 from memgate.compare import CompareRule, Regression, compare_pair
 from memgate.discover import discover, load
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
 from memgate.hints import RECORDED_BY_FIXTURE
 from memgate.judge import judge
 from memgate.metric_cache import MetricCache
-from memgate.metrics import MetricOptions
 from memgate.model import Profile
 from memgate.report import profile_entry
 from memgate.rows import CheckRow, Declared
@@ -110,18 +109,36 @@ def recorded_trace(profile: Profile) -> Path | None:
     return None
 
 
-def add_allocation_stacks(cache: MetricCache, budget: Budget, profile: Profile) -> None:
-    """Give the holders at the peak the Python functions that allocated them (the recorded trace)."""
+def with_stacks(trace: Path | None, outcomes: list[Outcome]) -> list[Outcome]:
+    """``outcomes`` with the Python functions that allocated their blocks (the recorded trace, read
+    once): new outcomes, the judged ones and the metrics they came from stay as they were."""
     from memgate.record import with_allocation_stacks
 
-    trace = recorded_trace(profile)
+    if trace is None or not outcomes:
+        return outcomes
+    blocks = [list(o.holders) + list(o.cause.holders if o.cause is not None else ()) for o in outcomes]
+    stacked = iter(with_allocation_stacks(trace, [h for group in blocks for h in group]))
+    out = []
+    for outcome, group in zip(outcomes, blocks):
+        mine = [next(stacked) for _ in group]
+        out.append(outcome.with_holders(tuple(mine[:len(outcome.holders)]), tuple(mine[len(outcome.holders):])))
+    return out
+
+
+def _entry_with_stacks(entry: dict[str, Any], trace: Path | None) -> dict[str, Any]:
+    """A profile's report entry whose holders at the peak name their allocating functions (a copy)."""
+    from memgate.record import with_allocation_stacks
+
     if trace is None:
-        return
-    for options in {budget.options, MetricOptions()}:
-        for metrics in cache.get(options):
-            holders = metrics.values.get("top_at_peak") or []
-            if holders and not any("stack" in h for h in holders):
-                metrics.values["top_at_peak"] = with_allocation_stacks(trace, holders)
+        return entry
+    devices = []
+    for device in entry.get("devices") or []:
+        metrics = device.get("metrics") or {}
+        holders = metrics.get("top_at_peak") or []
+        if holders and not any("stack" in h for h in holders):
+            device = {**device, "metrics": {**metrics, "top_at_peak": with_allocation_stacks(trace, holders)}}
+        devices.append(device)
+    return {**entry, "devices": devices}
 
 
 def left_by_test(recorder: Any, test: str) -> list[dict[str, Any]]:
@@ -144,36 +161,42 @@ def left_by_test(recorder: Any, test: str) -> list[dict[str, Any]]:
 
 @dataclass
 class MarkedVerdict:
-    """A marked test's checks: a row for each (its verdict or its error), the profiles it measured
-    (report entries), the budgets it failed, the regressions against its history, and the errors."""
+    """A marked test's checks: a row for each (its verdict or its error, its comparisons with its
+    history), the profiles it measured (report entries), the budgets and comparisons it failed, and
+    the errors."""
 
     rows: list[CheckRow] = field(default_factory=list)
     profiles: list[dict[str, Any]] = field(default_factory=list)
     failed: list[Outcome] = field(default_factory=list)
-    regressions: list[tuple[Regression, str]] = field(default_factory=list)  # (regression, baseline)
+    regressions: list[tuple[Regression, str]] = field(default_factory=list)  # failed: (regression, baseline)
     errors: list[MemgateError] = field(default_factory=list)
 
     def failure(self, top: int) -> tuple[str, str] | None:
         """(the failure line, the detail) when a budget or a compare rule failed: the first failure's
-        line, the others' lines and the errors under it, then the first failure's detail."""
-        if not self.failed and not self.regressions:
+        line; under it, each failed check as its own section (its line, then its evidence), then the
+        errors."""
+        sections = [(o.message, o.detail(top)) for o in self.failed] + [
+            (r.message, "\n".join(filter(None, [r.detail, f"baseline: {where}"]))) for r, where in self.regressions]
+        if not sections:
             return None
-        messages = [o.message for o in self.failed] + [r.message for r, _ in self.regressions]
-        first = self.failed[0].detail(top) if self.failed else "\n".join(
-            filter(None, [self.regressions[0][0].detail, f"baseline: {self.regressions[0][1]}"]))
-        detail = "\n".join(messages[1:] + [f"memgate: error: {e.one_line()}" for e in self.errors] + [first])
-        return messages[0], detail
+        errors = [f"memgate: error: {e.one_line()}" for e in self.errors]
+        if len(sections) == 1:
+            return sections[0][0], "\n".join([sections[0][1], *errors])
+        parts = [f"{len(sections)} checks failed:"]
+        for number, (line, detail) in enumerate(sections, 1):
+            parts += ["", f"[{number}/{len(sections)}] {line}", detail]
+        return sections[0][0], "\n".join(parts + ([""] + errors if errors else []))
 
 
-# An entry of the test's history → (the regressions it failed, the errors met)
+# An entry of the test's history → (each compare rule's regression and where its baseline is, the errors met)
 Compare = Callable[[dict[str, Any]], tuple[list[tuple[Regression, str]], list[MemgateError]]]
 
 
 def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, kept: str | None,
                       keep_profiles: bool, compare: Compare | None) -> MarkedVerdict:
-    """Judge the profile(s) under ``path`` against the marker's ``budget``. ``recorder``: the test's
-    memgate_record (its recording is what ``path`` holds), else None; ``keep_profiles``: give every
-    profile's report entry (an output needs it); ``compare``: judge each against the test's history."""
+    """Judge the profile(s) under ``path`` against the marker's ``budget``, once. ``recorder``: the
+    test's memgate_record (its recording is what ``path`` holds), else None; ``keep_profiles``: give
+    every profile's report entry (an output needs it); ``compare``: judge each against the test's history."""
     verdict = MarkedVerdict()
     try:
         if recorder is not None and recorder.memory_events == 0:
@@ -187,16 +210,23 @@ def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, k
         return verdict
     for profile in profiles:
         cache = MetricCache(profile)
-        _judge_profile(verdict, cache, budget, profile, recorder, with_stacks=keep_profiles)
+        trace = recorded_trace(profile) if recorder is not None else None
+        shown = kept_path(kept, recorder, profile.path)
+        _judge_profile(verdict, cache, budget, trace, shown)
+        if not keep_profiles and compare is None:
+            continue
+        entry = profile_entry(cache.info, cache.get())
+        entry["path"] = shown
+        entry["metadata"] = {**entry.get("metadata", {}), "test": test}
         if keep_profiles:
-            entry = profile_entry(cache.info, cache.get())
-            entry["path"] = kept_path(kept, recorder, profile.path)
-            entry["metadata"] = {**entry.get("metadata", {}), "test": test}
-            verdict.profiles.append(entry)
-            if compare is not None:
-                regressions, errors = compare(history_entry(entry, len(profiles)))
-                verdict.regressions += regressions
-                verdict.errors += errors
+            verdict.profiles.append(_entry_with_stacks(entry, trace))
+        if compare is not None:
+            judged, errors = compare(history_entry(entry, len(profiles)))
+            for regression, where in judged:
+                verdict.rows.append(CheckRow.compared(regression, shown, where, f"{test} (baseline)"))
+                if not regression.passed:
+                    verdict.regressions.append((regression, where))
+            verdict.errors += errors
     return verdict
 
 
@@ -207,41 +237,30 @@ def _judged(cache: MetricCache, budget: Budget, metric: str) -> Outcome | Memgat
         return exc
 
 
-def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, profile: Profile, recorder: Any, *,
-                   with_stacks: bool) -> None:
-    """Every check of the marker on one profile; a recording's holders get their allocating Python
-    functions where a check failed or an output shows them (``with_stacks``)."""
+def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, trace: Path | None,
+                   shown: str) -> None:
+    """Every check of the marker on one profile, judged once; a recording's failed checks get the
+    Python functions that allocated their blocks (``trace``). Rows name the profile ``shown``."""
     outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
-    if recorder is not None and (with_stacks or any(isinstance(o, Outcome) and not o.passed for o in outcomes)):
-        add_allocation_stacks(cache, budget, profile)
-        outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
+    failed = with_stacks(trace, [o for o in outcomes if isinstance(o, Outcome) and not o.passed])
+    stacked = iter(failed)
     for metric, outcome in zip(budget.checks(), outcomes):
-        if isinstance(outcome, Outcome) and outcome.metric == LEFT and not outcome.passed and recorder is not None:
-            outcome = _with_stacks(outcome, profile)  # the blocks left name the functions that allocated them
         if isinstance(outcome, MemgateError):
             if not isinstance(outcome, NotSelected):  # not selected: a skipped row, no error
                 verdict.errors.append(outcome)
-            verdict.rows.append(CheckRow.unjudged(cache.info, profile.path, budget, metric, outcome))
-        else:
-            verdict.rows.append(CheckRow.judged(outcome))
-            if not outcome.passed:
-                verdict.failed.append(outcome)
-
-
-def _with_stacks(outcome: Outcome, profile: Profile) -> Outcome:
-    from memgate.record import with_allocation_stacks
-
-    trace = recorded_trace(profile)
-    if trace is None or not outcome.holders or any("stack" in h for h in outcome.holders):
-        return outcome
-    return dataclasses.replace(outcome, holders=tuple(with_allocation_stacks(trace, list(outcome.holders))))
+            verdict.rows.append(replace(CheckRow.unjudged(cache.info, shown, budget, metric, outcome), profile=shown))
+            continue
+        if not outcome.passed:
+            outcome = next(stacked)
+            verdict.failed.append(outcome)
+        verdict.rows.append(replace(CheckRow.judged(outcome), profile=shown))
 
 
 def compare_with_history(entry: dict[str, Any], rules: Iterable[CompareRule], baseline: dict[str, Any] | None,
                          where: str, *, test: str, missing: Callable[[str], None]
                          ) -> tuple[list[tuple[Regression, str]], list[MemgateError]]:
     """``--memgate-compare-fail`` rules judged on a marked test's history entry against ``baseline``
-    (at ``where``; None: there is none, ``where`` says why). A test is compared with itself only, by
+    (at ``where``; None: there is none, ``where`` says why): every rule's regression, passed or not. A test is compared with itself only, by
     its node id, never with another test of the same rank; where it has no history ``missing``
     applies the missing-baseline policy (once per test, not once per rule)."""
     found: list[tuple[Regression, str]] = []
@@ -259,6 +278,5 @@ def compare_with_history(entry: dict[str, Any], rules: Iterable[CompareRule], ba
         except MemgateError as exc:
             errors.append(exc)
             continue
-        if not regression.passed:
-            found.append((regression, where))
+        found.append((regression, where))
     return found, errors

@@ -574,6 +574,14 @@ def _leaked(
             f"needs at least {horizon + 1} counted steps (leak_horizon_steps={horizon}, plus one whose blocks had "
             f"{horizon} step(s) to be freed) after {options.warmup_steps} warmup step(s); the profile has "
             f"{_describe_steps(all_steps)}: " + _record_more(horizon + 1, options.warmup_steps, profile))
+    decided_rows, undetermined_rows = _open_rows(blocks, counted, horizon, mine)
+    size = blocks.ints("size").values
+    return (int(size[decided_rows].sum()), int(size[undetermined_rows].sum())), None
+
+
+def _open_rows(blocks: Table, counted: Table, horizon: int, mine: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the blocks allocated in a counted step and still live when the last one ends: those of
+    the steps before the horizon (leaked) and those of the horizon's steps (undetermined)."""
     starts = counted.ints("t_start").values
     ends = counted.ints("t_end").values
     # Live when the counted steps end: what is freed between the last step and the end of the window
@@ -582,8 +590,8 @@ def _leaked(
     is_open = (t_free.isna() | (t_free.values > int(ends.max()))) & blocks.ints("t_alloc").present()
     if mine is not None:
         is_open &= mine
-    t = blocks.ints("t_alloc").values[is_open]
-    size = blocks.ints("size").values[is_open]
+    rows = np.flatnonzero(is_open)
+    t = blocks.ints("t_alloc").values[rows]
     decided = len(counted) - horizon
     # Each block to the latest-starting counted step that contains it (steps in step order; the
     # horizon is the last steps of that order).
@@ -591,9 +599,44 @@ def _leaked(
     at = np.searchsorted(starts[by_start], t, side="right") - 1
     step = np.where(at >= 0, by_start[np.maximum(at, 0)], -1)
     inside = (step >= 0) & (t <= ends[np.maximum(step, 0)])
-    leaked = int(size[inside & (step < decided)].sum())
-    undetermined = int(size[inside & (step >= decided)].sum())
-    return (leaked, undetermined), None
+    return rows[inside & (step < decided)], rows[inside & (step >= decided)]
+
+
+@dataclass(frozen=True)
+class Grown:
+    """The blocks a growth or leak check is about: allocated in the counted steps and still live when
+    the last of them ended (:func:`grown_blocks`)."""
+
+    device: str
+    holders: list[dict[str, Any]]  # the largest of them
+    count: int
+    total: int
+    steps: str  # the steps they were allocated in, in words
+
+
+def grown_blocks(profile: Profile, device: DeviceModel, options: MetricOptions, *, undetermined: bool) -> Grown | None:
+    """The blocks ``leaked`` counts (with ``undetermined``: also those of the leak horizon's steps, what
+    ``step_growth`` sees grow): allocated in a counted step and still live when the counted steps end.
+    None where the device has no blocks of its framework series or too few steps to say."""
+    if profile.metadata.get("memory_events_without_addr"):
+        return None  # no free is matched to its allocation: what is still live is unknown
+    blocks = device.blocks
+    components = block_components(device, framework_component(device, options.component))
+    mine = blocks.texts("component").isin(components) if components is not None else None
+    steps = device.steps if device.steps is not None else profile.steps
+    counted = _counted_steps(steps, options.warmup_steps)
+    horizon = options.leak_horizon_steps
+    if len(blocks) == 0 or len(counted) < horizon + 1 or (mine is not None and not mine.any()):
+        return None
+    decided, later = _open_rows(blocks, counted, horizon, mine)
+    rows = np.sort(np.concatenate([decided, later])) if undetermined else decided
+    numbers = [str(n) for n in counted.ints("step").known().tolist()]
+    shown = numbers if undetermined else numbers[:len(counted) - horizon]
+    words = f"step {shown[0]}" if len(shown) == 1 else f"steps {shown[0]}–{shown[-1]}" if shown else "the counted steps"
+    return Grown(device.device, top_at(blocks, rows, TOP_HOLDERS) if len(rows) else [], len(rows),
+                 int(blocks.ints("size").values[rows].sum()),
+                 f"allocated in {words} and still allocated when step {numbers[-1]} ended" if numbers
+                 else f"allocated in {words} and still allocated when they ended")
 
 
 def op_max_block_bytes(blocks: Table) -> dict[str, int]:

@@ -48,7 +48,7 @@ def write_json_report(path: str | os.PathLike[str], entries: Sequence[dict[str, 
 
 
 def html_page(entries: list[dict[str, Any]], rows: Iterable[CheckRow], errors: Iterable[ErrorRow],
-              profiles: list[Any] | None = None) -> str:
+              profiles: list[Any] | None = None, left: list[dict[str, Any]] | None = None) -> str:
     """The self-contained HTML report; ``profiles`` (for the curves) are loaded from the entries' paths
     when not given, a profile whose files are gone (a recording's temporary folder) left without curves."""
     from memgate.html_report import render_html  # drawing code loads only when asked for
@@ -62,7 +62,7 @@ def html_page(entries: list[dict[str, Any]], rows: Iterable[CheckRow], errors: I
                 profiles.extend(load(found) for found in discover(entry["path"]))
             except MemgateError:
                 continue  # its tables still show
-    return render_html(entries, rows_json(rows), profiles, errors=errors_json(errors))
+    return render_html(entries, rows_json(rows), profiles, errors=errors_json(errors), left=left)
 
 
 def save_baseline(path: Path, entries: list[dict[str, Any]], rootdir: Path, *, keep_smaller: bool) -> None:
@@ -207,7 +207,7 @@ class RunOutputs:
         if s.benchmark_json is not None:
             write_json_atomic(s.benchmark_json, benchmark_export(entries))
         if s.html_path is not None:
-            write_text_atomic(s.html_path, html_page(self.profile_entries(), rows, self.errors))
+            write_text_atomic(s.html_path, html_page(self.profile_entries(), rows, self.errors, left=self.left))
         summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary_file and (rows or self.errors):
             with open(summary_file, "a", encoding="utf-8", errors="backslashreplace") as fh:

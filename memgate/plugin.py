@@ -584,7 +584,7 @@ def _finish_recording(item: pytest.Item) -> None:
     keep = settings.keep_traces
     if keep is not None and files and KEPT_TRACES not in item.stash:
         item.stash[KEPT_TRACES] = keep_recording(files, keep, item.nodeid)
-    if settings.report_left and LEFT_BEHIND not in item.stash:
+    if (settings.report_left or settings.html_path is not None) and LEFT_BEHIND not in item.stash:  # the HTML shows it
         item.stash[LEFT_BEHIND] = left_by_test(recorder, item.nodeid)
 
 
@@ -698,9 +698,10 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> ReportPayload | 
         if row.value is not None:
             # JUnit writes the teardown report's properties, which pytest copies from the item.
             item.user_properties.extend([
-                (f"memgate.{row.metric}.measured", row.value),
-                (f"memgate.{row.metric}.limit", row.limit),
-                (f"memgate.{row.metric}.unit", unit_of(row.metric)),  # LIMITS' kind: "ratio" or "bytes"
+                (f"{row.property_prefix}.measured", row.value),
+                (f"{row.property_prefix}.limit", row.limit),
+                (f"{row.property_prefix}.unit", unit_of(row.metric)),  # LIMITS' kind: "ratio" or "bytes"
+                (f"{row.property_prefix}.result", "pass" if row.passed else "FAIL"),
             ])
     if call.when == "call":
         payload.marker_profiles = item.stash.get(MARKER_PROFILES, [])

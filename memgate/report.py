@@ -118,7 +118,7 @@ def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
     rows = []
     for o in sorted(outcomes, key=outcome_order):
         rows.append((
-            str(o.get("rank", "?")) + (f" {o['device']}" if o.get("device") else ""),
+            str(o.get("rank") or "-") + (f" {o['device']}" if o.get("device") else ""),  # "": nothing was loaded
             o["budget"],
             o["metric"],
             _cell(o["metric"].split("[")[0], o.get("value")),

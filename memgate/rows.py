@@ -113,19 +113,25 @@ class CheckRow:
         text = error.one_line()
         skipped = isinstance(error, NotSelected)  # a budget for other devices: not an error
         return cls(
-            profile.path if profile else path, profile.rank if profile else "?", budget.name, metric,
+            profile.path if profile else path, profile.rank if profile else "", budget.name, metric,
             0 if isinstance(declared, str) else declared,  # a share of the capacity not resolved: limit_text says it
             None, None, None, text, error=None if skipped else text, skipped=text if skipped else None,
             limit_text=declared if isinstance(declared, str) else None)
 
     @classmethod
-    def compared(cls, regression: Regression, profile: str, baseline: str) -> CheckRow:
-        """A compare rule's verdict on ``profile`` against the baseline at ``baseline``."""
+    def compared(cls, regression: Regression, profile: str, baseline: str, budget: str = "baseline") -> CheckRow:
+        """A compare rule's verdict on ``profile`` against the baseline at ``baseline``; ``budget``: the
+        row's name (a marked test's comparisons are named after the test)."""
         assert regression.allowed is not None  # a judged regression always has its allowance
-        return cls(profile, regression.rank, "baseline", regression.metric, regression.allowed,
+        return cls(profile, regression.rank, budget, regression.metric, regression.allowed,
                    regression.value, regression.passed, regression.device, regression.message,
                    against=AgainstBaseline(regression.base, baseline, regression.attribution,
                                            regression.baseline_commit))
+
+    @property
+    def property_prefix(self) -> str:
+        """The JUnit properties' prefix of this row: a comparison's are apart from a budget's of the same metric."""
+        return f"memgate.baseline.{self.metric}" if self.against is not None else f"memgate.{self.metric}"
 
     def of_test(self, test: str, declared: Declared | None) -> CheckRow:
         """The row as the pytest item or marked test that judged it reports it."""

@@ -8,7 +8,7 @@ A failure line fits a JUnit ``message=``:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from memgate.errors import printable
@@ -17,6 +17,28 @@ from memgate.sizes import format_size
 if TYPE_CHECKING:
     from memgate.metrics import DeviceMetrics
     from memgate.model import ProfileInfo
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Blocks that explain a failed check, under one heading: what grew or was left (the cause), or
+    what was live at the peak. ``holders`` keeps the largest; ``count`` and ``total`` are all of them."""
+
+    heading: str  # e.g. "left allocated at the end of the window (cpu)"
+    holders: tuple[dict[str, Any], ...]
+    count: int
+    total: int | None = None  # bytes of all ``count`` blocks, where known
+
+    def lines(self, top: int) -> list[str]:
+        groups = holder_groups(self.holders, by_size=True)[:top]  # count × size: a leak per step reads as one
+        shown = sum(len(g) for g in groups)
+        count = max(self.count, len(self.holders))
+        total = f" = {format_size(self.total)}" if self.total is not None else ""
+        out = [f"{self.heading}: {count} block(s){total}, the largest {shown} grouped:" if shown < count
+               else f"{self.heading}: {count} block(s){total}:"]
+        for group in groups:
+            out.extend(_group_lines(group))
+        return out
 
 
 @dataclass(frozen=True)
@@ -36,12 +58,15 @@ class Outcome:
     share: float | None = None  # the limit as a share of the device's capacity, where written so
     live_count: int | None = None  # blocks live at the peak (holders keeps only the largest)
     categories: dict[str, int] = field(default_factory=dict)  # bytes at the peak by category (a tracked recording)
-    holders_when: str = "at the peak"  # when the holders are live (left_allocated: at the end of the window)
+    # What caused a growth, leak or left-allocated failure: the blocks that grew or were left, shown
+    # before the holders at the peak (None: a check measured at the peak, or blocks that say nothing)
+    cause: Blocks | None = None
 
     def detail(self, top: int = 5) -> str:
-        """The section under the failure line: the peak by category (a tracked recording's), ``top``
-        lines of holders at the peak (identical holders grouped, :func:`holder_groups`), then the source."""
-        lines = []
+        """The section under the failure line: the cause first (the blocks that grew or were left), then
+        the peak by category (a tracked recording's), ``top`` groups of holders at the peak (identical
+        holders grouped, :func:`holder_groups`), then the source."""
+        lines = self.cause.lines(top) if self.cause is not None else []
         if self.categories:
             lines.append(f"at the peak by category ({self.device}): " + ", ".join(
                 f"{name} {format_size(size)}" for name, size in self.categories.items()))
@@ -49,10 +74,16 @@ class Outcome:
             groups = holder_groups(self.holders)[:top]
             shown = sum(len(g) for g in groups)
             live = max(self.live_count or 0, len(self.holders))
-            lines.append(f"top {shown} of {live} live blocks {self.holders_when} ({self.device}):")
+            lines.append(f"top {shown} of {live} live blocks at the peak ({self.device}):")
             for group in groups:
                 lines.extend(_group_lines(group))
         return "\n".join([*map(printable, lines), self.where])  # one line each, whatever a name holds
+
+    def with_holders(self, holders: tuple[dict[str, Any], ...], cause: tuple[dict[str, Any], ...]) -> Outcome:
+        """The outcome with its holders (at the peak) and its cause's blocks replaced (their allocating
+        Python functions added): a new value, the judged one and its metrics stay as they were."""
+        new_cause = replace(self.cause, holders=cause) if self.cause is not None else None
+        return replace(self, holders=holders, cause=new_cause)
 
 
 def _group_lines(group: list[dict[str, Any]]) -> list[str]:
@@ -75,14 +106,14 @@ def _group_lines(group: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def holder_groups(holders: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The holders at the peak grouped by what they are (op, owner, stack, stream), the group holding
-    the most bytes first (equal totals: the one with the larger block, as ``holders`` lists them, first):
-    one line per group instead of identical lines."""
+def holder_groups(holders: Sequence[dict[str, Any]], *, by_size: bool = False) -> list[list[dict[str, Any]]]:
+    """The holders grouped by what they are (op, owner, stack, stream; ``by_size``: and their size), the
+    group holding the most bytes first (equal totals: the one with the larger block, as ``holders`` lists
+    them, first): one line per group instead of identical lines."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for block in holders:
         key = (block.get("op"), block.get("owner"), tuple(str(f) for f in block.get("stack") or ()), block.get("stream"),
-               block.get("category"))
+               block.get("category"), block.get("size") if by_size else None)
         groups.setdefault(key, []).append(block)
     return sorted(groups.values(), key=lambda g: -sum(int(b["size"]) for b in g))  # stable: ties keep their order
 

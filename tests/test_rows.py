@@ -34,7 +34,7 @@ def test_a_row_that_could_not_be_judged(error: NotMeasurable, key: str) -> None:
     row = CheckRow.unjudged(None, "root", BUDGET, "peak_reserved", error).as_json()
     assert list(row) == [*BASE, key, "message", "limit_text"]
     assert (row["profile"], row["rank"], row["limit"], row["limit_text"], row[key]) == (
-        "root", "?", 0, "50%", "p: " + error.message)
+        "root", "", 0, "50%", "p: " + error.message)
 
 
 def test_rows_of_a_test_and_of_the_other_kinds_keep_their_order() -> None:
