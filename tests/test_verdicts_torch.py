@@ -44,7 +44,11 @@ import torchloops as tl
 from torchloops import Loop, memory_events, raw_trace, step_spans
 
 from memgate.discover import discover, load
-from memgate.metrics import DeviceMetrics, MetricOptions, profile_metrics
+from memgate.budgets import budget_from_mapping
+from memgate.judge import judge
+from memgate.metric_cache import MetricCache
+from memgate.metrics import DeviceMetrics, MetricOptions, grown_blocks, profile_metrics
+from memgate.sizes import format_size
 from memgate.model import Profile
 
 N = tl.N_BYTES  # 300_007: one planted buffer
@@ -190,6 +194,35 @@ def test_leaked_bytes(traces: dict[str, Path], name: str, warmup: int, horizon: 
     assert "leaked_bytes" not in m.missing and "leak_undetermined_bytes" not in m.missing, m.missing
     assert m.values["leaked_bytes"] == leaked
     assert m.values["leak_undetermined_bytes"] == undetermined
+
+
+@pytest.mark.parametrize(("name", "warmup", "horizon", "leaked", "undetermined"), LEAK_CASES,
+                         ids=[f"{c[0]}-warmup{c[1]}-horizon{c[2]}" for c in LEAK_CASES])
+def test_the_blocks_a_leak_failure_shows_are_the_blocks_it_counts(
+        traces: dict[str, Path], name: str, warmup: int, horizon: int, leaked: int, undetermined: int) -> None:
+    """A failed leaked / step_growth check leads with the blocks it is about: exactly those leaked_bytes
+    (and, for growth, leak_undetermined_bytes) count, by construction of the loop."""
+    profile = _profile(traces[name])
+    options = MetricOptions(warmup_steps=warmup, leak_horizon_steps=horizon)
+    [device] = profile.devices
+    decided = grown_blocks(profile, device, options, undetermined=False)
+    both = grown_blocks(profile, device, options, undetermined=True)
+    assert decided is not None and both is not None
+    assert decided.total == leaked and both.total == leaked + undetermined
+    if name in ("leak", "leak_active5", "leak_active3"):  # one planted buffer of N bytes per decided step
+        assert decided.count == leaked // N and all(h["size"] == N for h in decided.holders)
+
+
+def test_a_leak_failure_leads_with_the_planted_buffers(traces: dict[str, Path]) -> None:
+    """The failure's first evidence is the leak, count × size, above the holders at the peak."""
+    cache = MetricCache(_profile(traces["leak"]))
+    assert LOOPS["leak"].active_iterations == [2, 3, 4, 5, 6, 7]  # counted #3..#7; horizon 1: #3..#6 decided
+    outcome = judge(cache, budget_from_mapping({"leaked": 0}, origin="t", default_name="t"), "leaked")
+    lines = outcome.detail().splitlines()
+    assert lines[0] == ("leaked: allocated in steps 3–6 and still allocated when step 7 ended (cpu): "
+                        f"4 block(s) = {format_size(4 * N)}:")
+    assert lines[1].startswith(f"  4 × {format_size(N)} = {format_size(4 * N)}  aten::empty")
+    assert any(line.startswith("top ") and "live blocks at the peak" in line for line in lines[2:])
 
 
 def test_held_buffer_is_a_leak_only_within_a_short_horizon(traces: dict[str, Path]) -> None:
