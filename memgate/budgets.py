@@ -89,11 +89,18 @@ class Budget:
 
 
 class BudgetKeyError(ConfigError):
-    """A ConfigError about one key of a budget entry or marker; ``key`` lets a caller point at its line."""
+    """A ConfigError about one key of a budget entry or marker; ``key`` (and ``sub``, the glob, category
+    or metric inside that key's table) lets a caller point at its line."""
 
-    def __init__(self, message: str, *, key: str | None = None, **fields: Any) -> None:
+    def __init__(self, message: str, *, key: str | None = None, sub: str | None = None, **fields: Any) -> None:
         super().__init__(message, **fields)
         self.key = key
+        self.sub = sub
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The key path inside the entry: ``()``, ``(key,)`` or ``(key, sub)``."""
+        return () if self.key is None else (self.key,) if self.sub is None else (self.key, self.sub)
 
 
 def closest_key(key: str, valid: Iterable[str]) -> str | None:
@@ -189,12 +196,18 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
 
 
 def _check_keys(raw: dict[str, Any], known: set[str] | frozenset[str], origin: str, problems: _Problems) -> None:
-    """Keys no budget has: each with the key it most likely means, else the list of every key."""
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        guessed = all(closest_key(k, known) for k in unknown)  # "did you mean" says it; else list them all
-        problems.append(BudgetKeyError(unknown_keys_message(unknown, known), key=unknown[0], file=origin,
-                                       expected=None if guessed else "one of " + ", ".join(sorted(known))))
+    """Keys no budget has, each its own error in the order written: with the key it most likely means,
+    else the list of every key."""
+    for key in raw:
+        if key not in known:
+            problems.append(BudgetKeyError(unknown_keys_message([key], known), key=key, file=origin,
+                                           expected=_unguessed(key, known)))
+
+
+def _unguessed(key: str, known: Iterable[str]) -> str | None:
+    """For a key no valid key is close to: the list of every key (else "did you mean" says it)."""
+    known = sorted(known)
+    return None if closest_key(key, known) else "one of " + ", ".join(known)
 
 
 def _limits(raw: dict[str, Any], name: str, origin: str,
@@ -239,16 +252,16 @@ def _caps(raw: dict[str, Any], cap_key: str, name: str, origin: str, shares: dic
         what = f"{name}.{cap_key}[{glob!r}]"
         if cap_key == "category_caps" and glob not in CATEGORIES:
             unknown = unknown_keys_message([str(glob)], CATEGORIES, "category")
-            problems.append(BudgetKeyError(f"invalid {name}.{cap_key}: {unknown}", key=cap_key, file=origin,
-                                           expected="one of " + ", ".join(CATEGORIES)))
+            problems.append(BudgetKeyError(f"invalid {name}.{cap_key}: {unknown}", key=cap_key, sub=str(glob),
+                                           file=origin, expected="one of " + ", ".join(CATEGORIES)))
             continue
         with problems.kept():
-            share = _parse_share_in(origin, size, what, cap_key)
+            share = _parse_share_in(origin, size, what, cap_key, str(glob))
             if share is not None:
                 shares[f"{cap_key}[{glob}]"] = share
                 parsed[str(glob)] = 0
             else:
-                parsed[str(glob)] = _parse_size_in(origin, size, what, cap_key)
+                parsed[str(glob)] = _parse_size_in(origin, size, what, cap_key, str(glob))
     return parsed
 
 
@@ -264,10 +277,10 @@ def _imbalance(raw: dict[str, Any], name: str, origin: str, problems: _Problems)
         if metric not in LIMITS:
             problems.append(BudgetKeyError(
                 f"invalid {name}.{CROSS_RANK}: {unknown_keys_message([metric], LIMITS, 'metric')}",
-                key=CROSS_RANK, file=origin, expected="one of " + ", ".join(LIMITS)))
+                key=CROSS_RANK, sub=str(metric), file=origin, expected="one of " + ", ".join(LIMITS)))
         elif isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
             problems.append(BudgetKeyError(
-                f"invalid {name}.{CROSS_RANK}[{metric!r}] {ratio!r}", key=CROSS_RANK, file=origin,
+                f"invalid {name}.{CROSS_RANK}[{metric!r}] {ratio!r}", key=CROSS_RANK, sub=str(metric), file=origin,
                 expected="a ratio between 0 and 1 (1 - min/max over the ranks)"))
         else:
             imbalance[metric] = float(ratio)
@@ -282,18 +295,19 @@ def _steps_count(raw: dict[str, Any], key: str, name: str, origin: str, *, defau
     return value
 
 
-def _parse_share_in(origin: str, value: object, what: str, key: str | None = None) -> float | None:
+def _parse_share_in(origin: str, value: object, what: str, key: str, sub: str | None = None) -> float | None:
     try:
         return parse_share(value, what=what)
     except ConfigError as exc:
-        raise BudgetKeyError(exc.message, key=key, file=origin, expected=exc.expected) from None
+        raise BudgetKeyError(exc.message, key=key, sub=sub, file=origin, expected=exc.expected) from None
 
 
-def _parse_size_in(origin: str, value: object, what: str, key: str | None = None) -> int:
+def _parse_size_in(origin: str, value: object, what: str, key: str, sub: str | None = None) -> int:
     try:
         return parse_size(value, what=what)
     except ConfigError as exc:
-        raise BudgetKeyError(exc.message, key=key, file=origin, expected=exc.expected, found=exc.found) from None
+        raise BudgetKeyError(exc.message, key=key, sub=sub, file=origin, expected=exc.expected,
+                             found=exc.found) from None
 
 
 @dataclass(frozen=True)
@@ -319,18 +333,18 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
                        locate: Locate | None = None) -> BudgetFile:
     """Validate a budget table; ``locate`` maps a key path in ``table`` to its line for the errors.
 
-    Every error of the file is found, then all are raised at once in file order: the sizes first
-    (parse_size's message lists the accepted units, the schema's regex would not), the schema, each
-    entry's values, duplicate names.
+    Every error of the file is found, then all are raised at once in file order, each its own error with
+    the line of its key: the sizes first (parse_size, the one reader of a size, marker or file, decides
+    every size; its message lists the accepted units), the schema, each entry's values, duplicate names.
     """
     def line(*path: str | int) -> int | None:
         return locate(path) if locate is not None else None
 
     entries = table.get("budgets", []) if isinstance(table.get("budgets"), list) else []
-    found = _size_errors(entries, origin, line)
-    found += _schema_errors(table, origin, line, sized={path for path, _ in found})
+    sizes, found = _size_errors(entries, origin, line)
+    found += _schema_errors(table, origin, line, sizes=sizes)
     budgets, problems = _entry_budgets(entries, origin, default_leak_horizon, line,
-                                       reported={path[:3] for path, _ in found})  # (budgets, index, key) said
+                                       reported={path for path, _ in found})
     found += problems
     found += _duplicate_names(entries, origin, line)
     if found:
@@ -341,8 +355,10 @@ def parse_budget_table(table: dict[str, Any], origin: str, *, default_leak_horiz
                       lines=_declared_lines(table, budgets, line))
 
 
-def _size_errors(entries: list[Any], origin: str, line: _Line) -> _Found:
-    """Every size (limits, caps, device_capacity) that does not parse, with the accepted units."""
+def _size_errors(entries: list[Any], origin: str, line: _Line) -> tuple[set[tuple[str | int, ...]], _Found]:
+    """The key path of every size (limits, caps, device_capacity, left_allocated), and the error of each
+    that does not parse, with the accepted units."""
+    paths: set[tuple[str | int, ...]] = set()
     found: _Found = []
     for index, raw in enumerate(entries):
         if not isinstance(raw, dict):
@@ -357,18 +373,20 @@ def _size_errors(entries: list[Any], origin: str, line: _Line) -> _Found:
             if key in raw:
                 sizes.append(((key,), raw[key], f"{name}.{key}"))
         for keys, value, what in sizes:
+            paths.add(("budgets", index, *keys))
             try:
                 if keys[0] in ("device_capacity", LEFT) or parse_share(value, what=what) is None:
                     parse_size(value, what=what)
             except ConfigError as exc:
                 found.append((("budgets", index, *keys), BudgetKeyError(
-                    exc.message, key=str(keys[0]), file=origin, line=line("budgets", index, *keys),
-                    expected=exc.expected, found=exc.found)))
-    return found
+                    exc.message, key=keys[0], sub=keys[1] if len(keys) > 1 else None, file=origin,
+                    line=line("budgets", index, *keys), expected=exc.expected, found=exc.found)))
+    return paths, found
 
 
-def _schema_errors(table: dict[str, Any], origin: str, line: _Line, sized: set[tuple[str | int, ...]]) -> _Found:
-    """What schemas/budgets.schema.json refuses, except where a size's own error says it."""
+def _schema_errors(table: dict[str, Any], origin: str, line: _Line, sizes: set[tuple[str | int, ...]]) -> _Found:
+    """What schemas/budgets.schema.json refuses, one error per unknown key, but for the ``sizes``: the
+    schema's size pattern is parse_size's (sizes.SIZE_PATTERN), but parse_size alone judges them."""
     import jsonschema  # here, not at the top: a budget file is the only thing it checks (~40 ms to import)
 
     validator = jsonschema.Draft202012Validator(load_schema("budgets"))
@@ -376,19 +394,20 @@ def _schema_errors(table: dict[str, Any], origin: str, line: _Line, sized: set[t
     for error in validator.iter_errors(table):
         error = jsonschema.exceptions.best_match([error]) or error  # into a oneOf's alternatives, as before
         path = list(error.absolute_path)
-        message = error.message
+        where = "/".join(str(p) for p in path) or "(top level)"
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
             allowed = set(error.schema.get("properties", {}))
-            extra = sorted(k for k in error.instance if k not in allowed)
-            if extra:
-                path.append(extra[0])
-                message = unknown_keys_message(extra, allowed, "key" if len(path) == 1 else "budget key")
-        elif error.validator == "required" and isinstance(error.instance, dict):
+            what = "key" if not path else "budget key"
+            for key in (k for k in error.instance if k not in allowed):  # each its own line, as written
+                found.append(((*path, key), ConfigError(
+                    f"invalid budget file at {where}: {unknown_keys_message([key], allowed, what)}", file=origin,
+                    line=line(*path, key), expected=_unguessed(key, allowed))))
+            continue
+        if error.validator == "required" and isinstance(error.instance, dict):
             path += [k for k in error.validator_value if k not in error.instance][:1]  # the key it lacks
-        if tuple(path) in sized:
-            continue  # the size's own message says it, with the accepted units
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        found.append((tuple(path), ConfigError(f"invalid budget file at {where}: {message}", file=origin,
+        if tuple(path) in sizes:
+            continue  # parse_size said it, or found it a size
+        found.append((tuple(path), ConfigError(f"invalid budget file at {where}: {error.message}", file=origin,
                                                line=line(*path))))
     return found
 
@@ -406,11 +425,11 @@ def _entry_budgets(entries: list[Any], origin: str, default_leak_horizon: int, l
         except BudgetKeyError as exc:
             for problem in (exc, *exc.also):
                 assert isinstance(problem, BudgetKeyError)
-                at: tuple[str | int, ...] = ("budgets", index) if problem.key is None else ("budgets", index, problem.key)
+                at: tuple[str | int, ...] = ("budgets", index, *problem.keys)
                 if problem.key is not None and at in reported:
-                    continue
-                found.append((at, BudgetKeyError(problem.message, key=problem.key, file=origin, line=line(*at),
-                                                 expected=problem.expected, found=problem.found)))
+                    continue  # the schema or parse_size said it
+                found.append((at, BudgetKeyError(problem.message, key=problem.key, sub=problem.sub, file=origin,
+                                                 line=line(*at), expected=problem.expected, found=problem.found)))
     return budgets, found
 
 

@@ -52,7 +52,9 @@ def marker_budget(test: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], w
         budget = budget_from_mapping(dict(kwargs), origin=test, default_name="marker", extra_keys=("profile",),
                                      default_leak_horizon=leak_horizon_steps)
     except ConfigError as exc:
-        raise error(exc.message, exc) from None
+        first = error(exc.message, exc)
+        first.also = tuple(error(e.message, e) for e in exc.also)  # every bad keyword, each its own line
+        raise first from None
     if budget.rank_imbalance:
         raise error("rank_imbalance compares the ranks of a run: declare it in a budget file, not a marker")
     if profile is None and not has_profile_dir:

@@ -518,8 +518,8 @@ def _short_repr(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException])
     exc = excinfo.value
     if isinstance(exc, BudgetExceeded):
         line, detail = exc.line, exc.detail
-    elif isinstance(exc, MemgateError):
-        line, detail = f"memgate: error: {exc.one_line()}", ""
+    elif isinstance(exc, MemgateError):  # a bad marker's every keyword: the first, then the others
+        line, detail = f"memgate: error: {exc.one_line()}", "\n".join(f"memgate: error: {x}" for x in exc.lines()[1:])
     else:
         return item._repr_failure_py(excinfo, style="short")
     line = printable(line)  # the crash message pytest's summary shows too

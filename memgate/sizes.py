@@ -1,57 +1,82 @@
 """Size strings: ``"24 GiB"``, ``"512MiB"``, ``"1.5 GiB"``, bare int = bytes.
 
-IEC units are exact. ``KB/MB/GB/TB`` are the same binary units, as the Ascend files use them.
+The one reader of a size, for budget files, markers, compare rules and the environment's caps. A
+size is an ASCII number (digits, an optional decimal fraction; no sign, exponent or separators), an
+optional unit, and spaces or tabs around them. The units are :data:`UNITS`, in any case: IEC units
+are exact, and ``KB/MB/GB/TB`` (and ``K/M/G/T``) are the same binary units, as the Ascend files use
+them, so ``"64 kB"`` is 65536 bytes. A size is a whole number of bytes up to :data:`MAX_BYTES`.
+budgets.schema.json's size pattern is :data:`SIZE_PATTERN`, written from the same table.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 
-from memgate.errors import ConfigError
+from memgate.errors import ConfigError, show
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 1 << 10,
-    "kb": 1 << 10,
-    "k": 1 << 10,
-    "mib": 1 << 20,
-    "mb": 1 << 20,
-    "m": 1 << 20,
-    "gib": 1 << 30,
-    "gb": 1 << 30,
-    "g": 1 << 30,
-    "tib": 1 << 40,
-    "tb": 1 << 40,
-    "t": 1 << 40,
+# The one table of units (matched in any case): unit → bytes. No unit is bytes too.
+UNITS: dict[str, int] = {
+    "B": 1,
+    "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+    "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40,
+    "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40,
 }
-ACCEPTED_UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB mean the same binary units)"
-_SIZE_RE = re.compile(r"\A\s*(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*\Z")
+_BY_FOLDED = {unit.casefold(): factor for unit, factor in UNITS.items()}
+ACCEPTED_UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB and K/M/G/T mean the same binary units; any case)"
+MAX_BYTES = 2**63 - 1  # what a report, a baseline and the history store hold (int64)
+_MAX_FRACTION_DIGITS = 40  # a fraction of more (trailing zeros aside) is never whole bytes: 2**-40 has 40
+
+
+def _any_case(unit: str) -> str:
+    return "".join(f"[{c.upper()}{c.lower()}]" for c in unit)
+
+
+# Longest first: a regex alternation takes the first that matches. The same text in Python and in
+# a JSON Schema (ECMA-262) regex: no flags, no \Z, [ \t] rather than \s (which differ between them).
+SIZE_PATTERN = (r"^[ \t]*[0-9]+(\.[0-9]+)?[ \t]*("
+                + "|".join(_any_case(u) for u in sorted(UNITS, key=lambda u: (-len(u), u))) + r")?[ \t]*$")
+_SIZE_RE = re.compile(r"\A[ \t]*(?P<num>[0-9]+(?:\.[0-9]+)?)[ \t]*(?P<unit>[A-Za-z]*)[ \t]*\Z")
+_NEGATIVE_RE = re.compile(r"\A[ \t]*-[ \t]*[0-9]")
 
 
 def parse_size(value: object, *, what: str = "size") -> int:
-    """Return bytes for a size string or a non-negative int; raise ConfigError otherwise."""
+    """Return bytes for a size string or an int in 0..MAX_BYTES; raise ConfigError otherwise.
+
+    Every message names ``what`` and the value; one about the form lists the accepted units."""
     if isinstance(value, bool):
         raise ConfigError(f"invalid {what}", expected=ACCEPTED_UNITS, found=repr(value))
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(f"invalid {what}: negative", expected="a size >= 0", found=str(value))
+        if value > MAX_BYTES:
+            raise ConfigError(f"invalid {what}: too large", expected=f"at most {MAX_BYTES} bytes", found=show(value))
         return value
     if not isinstance(value, str):
-        raise ConfigError(f"invalid {what}", expected=f"a size string in {ACCEPTED_UNITS}", found=repr(value))
+        raise ConfigError(f"invalid {what}", expected=f"a size string in {ACCEPTED_UNITS}", found=show(value))
+    shown = show(value)
+    if _NEGATIVE_RE.match(value):
+        raise ConfigError(f"invalid {what} {shown}: negative", expected="a size >= 0")
     match = _SIZE_RE.match(value)
-    unit = match.group("unit").lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ConfigError(f"invalid {what} {value!r}", expected=f"a number with a unit in {ACCEPTED_UNITS}")
-    try:
-        number = Decimal(match.group("num"))
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-        raise ConfigError(f"invalid {what} {value!r}", expected=ACCEPTED_UNITS) from None
-    scaled = number * _UNITS[unit]
-    if scaled != scaled.to_integral_value():
-        raise ConfigError(f"invalid {what} {value!r}: not a whole number of bytes", expected="a whole byte count")
-    return int(scaled)
+    if match is None:
+        raise ConfigError(f"invalid {what} {shown}", expected=f"a number with a unit in {ACCEPTED_UNITS}")
+    unit = match.group("unit")
+    factor = _BY_FOLDED.get(unit.casefold(), 1 if not unit else None)
+    if factor is None:
+        raise ConfigError(f"invalid {what} {shown}: unknown unit {unit!r}", expected=f"one of {ACCEPTED_UNITS}")
+    whole, _, fraction = match.group("num").partition(".")
+    whole, fraction = whole.lstrip("0"), fraction.rstrip("0")
+    if len(whole) > len(str(MAX_BYTES)):  # before int(): a number of 5000 digits is no size either
+        raise ConfigError(f"invalid {what} {shown}: too large", expected=f"at most {MAX_BYTES} bytes")
+    if len(fraction) > _MAX_FRACTION_DIGITS:
+        raise ConfigError(f"invalid {what} {shown}: not a whole number of bytes", expected="a whole byte count")
+    # Exact: integer arithmetic on the digits (Decimal would round past 28 digits, float far sooner).
+    denominator: int = 10 ** len(fraction)
+    scaled, rest = divmod(int(whole + fraction or "0") * factor, denominator)
+    if rest:
+        raise ConfigError(f"invalid {what} {shown}: not a whole number of bytes", expected="a whole byte count")
+    if scaled > MAX_BYTES:
+        raise ConfigError(f"invalid {what} {shown}: too large", expected=f"at most {MAX_BYTES} bytes")
+    return scaled
 
 
 _IEC = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))

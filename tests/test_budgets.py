@@ -3,6 +3,7 @@ TOML line of the offending key (found with memgate.toml_lines), all of a file's 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from memgate.budgets import (
     BUDGET_KEYS,
+    LIMITS,
     Budget,
     BudgetKeyError,
     budget_from_mapping,
@@ -18,6 +20,9 @@ from memgate.budgets import (
     unknown_keys_message,
 )
 from memgate.errors import ConfigError
+from memgate.marks import marker_budget
+from memgate.rows import Declared
+from memgate.sizes import UNITS as SIZE_UNITS
 
 
 def _write(tmp_path: Path, text: str, name: str = "memgate.toml") -> Path:
@@ -226,3 +231,130 @@ def test_budget_file_lines(tmp_path: Path) -> None:
     assert budget.checks() == ["owner_caps[enc*]"]
     assert budget.cross_rank_checks() == ["rank_imbalance[peak_allocated]"]
     assert loaded.line_of("b", "rank_imbalance[peak_allocated]") == 4
+
+
+# ---- one reader of a size for markers and files -----------------------------------------------------
+
+UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB and K/M/G/T mean the same binary units; any case)"
+SIZE_CASES: list[tuple[object, int | str]] = [
+    *((f"2 {unit}", 2 * factor) for unit, factor in SIZE_UNITS.items()),
+    *((f"2{unit.lower()}", 2 * factor) for unit, factor in SIZE_UNITS.items()),
+    *((f"2 {unit.upper()}", 2 * factor) for unit, factor in SIZE_UNITS.items()),
+    ("64 kB", 64 << 10),
+    ("64 KB", 64 << 10),
+    ("64kb", 64 << 10),
+    ("1.5 GiB", 3 << 29),
+    (" 64 MiB ", 64 << 20),
+    (1 << 30, 1 << 30),
+    (2**63 - 1, 2**63 - 1),
+    ("64 XB", f"invalid t.peak_allocated '64 XB': unknown unit 'XB'; expected one of {UNITS}"),
+    ("24 PiB", f"invalid t.peak_allocated '24 PiB': unknown unit 'PiB'; expected one of {UNITS}"),
+    ("1e3 MiB", f"invalid t.peak_allocated '1e3 MiB'; expected a number with a unit in {UNITS}"),
+    ("64 MiB!", f"invalid t.peak_allocated '64 MiB!'; expected a number with a unit in {UNITS}"),
+    ("\uff16\uff14 MiB", f"invalid t.peak_allocated '\uff16\uff14 MiB'; expected a number with a unit in {UNITS}"),
+    ("-1 GiB", "invalid t.peak_allocated '-1 GiB': negative; expected a size >= 0"),
+    (-1, "invalid t.peak_allocated: negative; expected a size >= 0, found '-1'"),
+    ("1.5 B", "invalid t.peak_allocated '1.5 B': not a whole number of bytes; expected a whole byte count"),
+    ("8388608 TiB", "invalid t.peak_allocated '8388608 TiB': too large; expected at most 9223372036854775807 bytes"),
+    (2**63, ("invalid t.peak_allocated: too large; expected at most 9223372036854775807 bytes, "
+             "found '9223372036854775808'")),
+    (1.5, f"invalid t.peak_allocated; expected a size string in {UNITS}, found '1.5'"),
+]
+
+
+def _toml_value(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
+
+
+@pytest.mark.parametrize(("value", "want"), SIZE_CASES, ids=[repr(v) for v, _ in SIZE_CASES])
+def test_a_size_reads_alike_in_a_marker_and_a_budget_file(tmp_path: Path, value: object, want: int | str) -> None:
+    """The same bytes, or the same error: in a file on the line of its key, in a marker naming its test."""
+    path = _write(tmp_path, f'[[budgets]]\nname = "t"\npeak_allocated = {_toml_value(value)}\n')
+    if isinstance(want, int):
+        [from_file] = load_budget_file(path).budgets
+        assert from_file.limits["peak_allocated"] == want
+        assert budget_from_mapping({"peak_allocated": value}, origin="m", default_name="t").limits == from_file.limits
+        assert marker_budget("t.py::t", (), {"peak_allocated": value}, Declared("t.py", 3), has_profile_dir=True,
+                             leak_horizon_steps=1).limits == from_file.limits
+        return
+    with pytest.raises(ConfigError) as in_file:
+        load_budget_file(path)
+    assert in_file.value.lines() == [f"{path}:3: {want}"]
+    with pytest.raises(ConfigError) as in_marker:
+        marker_budget("t.py::t", (), {"peak_allocated": value}, Declared("t.py", 3), has_profile_dir=True,
+                      leak_horizon_steps=1)
+    assert in_marker.value.lines() == [f"t.py:3: memgate marker of t.py::t: {want.replace('t.peak', 'marker.peak')}"]
+
+
+def test_a_bad_size_in_each_place_of_a_file_lists_the_units(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[budgets]]\nname = "t"\nleaked = "1 kB"\nop_caps = { "mm" = "2 XB" }\n'
+                  'device_capacity = "3 parsecs"\nleft_allocated = "4 Mb"\n[budgets.owner_caps]\n"enc*" = "5 gigs"\n')
+    with pytest.raises(ConfigError) as info:
+        load_budget_file(path)
+    assert info.value.lines() == [
+        f"{path}:4: invalid t.op_caps['mm'] '2 XB': unknown unit 'XB'; expected one of {UNITS}",
+        f"{path}:5: invalid t.device_capacity '3 parsecs': unknown unit 'parsecs'; expected one of {UNITS}",
+        f"{path}:8: invalid t.owner_caps['enc*'] '5 gigs': unknown unit 'gigs'; expected one of {UNITS}",
+    ]  # "1 kB" and "4 Mb" are sizes: 1 KiB and 4 MiB
+
+
+# ---- every error of a budget file is its own line ---------------------------------------------------
+
+MISSPELLED = '''\
+[[budgets]]
+name = "train"
+peak_alocated = "1 GiB"
+step_growth = "1 MiB"
+leakd = "2 MiB"
+zzz = 1
+[budgets.rank_imbalance]
+peak_allocated = 0.1
+peak_reservd = 0.1
+step_grwth = 0.2
+'''
+
+
+def test_each_misspelled_key_is_its_own_line_on_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, MISSPELLED)
+    with pytest.raises(ConfigError) as info:
+        load_budget_file(path)
+    at = f"{path}:{{}}: invalid budget file at budgets/0: unknown budget key"
+    assert info.value.lines() == [
+        f"{at.format(3)} 'peak_alocated' (did you mean 'peak_allocated'?)",
+        f"{at.format(5)} 'leakd' (did you mean 'leaked'?)",
+        f"{at.format(6)} 'zzz'; expected one of {', '.join(sorted(BUDGET_KEYS))}",  # no key is close: all of them
+        (f"{path}:9: invalid train.rank_imbalance: unknown metric 'peak_reservd' (did you mean 'peak_reserved'?); "
+         f"expected one of {', '.join(LIMITS)}"),
+        (f"{path}:10: invalid train.rank_imbalance: unknown metric 'step_grwth' (did you mean 'step_growth'?); "
+         f"expected one of {', '.join(LIMITS)}"),
+    ]
+
+
+def test_each_misspelled_top_level_key_is_its_own_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'profile = "prof"\nbudget = []\n[[budgets]]\nname = "a"\nleaked = 1\n')
+    with pytest.raises(ConfigError) as info:
+        load_budget_file(path)
+    assert info.value.lines() == [
+        f"{path}:1: invalid budget file at (top level): unknown key 'profile' (did you mean 'profiles'?)",
+        f"{path}:2: invalid budget file at (top level): unknown key 'budget' (did you mean 'budgets'?)",
+    ]
+
+
+def test_a_bad_ratio_and_an_unknown_metric_in_one_table_are_both_said(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[[budgets]]\nname = "a"\nleaked = 1\n[budgets.rank_imbalance]\n'
+                  'peak_allocated = 1.5\npeak_alocated = 0.1\n')
+    with pytest.raises(ConfigError) as info:
+        load_budget_file(path)
+    assert [line.split(": ", 2)[0] for line in info.value.lines()] == [f"{path}:5", f"{path}:6"]
+    assert "1.5 is greater than the maximum of 1" in info.value.lines()[0]
+    assert "unknown metric 'peak_alocated'" in info.value.lines()[1]
+
+
+def test_each_misspelled_marker_keyword_is_its_own_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        marker_budget("t.py::t", (), {"peak_alocated": "1 GiB", "leakd": 1, "step_growth": 1}, Declared("t.py", 3),
+                      has_profile_dir=True, leak_horizon_steps=1)
+    assert info.value.lines() == [
+        "t.py:3: memgate marker of t.py::t: unknown budget key 'peak_alocated' (did you mean 'peak_allocated'?)",
+        "t.py:3: memgate marker of t.py::t: unknown budget key 'leakd' (did you mean 'leaked'?)",
+    ]

@@ -13,7 +13,7 @@ import pytest
 from memgate.errors import ConfigError, InputError
 from memgate.readers import limits
 
-UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB mean the same binary units)"
+UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB and K/M/G/T mean the same binary units; any case)"
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,8 @@ def test_default_limits_are_generous(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("value", "says"), [
     ("lots", f"invalid $MEMGATE_MAX_FILE_BYTES 'lots'; expected a number with a unit in {UNITS}"),
-    ("-5", f"invalid $MEMGATE_MAX_FILE_BYTES '-5'; expected a number with a unit in {UNITS}"),
+    ("-5", "invalid $MEMGATE_MAX_FILE_BYTES '-5': negative; expected a size >= 0"),
+    ("5 parsecs", f"invalid $MEMGATE_MAX_FILE_BYTES '5 parsecs': unknown unit 'parsecs'; expected one of {UNITS}"),
     ("0 B", "invalid $MEMGATE_MAX_FILE_BYTES: must be above 0; expected a size such as 64GiB, found '0 B'"),
 ])
 def test_a_bad_size_cap_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, value: str, says: str) -> None:

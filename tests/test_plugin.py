@@ -305,6 +305,25 @@ def test_every_bad_marker_is_reported(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["*test_two.py::test_b: unknown budget key 'step_grwth' (did you mean 'step_growth'?)"])
 
 
+def test_each_bad_keyword_of_a_marker_is_its_own_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_kw=f"""
+        import pytest
+
+        @pytest.mark.memgate(peak_alocated="2 GiB", leakd=1, step_growth="64 XB", profile={str(SAMPLE)!r})
+        def test_a():
+            pass
+    """)
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    at = "memgate: error: test_kw.py:3: memgate marker of test_kw.py::test_a:"
+    result.stdout.fnmatch_lines([
+        f"{at} unknown budget key 'peak_alocated' (did you mean 'peak_allocated'?)",
+        "",
+        f"{at} unknown budget key 'leakd' (did you mean 'leaked'?)",
+        f"{at} invalid marker.step_growth '64 XB': unknown unit 'XB'; expected one of B, KiB, MiB, GiB, TiB *",
+    ], consecutive=True)
+
+
 def test_marker_without_profile_source_is_an_error_before_the_body(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("""
         import pytest
