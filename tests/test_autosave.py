@@ -312,8 +312,8 @@ def test_a_marked_tests_failed_comparison_is_the_same_failed_row_in_every_output
     result.stdout.fnmatch_lines([
         f"*{failure}*",
         "*0 npu:0  test_model.py::test_train (baseline)  peak_allocated  1.35 GiB*FAIL*",
-        "::error file=test_model.py,line=*,title=memgate test_model.py%3A%3Atest_train::peak_allocated 1.35 GiB "
-        "exceeds baseline*",
+        ("::error file=test_model.py,line=*,title=memgate test_model.py%3A%3Atest_train::peak_allocated 1.35 GiB "
+         "exceeds baseline*"),
     ])
     report = json.loads((project.path / "r.json").read_text())
     compared = [b for b in report["budgets"] if "baseline_value" in b]

@@ -43,13 +43,13 @@ pytest.importorskip("torch")
 import torchloops as tl
 from torchloops import Loop, memory_events, raw_trace, step_spans
 
-from memgate.discover import discover, load
 from memgate.budgets import budget_from_mapping
+from memgate.discover import discover, load
 from memgate.judge import judge
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, MetricOptions, grown_blocks, profile_metrics
-from memgate.sizes import format_size
 from memgate.model import Profile
+from memgate.sizes import format_size
 
 N = tl.N_BYTES  # 300_007: one planted buffer
 PARAMS = tl.param_bytes()  # 37_128: all parameters = all gradients (float32)
