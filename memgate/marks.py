@@ -93,6 +93,13 @@ def kept_path(kept: str | None, recorder: Any, path: str | Path) -> str:
     return str(Path(kept) / inside) if inside.parts else kept
 
 
+def _outliving(text: str, kept: str | None, recorder: Any) -> str:
+    """``text`` with the recording's temporary folder named by its kept copy (a report's paths outlive pytest)."""
+    if kept is None or recorder is None:
+        return text
+    return text.replace(str(recorder.directory), kept)
+
+
 def made_by(profile: Profile, recorder: Any) -> Profile:
     """A profile memgate_record wrote says so, so its hints speak of the fixture, not of torch.profiler."""
     if recorder is None:
@@ -214,11 +221,13 @@ def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, k
         cache = MetricCache(profile)
         trace = recorded_trace(profile) if recorder is not None else None
         shown = kept_path(kept, recorder, profile.path)
-        _judge_profile(verdict, cache, budget, trace, shown)
+        _judge_profile(verdict, cache, budget, trace, shown, lambda text: _outliving(text, kept, recorder))
         if not keep_profiles and compare is None:
             continue
         entry = profile_entry(cache.info, cache.get())
         entry["path"] = shown
+        entry["devices"] = [{**d, "source": _outliving(d["source"], kept, recorder)} if d.get("source") else d
+                            for d in entry.get("devices") or []]
         entry["metadata"] = {**entry.get("metadata", {}), "test": test}
         if keep_profiles:
             verdict.profiles.append(_entry_with_stacks(entry, trace))
@@ -240,10 +249,12 @@ def _judged(cache: MetricCache, budget: Budget, metric: str) -> Outcome | Memgat
 
 
 def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, trace: Path | None,
-                   shown: str) -> None:
+                   shown: str, outliving: Callable[[str], str]) -> None:
     """Every check of the marker on one profile, judged once; a recording's failed checks get the
-    Python functions that allocated their blocks (``trace``). Rows name the profile ``shown``."""
-    outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
+    Python functions that allocated their blocks (``trace``). Rows name the profile ``shown``, failures
+    the files that outlive pytest (``outliving``)."""
+    outcomes = [o if isinstance(o, MemgateError) else replace(o, where=outliving(o.where))
+                for o in (_judged(cache, budget, metric) for metric in budget.checks())]
     failed = with_stacks(trace, [o for o in outcomes if isinstance(o, Outcome) and not o.passed])
     stacked = iter(failed)
     for metric, outcome in zip(budget.checks(), outcomes):
