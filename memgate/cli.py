@@ -109,7 +109,7 @@ def _report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help=PATH_HELP)
     p.add_argument("--html", metavar="FILE", help="the HTML report (opens offline: no external request; '-': to stdout)")
     p.add_argument("--image", metavar="FILE",
-                   help="the memory curves as .png or .svg (needs memgate[plot]); with several profiles one image "
+                   help="the memory curves as .png or .svg (needs pytest-memgate[plot]); with several profiles one image "
                         "each, FILE's name plus the profile's")
     p.add_argument("--budgets", metavar="FILE", help="draw these budgets' limits (default: ./memgate.toml, ./pyproject.toml)")
 

@@ -1,4 +1,4 @@
-"""A PNG or SVG of a profile's memory curves, via matplotlib (optional extra ``memgate[plot]``).
+"""A PNG or SVG of a profile's memory curves, via matplotlib (optional extra ``pytest-memgate[plot]``).
 
 The same picture as the HTML report (:mod:`memgate.html_report`): framework allocated and
 reserved and APP reserved drawn step-after, step bands, budget lines (red when this device's
@@ -63,7 +63,7 @@ def write_curve_image(
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         raise ConfigError("writing a curve image needs matplotlib", file=target,
-                          expected="pip install 'memgate[plot]'") from None
+                          expected="pip install 'pytest-memgate[plot]'") from None
     entry, devices = _device_entries(profile, metrics_entry)
     outcomes = list(outcomes)
     spans = step_spans(entry)

@@ -560,7 +560,7 @@ def memgate_record(memgate_profile_dir: Path) -> Iterator[Any]:
     where present) writing into ``memgate_profile_dir``; call ``.step()`` once per training step.
     With ``@pytest.mark.memgate(...)`` the recording is gated right after the test body.
     """
-    pytest.importorskip("torch", reason="memgate_record records a torch run: pip install 'memgate[torch]'")
+    pytest.importorskip("torch", reason="memgate_record records a torch run: pip install 'pytest-memgate[torch]'")
     from memgate.record import Recorder
 
     recorder = Recorder(memgate_profile_dir).start()

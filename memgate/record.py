@@ -34,7 +34,7 @@ What is written:
   cuBLAS workspaces). :class:`DeviceMemorySampler` samples each torch-visible device (``cuda:i``)
   when the profiler has started, after each ``step()`` and before the profiler stops, only where
   CUDA is already initialized (sampling never creates a CUDA context). Its source is NVML
-  (``pip install memgate[nvml]``): this process's own bytes (``scope: process``), or the whole
+  (``pip install 'pytest-memgate[nvml]'``): this process's own bytes (``scope: process``), or the whole
   device's used memory where NVML cannot attribute memory to this process (a container's PID
   namespace; ``scope: device``, with a ``note`` saying why); without NVML,
   ``torch.cuda.device_memory_used`` (device-wide); ``null`` where neither is available or CUDA was
@@ -46,7 +46,7 @@ What is written:
   (:mod:`memgate.tracking`); the loader attributes the blocks live at the peak to them
   (``category_bytes_at_peak``).
 
-torch is imported only when recording starts (``pip install memgate[torch]``), pynvml only when
+torch is imported only when recording starts (``pip install 'pytest-memgate[torch]'``), pynvml only when
 the first device-memory sample is taken.
 
 In pytest, the plugin's ``memgate_record`` fixture yields a started :class:`Recorder` writing into
@@ -94,7 +94,7 @@ def _torch() -> ModuleType:
         if exc.name != "torch":
             raise
         raise ModuleNotFoundError("memgate.record records a torch run and needs torch: pip install "
-                                  "'memgate[torch]'", name="torch") from None
+                                  "'pytest-memgate[torch]'", name="torch") from None
 
 
 class Recorder:
@@ -395,7 +395,7 @@ class DeviceMemorySampler:
             self.source = TORCH_SOURCE
             self._unattributed = (f"{why_not}; " if why_not else "") + (
                 "torch.cuda.device_memory_used cannot attribute memory to this process "
-                "(pip install 'memgate[nvml]' can)")
+                "(pip install 'pytest-memgate[nvml]' can)")
         elif why_not is not None:
             self.source = NVML_SOURCE
             self._done = True

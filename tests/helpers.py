@@ -25,7 +25,7 @@ PTA21_L1 = ASCEND / "msinsight_pta21_level1_rank0"
 PTA21_L0 = ASCEND / "msinsight_pta21_level0_rank0"
 PRE21 = ASCEND / "msinsight_ut_pre21_rank0"  # torch_npu before 2.1: no Active or Stream Ptr columns
 TORCH_NPU_SAMPLES = (PTA271, PTA21_L1, PTA21_L0, PRE21)
-NEEDS_TORCH = "recording needs torch (pip install 'memgate[torch]')"
+NEEDS_TORCH = "recording needs torch (pip install 'pytest-memgate[torch]')"
 
 
 class _NoClasses(pickle.Unpickler):

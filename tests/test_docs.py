@@ -186,7 +186,7 @@ def _run_command(pytester: pytest.Pytester, words: list[str]) -> tuple[int, list
 def test_pytorch_quick_start_runs_as_written(pytester: pytest.Pytester) -> None:
     """Every file of the page written, every command run, in the page's order, in a fresh folder;
     each documented output is what its command printed."""
-    skip_without_torch("the PyTorch quick start needs torch (pip install 'memgate[torch]')")
+    skip_without_torch("the PyTorch quick start needs torch (pip install 'pytest-memgate[torch]')")
     cuda = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                           capture_output=True, text=True, check=True, timeout=120).stdout.strip() == "True"
     page = _page("quickstart-pytorch.md")
@@ -439,6 +439,20 @@ def test_readme_links_to_pages_that_exist() -> None:
     for link in links:
         assert (REPO / link).is_file(), link
     assert len(README.encode()) < 12_000  # the README introduces; the pages document
+
+
+def test_readme_commands_run_one_after_the_other_from_the_clone_root() -> None:
+    """The first command may not leave the shell in examples/ (a `cd` only inside a subshell), or the second,
+    run after it, finds no pyproject.toml; the Ascend quick start shows the same first command, and .ci/run
+    runs it against the built wheel."""
+    commands = [b.text.strip() for b in blocks(_section(README, "Try it (fresh machine, Python ≥ 3.11)")) if b.lang == "bash"]
+    assert len(commands) == 2, commands
+    for command in commands:
+        assert not re.search(r"(?:^|&&|;)\s*cd\b", re.sub(r"\([^()]*\)", "", command)), command
+    assert commands[0].endswith("(cd examples && pytest --memgate=profiles)")
+    ascend = [b.text.strip() for b in blocks(_section(_page("quickstart-ascend.md"), "Try it (fresh machine, Python ≥ 3.11)"))]
+    assert ascend == commands[:1]
+    assert "(cd examples && pytest --memgate=profiles)" in (REPO / ".ci" / "run").read_text("utf-8")
 
 
 def test_site_builds_strict(tmp_path: Path) -> None:

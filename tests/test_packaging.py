@@ -25,7 +25,8 @@ import memgate
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHONS = ("3.11", "3.12", "3.13")
-DIST_INFO = f"memgate-{memgate.__version__}.dist-info"
+DIST = "pytest-memgate"  # the distribution's name; the import package and the command are memgate
+DIST_INFO = f"pytest_memgate-{memgate.__version__}.dist-info"
 
 
 @functools.cache
@@ -39,7 +40,7 @@ def _wheel(tmp: Path) -> Path:
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            "-w", str(out), str(src)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    (wheel,) = out.glob("memgate-*.whl")
+    (wheel,) = out.glob("pytest_memgate-*.whl")
     return wheel
 
 
@@ -67,10 +68,38 @@ def test_the_wheel_ships_the_licence_text(wheel: Path) -> None:
     assert meta.get_all("License-File") == ["LICENSE"]
 
 
+def test_the_distribution_is_pytest_memgate_with_the_memgate_package_command_and_plugin(wheel: Path) -> None:
+    """`memgate` on PyPI is another project: the distribution is pytest-memgate; what it installs keeps the name."""
+    assert _metadata(wheel)["Name"] == DIST
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        entry_points = zf.read(f"{DIST_INFO}/entry_points.txt").decode()
+    assert "memgate/__init__.py" in names and "memgate/plugin.py" in names
+    schemas = {f"memgate/schemas/{p.name}" for p in (ROOT / "memgate" / "schemas").glob("*.json")}
+    assert schemas and schemas <= set(names), schemas - set(names)  # read at run time: validation needs them
+    sections = dict(re.findall(r"^\[([^\]]+)\]\n((?:.+\n?)*)", entry_points, re.MULTILINE))
+    assert sections["console_scripts"].split() == ["memgate", "=", "memgate.cli:entry"]
+    assert sections["pytest11"].split() == ["memgate", "=", "memgate.plugin"]
+
+
+_INSTALL = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?(?P<name>[\w.-]+)(?P<extras>\[[^\]]*\])?")
+
+
+def test_every_install_line_names_the_distribution() -> None:
+    """README, docs, examples and the messages of the code install pytest-memgate (with its extras), never `memgate`."""
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").rglob("*.yml"),
+             *(ROOT / "memgate").rglob("*.py")]
+    named = {m.group("name") for f in files for m in _INSTALL.finditer(f.read_text("utf-8"))}
+    assert DIST in named
+    assert "memgate" not in named, [f.name for f in files if re.search(r"pip install\s+['\"]?memgate\b", f.read_text())]
+    for page in ("README.md", "docs/index.md"):  # the name a newcomer may type is said to be another project
+        assert "`memgate` distribution on PyPI" in (ROOT / page).read_text("utf-8"), page
+
+
 def test_one_version_and_the_wheel_carries_it(wheel: Path) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "version" not in project and "version" in project["dynamic"]  # written once, in memgate/__init__.py
-    assert wheel.name.startswith(f"memgate-{memgate.__version__}-")
+    assert wheel.name.startswith(f"pytest_memgate-{memgate.__version__}-")
     assert _metadata(wheel)["Version"] == memgate.__version__
 
 

@@ -1,5 +1,5 @@
 """memgate.plot: the curve image (the HTML report's picture, drawn by matplotlib) of the real PTA271 sample
-judged against a budget it exceeds; skipped where matplotlib (the optional extra memgate[plot]) is missing."""
+judged against a budget it exceeds; skipped where matplotlib (the optional extra pytest-memgate[plot]) is missing."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def sample() -> tuple[Profile, dict[str, Any], list[dict[str, Any]]]:
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_curve_image(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]], tmp_path: Path,
                      suffix: str) -> None:
-    pytest.importorskip("matplotlib", reason="curve images need the optional extra memgate[plot]")
+    pytest.importorskip("matplotlib", reason="curve images need the optional extra pytest-memgate[plot]")
     from memgate.plot import write_curve_image
 
     profile, entry, outcomes = sample
@@ -52,7 +52,7 @@ def test_curve_image_rejects_unknown_suffix(sample: tuple[Profile, dict[str, Any
 
 def test_one_device_entry_is_one_panel_without_budgets(sample: tuple[Profile, dict[str, Any], list[dict[str, Any]]],
                                                       tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="curve images need the optional extra memgate[plot]")
+    pytest.importorskip("matplotlib", reason="curve images need the optional extra pytest-memgate[plot]")
     from memgate.plot import write_curve_image
 
     profile, entry, _ = sample

@@ -112,7 +112,7 @@ def test_fixture_skips_without_torch(pytester: pytest.Pytester, monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*memgate_record records a torch run*memgate[[]torch[]]*"])
+    result.stdout.fnmatch_lines(["*memgate_record records a torch run*pip install *pytest-memgate[[]torch[]]*"])
 
 
 def test_drop_step_keeps_every_other_event_exactly(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ _DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/dxg")
 def why_no_cuda() -> str | None:
     """Why these tests cannot run here, or None where torch sees a CUDA device."""
     if importlib.util.find_spec("torch") is None:
-        return "torch is not installed (pip install 'memgate[torch]')"
+        return "torch is not installed (pip install 'pytest-memgate[torch]')"
     if sys.platform == "linux" and not any(os.path.exists(p) for p in _DRIVER_PATHS):
         return "no NVIDIA driver on this machine (no CUDA device)"
     torch = importlib.import_module("torch")
