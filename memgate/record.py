@@ -75,6 +75,7 @@ from types import ModuleType, TracebackType
 from typing import Any, Self
 
 from memgate import __version__ as MEMGATE_VERSION
+from memgate.allocation_lines import make_mode, span_frames
 from memgate.readers.jsonstream import escape_names
 from memgate.tracking import StorageTracker
 
@@ -102,7 +103,7 @@ class Recorder:
 
     def __init__(self, directory: str | Path, *, warmup: int = 0, snapshots: bool = True,
                  max_entries: int = 100_000, record_shapes: bool = False, with_stack: bool = True,
-                 with_modules: bool = True, track: Any = ()) -> None:
+                 with_modules: bool = True, track: Any = (), allocation_lines: bool = True) -> None:
         self.directory = Path(directory)
         self.warmup = warmup
         self.snapshots = snapshots
@@ -110,6 +111,8 @@ class Recorder:
         self.record_shapes = record_shapes
         self.with_stack = with_stack
         self.with_modules = with_modules
+        self.allocation_lines = allocation_lines  # memgate.allocation_lines: the line of each allocation
+        self._lines: Any = None  # the torch function mode while it records
         self.files: list[Path] = []
         self.steps = 0
         self.memory_events: int | None = None  # [memory] events in the trace, once stopped
@@ -171,6 +174,10 @@ class Recorder:
             )
             with _without_profiler_chatter():
                 self._profiler.__enter__()
+        if self.allocation_lines:
+            library = _library_dirs()
+            self._lines = make_mode(torch, lambda file: _is_user_file(file, library), _shown_path)
+            self._lines.__enter__()
         self._torch_version = str(torch.__version__)
         self._sampler = DeviceMemorySampler(torch)
         self._sampler.sample()
@@ -195,6 +202,7 @@ class Recorder:
             return list(self.files)
         self._stopped = True
         try:
+            self._stop_lines()
             gc.collect()  # what only a reference cycle held is freed while the profiler sees it (left_allocated)
             if self._tracker is not None:
                 self._tracker.note("stop")
@@ -215,6 +223,14 @@ class Recorder:
             if self._sampler is not None:
                 self._sampler.close()
         return list(self.files)
+
+    def _stop_lines(self) -> None:
+        """Leave the allocation-lines mode; where user code entered a mode of its own inside it and left
+        it entered, torch refuses to pop ours out of order: it is left then (it only adds spans)."""
+        lines, self._lines = self._lines, None
+        if lines is not None:
+            with contextlib.suppress(RuntimeError, AssertionError):
+                lines.__exit__(None, None, None)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -566,6 +582,15 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(str(Path(d).resolve()) + os.sep for d in dirs if d)
 
 
+def _is_user_file(file: str, library: tuple[str, ...]) -> bool:
+    """Whether ``file`` is the user's code: not the standard library, an installed package, torch or memgate."""
+    if file.startswith("<"):
+        return False
+    resolved = str(_resolve(file))
+    return not (resolved.startswith(library) or f"{os.sep}site-packages{os.sep}" in resolved
+                or f"{os.sep}dist-packages{os.sep}" in resolved)
+
+
 def user_frame(name: str, library: tuple[str, ...]) -> tuple[str, int, str] | None:
     """(file, line, function) of a ``python_function`` event name like ``model.py(12): forward``, when
     the file is the user's code (not the standard library, an installed package, torch or memgate)."""
@@ -606,8 +631,9 @@ def _ns(ts: Any, base: int) -> int:
 
 def allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[list[str]]:
     """For each holder (``{"size", "t_alloc", ...}`` of ``top_at_peak``), the user functions that were
-    running when it was allocated, innermost first (``forward (model.py:30)``; the line is where the
-    function starts). Empty where the trace has no Python frames (recorded without ``with_stack``),
+    running when it was allocated, innermost first (``forward (model.py:30)``): each at the line it was
+    executing where the recording noted it (:mod:`memgate.allocation_lines`), else where the function
+    starts (Kineto's Python frames). Empty where the trace has no Python frames (recorded without ``with_stack``),
     the holder was allocated before the window, or only library code ran.
 
     Reads a trace :class:`Recorder` wrote (trusted, our own): the allocation is the ``[memory]``
@@ -625,10 +651,17 @@ def allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[list[s
             key = (_ns(e["ts"], base), args["Bytes"])
             if key in wanted:
                 allocs.setdefault(key, (e.get("pid"), e.get("tid")))
+    threads = set(allocs.values())
+    lines: dict[tuple[Any, Any], list[tuple[int, int, list[str]]]] = {}  # memgate::at spans: the exact lines
+    for e in events:
+        frames = span_frames(str(e.get("name", ""))) if e.get("ph") == "X" else None
+        if frames and (e.get("pid"), e.get("tid")) in threads:
+            start = _ns(e["ts"], base)
+            lines.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + _ns(e.get("dur", 0), 0), frames))
     library = _library_dirs()
     spans: dict[tuple[Any, Any], list[tuple[int, int, str]]] = {}
     for e in events:
-        if e.get("cat") == "python_function" and e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in allocs.values():
+        if e.get("cat") == "python_function" and e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in threads:
             frame = user_frame(str(e.get("name", "")), library)
             if frame is not None:
                 start = _ns(e["ts"], base)
@@ -640,6 +673,10 @@ def allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[list[s
         t = h.get("t_alloc")
         if thread is None or t is None:
             stacks.append([])
+            continue
+        at = [span for span in lines.get(thread, []) if span[0] <= t <= span[1]]
+        if at:  # the innermost torch call of the user's code around it: its lines
+            stacks.append(max(at, key=lambda span: (span[0], -span[1]))[2][:STACK_DEPTH])
             continue
         running = sorted((s for s in spans.get(thread, []) if s[0] <= t <= s[1]), key=lambda s: (s[0], -s[1]))
         stacks.append([text for _, _, text in reversed(running)][:STACK_DEPTH])

@@ -101,8 +101,9 @@ def _group_lines(group: list[dict[str, Any]]) -> list[str]:
     else:
         amount = f"{len(group)} blocks = {format_size(sum(sizes))} (largest {format_size(max(sizes))})"
     lines = [f"  {amount}  {what}{owner}{category}{stream}"]
-    if block.get("stack"):  # the Python functions running at the allocation, innermost first
-        lines.append(f"  {'':>12}  in {' <- '.join(str(f) for f in block['stack'])}")
+    stack = [str(f) for f in block.get("stack") or ()]
+    if stack and stack != [block.get("owner")]:  # the Python functions running at the allocation, innermost first
+        lines.append(f"  {'':>12}  in {' <- '.join(stack)}")
     return lines
 
 

@@ -166,8 +166,8 @@ def test_a_test_that_keeps_n_bytes_fails_left_allocated_0_and_passes_at_n(pytest
         ("*left_allocated 292.98 KiB exceeds budget 0 B by 292.98 KiB — rank 0 cpu, 1 block(s) still allocated "
         "at the end of the window*"),
         "*left allocated at the end of the window (cpu): 1 block(s) = 292.98 KiB:",
-        "*292.98 KiB  aten::empty  owner keep (test_left.py:9)",
-        "*in keep (test_left.py:9) <- test_keeps_n (test_left.py:13)",
+        "*292.98 KiB  aten::empty  owner keep (test_left.py:10)",  # the line that allocated it
+        "*in keep (test_left.py:10) <- test_keeps_n (test_left.py:15)",
     ])
     result.stdout.fnmatch_lines([
         ("*category_caps?optimizer_state? 72.53 KiB exceeds budget 72.53 KiB by 1 B (+0.0%) — rank 0 cpu, "

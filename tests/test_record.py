@@ -152,8 +152,9 @@ def test_train(memgate_record):
         kept.append(make())
         memgate_record.step()
 """
-# make() starts on line 7, test_train's frame on line 11 (its decorator: where Python starts a decorated function)
-STACK = ["make (test_stack.py:7)", "test_train (test_stack.py:11)"]
+# the lines that allocated: torch.empty in make() on line 8, called from test_train's line 15 (each frame at the
+# line it was executing, memgate.allocation_lines), not where the functions start (7, and 11: the decorator)
+STACK = ["make (test_stack.py:8)", "test_train (test_stack.py:15)"]
 
 FORGOT_STEP = """\
 import pytest
@@ -189,7 +190,7 @@ def test_recording_tests_show_holders_hints_and_keep_their_traces(pytester: pyte
     result.stdout.fnmatch_lines([
         "peak_allocated 1.50 MiB exceeds budget 64.00 KiB by 1.44 MiB (+2300.0%) — rank 0 cpu*",
         "top 6 of 6 live blocks at the peak (cpu):",  # six identical blocks: one line
-        "  6 × 256.00 KiB = 1.50 MiB  aten::empty  owner make (test_stack.py:7)",
+        "  6 × 256.00 KiB = 1.50 MiB  aten::empty  owner make (test_stack.py:8)",
         f"                in {' <- '.join(STACK)}",
     ])
     # hints in the fixture's words

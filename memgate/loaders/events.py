@@ -102,5 +102,10 @@ _TORCH_DIR = re.compile(r"(^|/)(torch|torch_npu)/")
 
 
 def is_torch_file(filename: str) -> bool:
-    """Does ``filename`` lie under a ``torch`` / ``torch_npu`` package directory (torch's own code)?"""
-    return _TORCH_DIR.search(filename.replace("\\", "/")) is not None
+    """Does ``filename`` lie under a ``torch`` / ``torch_npu`` package directory (torch's own code), or is
+    it the torch function mode a memgate recording runs the user's torch calls through (never their owner)?"""
+    posix = filename.replace("\\", "/")
+    return _TORCH_DIR.search(posix) is not None or posix.endswith(_RECORDER_MODE)
+
+
+_RECORDER_MODE = "memgate/allocation_lines.py"  # memgate.allocation_lines: its frame wraps every torch call
