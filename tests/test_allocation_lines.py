@@ -13,7 +13,7 @@ from memgate.allocation_lines import SPAN_PREFIX, span_frames
 
 torch = pytest.importorskip("torch")
 
-from memgate.record import Recorder, allocation_stacks  # noqa: E402
+from memgate.record import Recorder, allocation_stacks
 
 
 def test_span_names_round_trip() -> None:
