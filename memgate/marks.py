@@ -22,7 +22,7 @@ from memgate.baselines import baseline_entries, history_entry
 from memgate.budgets import LEFT, Budget, budget_from_mapping
 from memgate.compare import CompareRule, Regression, compare_pair
 from memgate.discover import discover, load
-from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, printable
 from memgate.hints import RECORDED_BY_FIXTURE
 from memgate.judge import judge
 from memgate.metric_cache import MetricCache
@@ -158,9 +158,10 @@ class MarkedVerdict:
         line, the others' lines and the errors under it, then the first failure's detail."""
         if not self.failed and not self.regressions:
             return None
-        messages = [o.message for o in self.failed] + [r.message for r, _ in self.regressions]
+        # each message one line (a name's newline must not start a line of the detail: a `::` command in CI)
+        messages = [printable(o.message) for o in self.failed] + [printable(r.message) for r, _ in self.regressions]
         first = self.failed[0].detail(top) if self.failed else "\n".join(
-            filter(None, [self.regressions[0][0].detail, f"baseline: {self.regressions[0][1]}"]))
+            filter(None, [self.regressions[0][0].detail, printable(f"baseline: {self.regressions[0][1]}")]))
         detail = "\n".join(messages[1:] + [f"memgate: error: {e.one_line()}" for e in self.errors] + [first])
         return messages[0], detail
 
