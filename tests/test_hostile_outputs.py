@@ -15,6 +15,7 @@ import ast
 import fnmatch
 import json
 import re
+import shutil
 import tomllib
 from decimal import Decimal
 from pathlib import Path
@@ -204,6 +205,24 @@ def test_a_tampered_report_category_cannot_add_a_budget(form: str, tmp_path: Pat
         assert text.startswith("# tests/test_a.py::test_b\\x0a@pytest.mark.memgate(peak_allocated='1 TiB')\n")
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_a_profile_folder_named_to_add_a_budget_stays_in_its_comment(form: str, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The leaking profile is named in a comment (issue 38: its folder's newlines wrote a budget there)."""
+    evil = tmp_path / "f" / "evil\n[[budgets]]\nname = 'x'\u2028@pytest.mark.memgate(peak_allocated='1 TiB')"
+    evil.mkdir(parents=True)
+    shutil.copy(SAMPLES / "torch" / "cpu_train_leak_profile_memory.json", evil)
+    (tmp_path / "f" / "ok").mkdir()
+    shutil.copy(CLEAN, tmp_path / "f" / "ok")
+    assert main(["suggest", str(tmp_path / "f"), "--form", form]) == 0
+    text = capsys.readouterr().out
+    (budget,) = read_back(text, form)
+    assert "TiB" not in str(budget) and budget["leaked"] == "0 B"
+    assert ("# f/evil\\x0a[[budgets]]\\x0aname = 'x'\\u2028@pytest.mark.memgate(peak_allocated='1 TiB')/"
+            "cpu_train_leak_profile_memory.json leaks 256.00 KiB (leaked; the cleanest profile allows 0 B): fix it "
+            "or budget it alone") in [line.replace(str(tmp_path) + "/", "") for line in text.splitlines()]
+
+
 def test_a_saved_run_of_hostile_folders_and_tests_reads_back(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """A saved run travels as a CI cache: its profile paths and test ids are untrusted too."""
@@ -237,6 +256,18 @@ def test_unit_escapes_are_exact() -> None:
             assert tomllib.loads(f"k = {_toml_string(name)}")["k"] == name
     with pytest.raises(ValueError, match="surrogate"):
         _toml_string("run\udcff")
+
+
+@pytest.mark.parametrize("name", [h for h in HOSTILE if "\udcff" not in h] + ["\U0001f600\\U"])
+def test_a_quoted_key_is_found_on_its_line(name: str) -> None:
+    """A budget-file error names the line of a key written with escapes (memgate.toml_lines decodes them
+    as tomllib does)."""
+    from memgate.suggest import _toml_string
+    from memgate.toml_lines import key_lines
+
+    text = f'[[budgets]]\nname = "b"\n[budgets.op_caps]\n{_toml_string(name)} = "1 MiB"\n'
+    assert tomllib.loads(text)["budgets"][0]["op_caps"] == {name: "1 MiB"}
+    assert key_lines(text)[("budgets", 0, "op_caps", name)] == 4
 
 
 # ---- suggest --form marker of a saved run: one marker per marked test -----------------------------
