@@ -63,7 +63,8 @@ def baseline_from_entries(entries: list[dict[str, Any]], *, commit: str | None =
     the peak per operator and per owner, ``op_bytes_at_peak`` / ``owner_bytes_at_peak``: top N plus
     ``(other)``), and the pool each per-pool metric comes from; ``top_at_peak`` is left out (it is
     who held the peak, not a number). Each profile keeps its rank, format and path, by which a later
-    run's profile finds it. ``commit`` (the git checkout's HEAD, :func:`memgate.autosave.git_commit`)
+    run's profile finds it, and a marked test's profile its test's node id (``test``: ``memgate suggest
+    --form marker`` of a saved run gives each test its marker). ``commit`` (the git checkout's HEAD, :func:`memgate.autosave.git_commit`)
     goes into ``metadata`` so a failed comparison can say what it compared with."""
     profiles: dict[str, Any] = {}
     for key, entry in zip(_baseline_keys(entries), entries):
@@ -79,6 +80,9 @@ def baseline_from_entries(entries: list[dict[str, Any]], *, commit: str | None =
                 for d in entry["devices"]
             },
         }
+        test = (entry.get("metadata") or {}).get("test")
+        if test:
+            profiles[key]["test"] = str(test)
     document: dict[str, Any] = {"memgate_baseline": BASELINE_FORMAT, "memgate_version": __version__}
     if commit is not None:
         document["metadata"] = {"git_commit": commit, "git_dirty": dirty}
@@ -131,13 +135,15 @@ def ratchet(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 def baseline_entries(baseline: dict[str, Any]) -> list[dict[str, Any]]:
     """A baseline's profiles as report-shaped entries (for :func:`memgate.compare.diff_entries`), pools included.
-    ``key`` is the stored comparability key; ``baseline`` the stored record itself."""
+    ``key`` is the stored comparability key; ``baseline`` the stored record itself; a marked test's
+    profile has its test's node id in ``metadata.test``, as in a JSON report."""
     commit = baseline_commit(baseline)
     return [
         {"rank": str(p.get("rank", key)), "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
          "key": p.get("key", {}), "baseline": p, "baseline_commit": commit,
          "devices": [{"device": d, "metrics": v.get("metrics", {}), "pool_of": v.get("pool_of") or {}}
-                     for d, v in p.get("devices", {}).items()]}
+                     for d, v in p.get("devices", {}).items()],
+         **({"metadata": {"test": p["test"]}} if p.get("test") else {})}
         for key, p in baseline["profiles"].items()
     ]
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from memgate.errors import printable
 from memgate.metric_specs import BUDGET_SPECS
 from memgate.sizes import format_size
 
 
 def _escape_annotation(text: str) -> str:
-    # GitHub workflow commands: %, CR and LF must be escaped in the message.
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    # GitHub workflow commands: %, CR and LF must be escaped in the message; then what else a terminal or
+    # a log viewer acts on, or ends a line at (printable), so the command is one line, whatever a name holds.
+    return printable(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def _property(text: str) -> str:
@@ -54,6 +57,27 @@ def unit_of(metric: str) -> str:
     return "ratio" if check_kind(metric) == "ratio" else "bytes"
 
 
+# Inline Markdown a name could use to format, link, show an image or write HTML in the step summary, and the
+# table's cell separator. Backslash-escaped (any ASCII punctuation may be): the cell shows the name as it is.
+# An underscore between letters or digits never emphasizes (test_a.py stays as it is written).
+_MARKDOWN = re.compile(r"([\\`*\[\]<>|!&~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+
+
+def md_text(text: Any) -> str:
+    """``text`` as one line of Markdown table cell (or list item) that shows exactly it: no line break
+    (:func:`memgate.errors.printable`), no ``|`` that ends the cell, no inline markup."""
+    return _MARKDOWN.sub(r"\\\1", printable(str(text)))
+
+
+def md_code(text: Any) -> str:
+    """``text`` as a code span in a table cell; as :func:`md_text` where it holds a backtick or a
+    backslash (a code span cannot escape them, and a backslash before ``\\|`` would undo the pipe's escape)."""
+    shown = printable(str(text))
+    if "`" in shown or "\\" in shown:
+        return md_text(shown)
+    return "`" + shown.replace("|", "\\|") + "`"
+
+
 def _cell(metric: str, value: Any) -> str:
     if value is None:
         return "–"
@@ -91,21 +115,19 @@ def step_summary_markdown(outcomes: list[dict[str, Any]], errors: Iterable[dict[
     def result(o: dict[str, Any]) -> str:
         return "error" if o.get("error") else ("FAIL" if o.get("passed") is False else "pass")
 
-    def cell(text: Any) -> str:
-        return str(text).replace("|", "\\|")
-
     for o in sorted(outcomes, key=lambda o: (order[result(o)], str(o.get("test", "")), str(o.get("rank")),
                                                o["budget"], o["metric"])):
         icon = {"error": "⚠️ error", "FAIL": "❌ FAIL", "pass": "✅ pass"}[result(o)]
-        test = f"`{cell(o['test'])}`" if o.get("test") else "–"
+        test = md_code(o["test"]) if o.get("test") else "–"
         budget = "marker" if o.get("test") and o["budget"] == o["test"] else o["budget"]
-        rows.append(f"| {icon} | {test} | {o.get('rank', '?')} | {o.get('device') or '–'} | {cell(budget)} | "
-                    f"`{cell(o['metric'])}` | {_cell(o['metric'], o.get('value'))} | {_cell(o['metric'], o.get('limit'))} |")
+        rows.append(f"| {icon} | {test} | {md_text(o.get('rank', '?'))} | {md_text(o.get('device') or '–')} | "
+                    f"{md_text(budget)} | {md_code(o['metric'])} | {_cell(o['metric'], o.get('value'))} | "
+                    f"{_cell(o['metric'], o.get('limit'))} |")
     for e in errors:
-        rows.append(f"| ⚠️ error | `{cell(e.get('test') or e.get('item', '?'))}` | – | – | – | – | – | – |")
+        rows.append(f"| ⚠️ error | {md_code(e.get('test') or e.get('item', '?'))} | – | – | – | – | – | – |")
     table = "\n".join(rows) + "\n"
     if errors:
-        table += "\n" + "\n".join(f"- `{cell(e.get('test') or e.get('item', '?'))}`: {e.get('error', '')}"
+        table += "\n" + "\n".join(f"- {md_code(e.get('test') or e.get('item', '?'))}: {md_text(e.get('error', ''))}"
                                     for e in errors) + "\n"
     return head + table
 

@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # never a traceback for a user; MEMGATE_DEBUG=1 shows it
         if os.environ.get("MEMGATE_DEBUG"):
             raise
-        print(f"memgate: internal error: {type(exc).__name__}: {exc} (set MEMGATE_DEBUG=1 for a traceback)",
+        print(printable(f"memgate: internal error: {type(exc).__name__}: {exc} (set MEMGATE_DEBUG=1 for a traceback)"),
               file=sys.stderr)
         return EXIT_INTERNAL
 
@@ -475,7 +475,7 @@ def _report(args: argparse.Namespace) -> int:
         _write_images(Path(args.image), profiles, entries, [row.as_json() for row in rows], said)
     for r in results:  # what no picture shows, said by name
         if r.error is not None and args.image:
-            print(f"memgate: left out of the images: {r.path} (it could not be read)", file=said)
+            print(printable(f"memgate: left out of the images: {r.path} (it could not be read)"), file=said)
     return _exit_status(results)
 
 
@@ -502,7 +502,7 @@ def _write_images(target: Path, profiles: list[Any], entries: list[dict[str, Any
         targets = [target.with_name(f"{target.stem}-{name}{target.suffix}") for name in names]
     for profile, path in zip(profiles, targets):
         write_curve_image(profile, by_path[profile.path], path, outcomes=outcomes)
-        print(f"memgate: curves of {profile.path} written to {path}", file=said)
+        print(printable(f"memgate: curves of {profile.path} written to {path}"), file=said)
 
 
 def entry() -> None:

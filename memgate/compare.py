@@ -254,7 +254,7 @@ def compare_pair(base: dict[str, Any], entry: dict[str, Any], rule: CompareRule)
         head = f"{rule.metric} {_fmt(rule.metric, value)} exceeds baseline {_fmt(rule.metric, base_value)} by {change.lstrip('+')}"
     pool = (device.get("pool_of") or {}).get(metric_key)
     base_pool = (then.get("pool_of") or {}).get(metric_key)
-    message = f"{head}, allowed {rule.describe()} — rank {rank} {device['device']}{_pool_text(pool, base_pool)}"
+    message = printable(f"{head}, allowed {rule.describe()} — rank {rank} {device['device']}{_pool_text(pool, base_pool)}")
     return Regression(rank, rule.metric, base_value, value, allowed, passed, device["device"], message, pool, base_pool,
                       profile=entry.get("path"), attribution=grown_at_peak(then, device) or None,
                       baseline_commit=base.get("baseline_commit"))

@@ -103,12 +103,14 @@ def _rebuild(cls: type[MemgateError], message: str, fields: dict[str, Any]) -> M
 
 # What a terminal acts on rather than shows: C0 controls but tab (ESC starts colour, title and cursor
 # sequences; a newline would start a line of a profile's choosing, e.g. a GitHub `::` workflow
-# command), DEL, C1 controls, and the bidi overrides that reorder what is shown.
+# command), DEL, C1 controls, and the bidi overrides that reorder what is shown. The Unicode line and
+# paragraph separators too: str.splitlines() (and so pytest, editors and log viewers) ends a line there,
+# so every line break str.splitlines() knows is escaped (\x0b, \x0c, \x1c-\x1e and \x85 are controls).
 # Lone surrogates too: a file name that is not UTF-8 reaches Python as U+DC80-U+DCFF (one per
 # byte; written back as that byte, \xff) and no UTF-8 stream can write one.
 BIDI_CONTROLS = frozenset(map(chr, (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))))
 _UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0))} | {
-    c: f"\\u{c:04x}" for c in (*map(ord, BIDI_CONTROLS), *range(0xD800, 0xE000))} | {
+    c: f"\\u{c:04x}" for c in (*map(ord, BIDI_CONTROLS), 0x2028, 0x2029, *range(0xD800, 0xE000))} | {
     c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)}
 
 
@@ -117,7 +119,10 @@ def printable(text: str) -> str:
 
     Op names, owners, paths and values come from profile files: a name holding an escape sequence
     must not recolour, retitle or redraw the terminal that shows it, nor start a line of its own,
-    and a path that is not UTF-8 must not stop the output (a UTF-8 terminal's stream is strict)."""
+    and a path that is not UTF-8 must not stop the output (a UTF-8 terminal's stream is strict).
+    The result is one line by ``str.splitlines()``; text that names things is escaped where it is made
+    (one line per name), never after lines are joined (the join's newlines would be escaped too, or a
+    name's newline split into a line of its own)."""
     return text.translate(_UNPRINTABLE)
 
 

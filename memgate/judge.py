@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memgate.budgets import CROSS_RANK, LEFT, LIMITS, Budget
-from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, printable
 from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, grown_blocks
@@ -304,9 +304,9 @@ def judge_rank_imbalance(budget: Budget, metric: str, values: Sequence[RankValue
     ratio = 0.0 if worst.value <= 0 else 1 - best.value / worst.value
     passed = ratio <= limit
     word = "within" if passed else "exceeds"
-    message = (f"{check} {ratio:.4f} {word} budget {limit:.4f} over {len(selected)} ranks — "
-               f"worst rank {worst.rank} {worst.device} {format_value(worst.value, kind)}, "
-               f"best rank {best.rank} {best.device} {format_value(best.value, kind)}")
+    message = printable(f"{check} {ratio:.4f} {word} budget {limit:.4f} over {len(selected)} ranks — "
+                        f"worst rank {worst.rank} {worst.device} {format_value(worst.value, kind)}, "
+                        f"best rank {best.rank} {best.device} {format_value(best.value, kind)}")  # one line
     return CheckRow(root, ",".join(sorted({v.rank for v in selected})), budget.name, check, limit, ratio, passed,
                     worst.device, message, spread=RankSpread(worst.rank, best.rank, worst.value, best.value,
                                                              worst.profile, best.profile))

@@ -22,7 +22,7 @@ from memgate.baselines import baseline_entries, history_entry
 from memgate.budgets import Budget, budget_from_mapping
 from memgate.compare import CompareRule, Regression, compare_pair
 from memgate.discover import discover, load
-from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, printable
 from memgate.hints import RECORDED_BY_FIXTURE
 from memgate.judge import judge
 from memgate.metric_cache import MetricCache
@@ -184,8 +184,10 @@ class MarkedVerdict:
         """(the failure line, the detail) when a budget or a compare rule failed: the first failure's
         line; under it, each failed check as its own section (its line, then its evidence), then the
         errors."""
-        sections = [(o.message, o.detail(top)) for o in self.failed] + [
-            (r.message, "\n".join(filter(None, [r.detail, f"baseline: {where}"]))) for r, where in self.regressions]
+        # each message one line (a name's newline must not start a line of the detail: a `::` command in CI)
+        sections = [(printable(o.message), o.detail(top)) for o in self.failed] + [
+            (printable(r.message), "\n".join(filter(None, [r.detail, printable(f"baseline: {where}")])))
+            for r, where in self.regressions]
         if not sections:
             return None
         errors = [f"memgate: error: {e.one_line()}" for e in self.errors]

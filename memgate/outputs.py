@@ -224,7 +224,7 @@ class RunOutputs:
             out += [("line", printable(line)) for line in summary_table(rows_json(rows))]
         if s.compare_id is not None and (self.entries or self.marker_entries):
             lines = comparison_lines(self.history_entries(), s.storage, s.compare_id, self.saved)
-            out += [("section", "memgate compare"), *(("line", line) for line in lines)]
+            out += [("section", "memgate compare"), *(("line", printable(line)) for line in lines)]
         if s.report_left:
             out += [("section", "memgate: memory left allocated by tests"),
                     *(("line", printable(line)) for line in left_lines(self.left))]
@@ -232,7 +232,7 @@ class RunOutputs:
             annotations = github_annotations(rows_json(rows), errors_json(self.errors),
                                              lambda file: repository_path(file, self.rootdir))
             out += [("line", printable(line)) for line in annotations]
-        return out + [("line", line) for line in self._written()]
+        return out + [("line", printable(line)) for line in self._written()]
 
     def _written(self) -> list[str]:
         s = self.settings

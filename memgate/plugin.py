@@ -402,11 +402,12 @@ class MemgateItem(_GateItem):
         assert self.found is not None
         cache = self.config.stash[STATE].load(self.found)
         if not self.budget.selects_rank(cache.info.rank):
-            pytest.skip(f"budget {self.budget.name!r} selects ranks {self.budget.ranks!r}; this is rank {cache.info.rank}")
+            pytest.skip(printable(f"budget {self.budget.name!r} selects ranks {self.budget.ranks!r}; "
+                                  f"this is rank {cache.info.rank}"))
         try:
             outcome = judge(cache, self.budget, self.metric)
         except NotSelected as exc:
-            pytest.skip(exc.message)  # a budget for other devices: the check does not apply
+            pytest.skip(printable(exc.message))  # a budget for other devices: the check does not apply
         self.stash[OUTCOME] = outcome
         self.stash[ROWS] = [CheckRow.judged(outcome)]
 
@@ -450,7 +451,7 @@ class MemgateRankImbalanceItem(_GateItem):
             assert row.spread is not None
             lines = [f"rank {row.spread.worst_rank}: {row.spread.worst_profile}",
                      f"rank {row.spread.best_rank}: {row.spread.best_profile}"]
-            raise BudgetExceeded(row.message, "\n".join(lines))
+            raise BudgetExceeded(row.message, "\n".join(map(printable, lines)))  # one line per profile, whatever its name
 
 
 class MemgateCompareItem(_GateItem):
@@ -484,7 +485,8 @@ class MemgateCompareItem(_GateItem):
         if REGRESSION in self.stash:
             regression, where = self.stash[REGRESSION]
             if not regression.passed:
-                raise BudgetExceeded(regression.message, "\n".join(filter(None, [regression.detail, f"baseline: {where}"])))
+                raise BudgetExceeded(regression.message, "\n".join(filter(None, [regression.detail,
+                                                                                  printable(f"baseline: {where}")])))
 
 
 def _declared_in_budget_file(config: pytest.Config, budget: Budget, check: str) -> Declared | None:
@@ -503,10 +505,10 @@ def _baseline_missing(config: pytest.Config, why: str, test: str | None = None) 
     if policy == "fail":
         raise ConfigError(f"{why} (--memgate-baseline-missing=fail)")
     if policy == "warn":
-        warnings.warn(pytest.PytestWarning(f"memgate: {why}; nothing compared" + (f" for {test}" if test else "")),
+        warnings.warn(pytest.PytestWarning(printable(f"memgate: {why}; nothing compared" + (f" for {test}" if test else ""))),
                       stacklevel=1)
     elif test is None:
-        pytest.skip(why)
+        pytest.skip(printable(why))
 
 
 def _detail_top(config: pytest.Config) -> int:

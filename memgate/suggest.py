@@ -16,7 +16,8 @@ from typing import Any
 
 from memgate.budgets import LIMITS
 from memgate.compare import RATIO_DECIMALS, format_metric
-from memgate.errors import BIDI_CONTROLS, ConfigError, printable
+from memgate.errors import BIDI_CONTROLS, ConfigError, printable, show
+from memgate.loaders.categories import CATEGORIES
 from memgate.metric_specs import budget_keys_suggested, not_suggested
 from memgate.sizes import format_size, parse_size
 
@@ -34,23 +35,52 @@ RATIO_CAP = Decimal("0.999")
 NOT_SUGGESTED = not_suggested()  # budget key → why no limit is proposed (the metric table says)
 
 
+def _is_surrogate(ch: str) -> bool:
+    return 0xD800 <= ord(ch) < 0xE000
+
+
 def _toml_string(text: str) -> str:
-    """A TOML basic string: quotes, backslashes, control characters and bidi overrides escaped (the
-    block is printed: it must not redraw or reorder a terminal, :func:`memgate.errors.printable`)."""
+    """A TOML basic string that reads back as ``text``, on one line: quotes and backslashes escaped, and
+    every character that is not printable (controls, line and paragraph separators, bidi overrides,
+    :meth:`str.isprintable`) as a ``\\u`` escape. A lone surrogate has no TOML spelling: the callers
+    never pass one (globs write it as ``?``, :func:`_glob_literal`; a budget name holding one is refused)."""
     out = []
     for ch in text:
         if ch in '"\\':
             out.append("\\" + ch)
-        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in BIDI_CONTROLS:
-            out.append(f"\\u{ord(ch):04X}")
+        elif _is_surrogate(ch):
+            raise ValueError(f"no TOML string holds the lone surrogate {ch!r}")
+        elif not ch.isprintable() or ch in BIDI_CONTROLS:
+            out.append(f"\\u{ord(ch):04X}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08X}")
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
 
 
+def _py_string(text: str) -> str:
+    """A Python string literal (double-quoted) that reads back as ``text``, on one line: what is not
+    printable written as :func:`repr` writes it (``\\n``, ``\\x85``, ``\\u2028``, ``\\udcff``)."""
+    return '"' + "".join("\\" + ch if ch in '"\\' else ch if ch.isprintable() and ch not in BIDI_CONTROLS
+                         else repr(ch)[1:-1] for ch in text) + '"'
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def _toml_key(key: str) -> str:
+    """A TOML key: bare where TOML allows it (``parameters``), else a basic string."""
+    return key if _BARE_KEY.match(key) else _toml_string(key)
+
+
+def _comment(text: str) -> str:
+    """A comment line's text: one line, whatever the names in it hold (:func:`memgate.errors.printable`)."""
+    return printable(text)
+
+
 def _glob_literal(name: str) -> str:
-    """An op name as an op_caps glob that matches exactly that name (``*``, ``?``, ``[`` bracketed)."""
-    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
+    """An op name as an op_caps glob that matches exactly that name (``*``, ``?``, ``[`` bracketed); a
+    lone surrogate (a file name's byte that is not UTF-8) as ``?``, which TOML can write and matches it."""
+    return "".join(f"[{ch}]" if ch in "*?[" else "?" if _is_surrogate(ch) else ch for ch in name)
 
 
 _INSTANCE = re.compile(r"_[0-9]+\Z")  # cann::trans_TransData_24: the 24th instance of one kernel
@@ -227,15 +257,40 @@ def leak_remarks(key: str, growth: GrowthLimit, only: set[str] | None = None) ->
             "fix it or budget it alone" for label, value in growth.leaking if only is None or label in only]
 
 
+Value = str | Decimal  # a suggested limit: a size text, or a ratio
+
+
 @dataclass
 class _Suggestion:
-    """One budget's suggested keys (values as Python/TOML-neutral literals where they are scalars)."""
-    limits: list[tuple[str, str, str]]  # (budget key, literal, comment)
+    """One budget's suggested keys: sizes as text ("24 MiB"), ratios as Decimal."""
+    limits: list[tuple[str, Value, str]]  # (budget key, value, comment)
     op_caps: dict[str, str]
     owner_caps: dict[str, str]
-    imbalance: tuple[str, str] | None  # (ratio literal, comment)
+    imbalance: tuple[Decimal, str] | None  # (ratio, comment)
     remarks: list[str]  # comment lines after the budget
     category_caps: dict[str, str] = field(default_factory=dict)  # category → size
+
+    def values(self) -> dict[str, Any]:
+        """The budget's keys and values, as the printed text declares them."""
+        out: dict[str, Any] = {key: value for key, value, _ in self.limits}
+        for key, caps in (("op_caps", self.op_caps), ("owner_caps", self.owner_caps),
+                          ("category_caps", self.category_caps)):
+            if caps:
+                out[key] = dict(caps)
+        if self.imbalance is not None:
+            out["rank_imbalance"] = {"peak_allocated": self.imbalance[0]}
+        return out
+
+
+@dataclass(frozen=True)
+class Suggested:
+    """One suggested budget (a budget file's) or marker (a test's), as its text declares it: what a
+    TOML reader or the marker's keywords read back is exactly ``values`` (ratios as Decimal here)."""
+    heading: str  # a marker's test node id ("" for one marker of all the profiles); "" in a budget file
+    values: dict[str, Any]  # budget key → size text, ratio, or a table of name → size text / ratio
+    comments: dict[str, str]  # budget key → what it was measured at (one comment line each)
+    remarks: tuple[str, ...]  # comment lines under it: what was not suggested, who leaks
+    profiles: int  # how many profiles it was suggested from
 
 
 @dataclass
@@ -302,15 +357,15 @@ def _suggest_limit(out: _Suggestion, budget_key: str, kind: str, measured: _Meas
                 f"least of {g.profiles} profiles {format_size(g.measured)}") + pool
         if g.measured == 0:
             note += "; no growth measured, none allowed"
-        out.limits.append((budget_key, f'"{g.limit}"', note))
+        out.limits.append((budget_key, g.limit, note))
         out.remarks.extend(leak_remarks(budget_key, g, labels))
     elif budget_key in NO_FLOOR_KEYS:
-        out.limits.append((budget_key, f'"{suggested_size(int(value), factor, floor=0)}"', what))
+        out.limits.append((budget_key, suggested_size(int(value), factor, floor=0), what))
     elif kind == "size":
         limit = suggested_size(int(value), factor)
         floor = ("; 1 MiB is the smallest suggested peak or cap (below it, allocator rounding and "
                  "interpreter noise move the value)" if int(Decimal(int(value)) * factor) < SIZE_FLOOR else "")
-        out.limits.append((budget_key, f'"{limit}"', what + floor))
+        out.limits.append((budget_key, limit, what + floor))
     else:
         ratio = suggested_ratio(float(value), factor)
         if ratio is None:
@@ -322,7 +377,7 @@ def _suggest_limit(out: _Suggestion, budget_key: str, kind: str, measured: _Meas
             note = "; capped below 1 (a ratio limit of 1 can never fail)"
         elif ratio == RATIO_FLOOR:
             note = f"; {RATIO_FLOOR} is the smallest suggested ratio"
-        out.limits.append((budget_key, str(ratio), what + note))
+        out.limits.append((budget_key, ratio, what + note))
 
 
 def _suggest_caps(out: _Suggestion, entries: list[dict[str, Any]], measured: _Measured, factor: Decimal) -> None:
@@ -339,9 +394,14 @@ def _suggest_caps(out: _Suggestion, entries: list[dict[str, Any]], measured: _Me
     if not owner_caps:
         out.remarks.append(f"# owner_caps not suggested: {why}")
     categories, why = category_cap_sizes(entries)
-    out.category_caps = {name: suggested_size(size, factor) for name, size in categories.items()}
+    out.category_caps = {name: suggested_size(size, factor) for name, size in categories.items() if name in CATEGORIES}
     if why:
         out.remarks.append(f"# category_caps not suggested: {why}")
+    unknown = sorted(set(categories) - set(CATEGORIES))
+    if unknown:  # a report read back (untrusted) may name others: a budget of them would be refused
+        out.remarks.append(f"# category_caps not suggested for {', '.join(map(show, unknown[:5]))}"
+                           + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+                           + f": not a category ({', '.join(CATEGORIES)})")
 
 
 def _suggest_imbalance(out: _Suggestion, entries: list[dict[str, Any]], factor: Decimal) -> None:
@@ -355,7 +415,25 @@ def _suggest_imbalance(out: _Suggestion, entries: list[dict[str, Any]], factor: 
                            "ratio limit below 1 leaves headroom")
     else:
         note = f"; {RATIO_FLOOR} is the smallest suggested ratio" if ratio == RATIO_FLOOR else ""
-        out.imbalance = (str(ratio), f"measured {imbalance:.3f} over {len(entries)} profiles{note}")
+        out.imbalance = (ratio, f"measured {imbalance:.3f} over {len(entries)} profiles{note}")
+
+
+def suggestions(entries: list[dict[str, Any]], headroom: Decimal, name: str = "default",
+                form: str = "pyproject") -> list[Suggested]:
+    """What :func:`suggest_toml` prints, as values: one budget (the budget-file forms) or one marker per
+    marked test (``marker``, :func:`suggest_markers`)."""
+    if form not in FORMS:
+        raise ConfigError(f"unknown suggestion form {form!r}", expected="one of " + ", ".join(FORMS))
+    factor = 1 + headroom / 100
+    if form == "marker":
+        return _marker_suggestions(entries, factor)
+    if any(map(_is_surrogate, name)):  # an argument's byte that is not UTF-8: no TOML string writes it
+        raise ConfigError(f"invalid --name {printable(name)!r}", expected="a name TOML can write (UTF-8 text)")
+    s = _suggest_one(entries, factor, growth_limits(entries, factor), cross_rank=True)
+    comments = {key: comment for key, _, comment in s.limits}
+    if s.imbalance is not None:
+        comments["rank_imbalance"] = s.imbalance[1]
+    return [Suggested("", {"name": name, **s.values()}, comments, tuple(s.remarks), len(entries))]
 
 
 def suggest_toml(entries: list[dict[str, Any]], headroom: Decimal, name: str = "default",
@@ -369,30 +447,45 @@ def suggest_toml(entries: list[dict[str, Any]], headroom: Decimal, name: str = "
     :data:`NOT_SUGGESTED`, said so in a comment), with the floors and the cap above so that every
     limit can fail and none fails on noise; the block passes on the profiles it was suggested from,
     except for the growth limits of the profiles named as leaking.
+
+    Names come from the profiles (ops, owners, categories, paths, test ids: a JSON report or saved run
+    read back is untrusted): every one is a quoted, escaped string or inside a one-line comment, so the
+    text read back (``tomllib``, the marker's keywords) is exactly :func:`suggestions`' values, and no
+    name can end a line, close a table or add a key.
     """
-    if form not in FORMS:
-        raise ConfigError(f"unknown suggestion form {form!r}", expected="one of " + ", ".join(FORMS))
-    factor = 1 + headroom / 100
+    found = suggestions(entries, headroom, name, form)
     if form == "marker":
-        return suggest_markers(entries, factor)
-    s = _suggest_one(entries, factor, growth_limits(entries, factor), cross_rank=True)
+        return _marker_text(found)
+    [budget] = found
     table = "tool.memgate." if form == "pyproject" else ""
-    lines = (["[tool.memgate]", ""] if form == "pyproject" else []) + [f"[[{table}budgets]]", f"name = {_toml_string(name)}"]
-    lines += [f"{key} = {literal}  # {comment}" for key, literal, comment in s.limits]
-    for key, caps in (("op_caps", s.op_caps), ("owner_caps", s.owner_caps)):
-        if caps:
-            lines.append(f"{key} = {{ " + ", ".join(f'{_toml_string(g)} = "{size}"' for g, size in caps.items()) + " }")
-    if s.category_caps:  # the categories are bare TOML keys
-        lines.append("category_caps = { " + ", ".join(f'{c} = "{size}"' for c, size in s.category_caps.items()) + " }")
-    if s.imbalance is not None:
-        lines.append(f"rank_imbalance = {{ peak_allocated = {s.imbalance[0]} }}  # {s.imbalance[1]}")
-    return "\n".join(lines + s.remarks) + "\n"
+    lines = (["[tool.memgate]", ""] if form == "pyproject" else []) + [f"[[{table}budgets]]"]
+    for key, value in budget.values.items():
+        comment = budget.comments.get(key)
+        lines.append(f"{key} = {_toml_value(value)}" + (f"  # {_comment(comment)}" if comment else ""))
+    return "\n".join(lines + [_comment(r) for r in budget.remarks]) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return _toml_string(value) if isinstance(value, str) else str(value)
+
+
+def _py_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_py_string(k)}: {_py_value(v)}" for k, v in value.items()) + "}"
+    return _py_string(value) if isinstance(value, str) else str(value)
 
 
 def suggest_markers(entries: list[dict[str, Any]], factor: Decimal) -> str:
     """``@pytest.mark.memgate(...)`` lines: one per marked test (its node id in a comment above it)
-    when the entries carry marked tests (``metadata.test``), else one for all of them. Growth limits
-    come from the cleanest profile over all the entries, as in the budget-file forms."""
+    when the entries carry marked tests (``metadata.test``: a JSON report's, a saved run's), else one
+    for all of them. Growth limits come from the cleanest profile over all the entries, as in the
+    budget-file forms."""
+    return _marker_text(_marker_suggestions(entries, factor))
+
+
+def _marker_suggestions(entries: list[dict[str, Any]], factor: Decimal) -> list[Suggested]:
     growth = growth_limits(entries, factor)
     groups: dict[str, list[dict[str, Any]]] = {}
     for entry in entries:
@@ -400,20 +493,24 @@ def suggest_markers(entries: list[dict[str, Any]], factor: Decimal) -> str:
         groups.setdefault(str(test) if test else "", []).append(entry)
     if "" in groups and len(groups) > 1:  # profiles of no test beside marked tests: judged with them all
         groups = {"": entries}
-    lines: list[str] = []
+    out = []
     for test, group in groups.items():
         s = _suggest_one(group, factor, growth, cross_rank=False)
-        args = [f"{key}={literal}" for key, literal, _ in s.limits]
-        for key, caps in (("op_caps", s.op_caps), ("owner_caps", s.owner_caps), ("category_caps", s.category_caps)):
-            if caps:
-                args.append(f"{key}={{" + ", ".join(f'{_toml_string(g)}: "{size}"' for g, size in caps.items()) + "}")
+        out.append(Suggested(test, s.values(), {key: comment for key, _, comment in s.limits}, tuple(s.remarks),
+                             len(group)))
+    return out
+
+
+def _marker_text(found: list[Suggested]) -> str:
+    lines: list[str] = []
+    for marker in found:
         if lines:
             lines.append("")
-        lines.append(f"# {printable(test)}" if test else f"# {len(group)} profile(s), judged together")
-        lines += [f"#   {key}: {comment}" for key, _, comment in s.limits]
-        lines += s.remarks
-        lines.append("@pytest.mark.memgate(" + ", ".join(args) + ")")
-    return "\n".join(lines) + "\n"
+        lines.append(f"# {marker.heading}" if marker.heading else f"# {marker.profiles} profile(s), judged together")
+        lines += [f"#   {key}: {comment}" for key, comment in marker.comments.items()]
+        lines += marker.remarks
+        lines.append("@pytest.mark.memgate(" + ", ".join(f"{key}={_py_value(value)}" for key, value in marker.values.items()) + ")")
+    return "\n".join(_comment(line) if line.startswith("#") else line for line in lines) + "\n"
 
 
 def _round_up_size(nbytes: int) -> str:

@@ -13,7 +13,6 @@ TOML; on anything else a path simply has no line).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
@@ -27,6 +26,16 @@ _DOTTED = rf"{_SIMPLE}(?:\s*\.\s*{_SIMPLE})*"
 _KEY_LINE = re.compile(rf"\s*(?P<key>{_DOTTED})\s*=(?P<rest>.*)\Z", re.DOTALL)
 _HEADER = re.compile(rf"\s*(?P<open>\[\[?)\s*(?P<key>{_DOTTED})\s*(?P<close>\]\]?)\s*(?:#.*)?\Z", re.DOTALL)
 _PART = re.compile(_SIMPLE)
+# A basic string's escapes (TOML 1.0, and 1.1's \e and \xHH): what tomllib decodes a key to.
+_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|x([0-9A-Fa-f]{2})|(.))", re.DOTALL)
+_SHORT = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", "e": "\x1b", '"': '"', "\\": "\\"}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code = match.group(1) or match.group(2) or match.group(3)
+    if code is not None:
+        return chr(int(code, 16)) if int(code, 16) <= 0x10FFFF else match.group(0)
+    return _SHORT.get(match.group(4), match.group(0))
 
 
 def _key_parts(dotted: str) -> tuple[str, ...]:
@@ -34,10 +43,7 @@ def _key_parts(dotted: str) -> tuple[str, ...]:
     for match in _PART.finditer(dotted):
         text = match.group(0)
         if text.startswith('"'):
-            try:
-                text = json.loads(text)  # TOML basic-string escapes are JSON's (plus \U, rare in keys)
-            except ValueError:
-                text = text[1:-1]
+            text = _ESCAPE.sub(_unescape, text[1:-1])
         elif text.startswith("'"):
             text = text[1:-1]
         parts.append(text)

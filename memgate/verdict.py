@@ -133,7 +133,7 @@ def verdict_line(metric: str, kind: str, value: float, limit: float, where: str)
         pct = f" (+{over / limit * 100:.1f}%)" if limit else ""
         head = (f"{metric} {format_value(value, kind)} exceeds budget {format_value(limit, kind)} "
                 f"by {format_value(over, kind)}{pct}")
-    return f"{head} — {where}"
+    return printable(f"{head} — {where}")  # one line: ``where`` names devices, ops, owners, categories
 
 
 def source_lines(metrics: DeviceMetrics, profile: ProfileInfo) -> str:
