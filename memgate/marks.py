@@ -24,7 +24,7 @@ from memgate.compare import CompareRule, Regression, compare_pair
 from memgate.discover import discover, load
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected
 from memgate.hints import RECORDED_BY_FIXTURE
-from memgate.judge import judge
+from memgate.judge import Offered, judge, selects_nothing
 from memgate.metric_cache import MetricCache
 from memgate.metrics import MetricOptions
 from memgate.model import Profile
@@ -170,10 +170,12 @@ Compare = Callable[[dict[str, Any]], tuple[list[tuple[Regression, str]], list[Me
 
 
 def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, kept: str | None,
-                      keep_profiles: bool, compare: Compare | None) -> MarkedVerdict:
+                      keep_profiles: bool, compare: Compare | None, allow_unselected: bool = False) -> MarkedVerdict:
     """Judge the profile(s) under ``path`` against the marker's ``budget``. ``recorder``: the test's
     memgate_record (its recording is what ``path`` holds), else None; ``keep_profiles``: give every
-    profile's report entry (an output needs it); ``compare``: judge each against the test's history."""
+    profile's report entry (an output needs it); ``compare``: judge each against the test's history.
+    A marker whose ``ranks`` / ``devices`` select no device of any of them is an error, its checks' rows
+    too (``allow_unselected``: they skip, as where it selects none of one profile's devices)."""
     verdict = MarkedVerdict()
     try:
         if recorder is not None and recorder.memory_events == 0:
@@ -197,6 +199,13 @@ def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, k
                 regressions, errors = compare(history_entry(entry, len(profiles)))
                 verdict.regressions += regressions
                 verdict.errors += errors
+    error = None if allow_unselected else selects_nothing(
+        budget, [Offered(p.rank, tuple(d.device for d in p.devices)) for p in profiles],
+        where="the test's profiles", has="they have")
+    if error is not None:
+        verdict.rows = [row for row in verdict.rows if row.skipped is None]
+        verdict.rows += [CheckRow.unjudged(None, str(path), budget, metric, error) for metric in budget.checks()]
+        verdict.errors.insert(0, error)
     return verdict
 
 
@@ -211,6 +220,11 @@ def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, p
                    with_stacks: bool) -> None:
     """Every check of the marker on one profile; a recording's holders get their allocating Python
     functions where a check failed or an output shows them (``with_stacks``)."""
+    if not budget.selects_rank(profile.rank):
+        skip = NotSelected(f"not selected: budget {budget.name!r} selects ranks={budget.ranks!r}, the profile is "
+                           f"rank {profile.rank}", file=profile.path)
+        verdict.rows += [CheckRow.unjudged(cache.info, profile.path, budget, metric, skip) for metric in budget.checks()]
+        return
     outcomes = [_judged(cache, budget, metric) for metric in budget.checks()]
     if recorder is not None and (with_stacks or any(isinstance(o, Outcome) and not o.passed for o in outcomes)):
         add_allocation_stacks(cache, budget, profile)
