@@ -21,7 +21,7 @@ from typing import Any
 
 from memgate.errors import ConfigError
 from memgate.loaders.categories import CATEGORIES
-from memgate.metric_specs import budget_limits
+from memgate.metric_specs import LEFT_ALLOCATED, budget_limits
 from memgate.metrics import MetricOptions
 from memgate.schemas import load_schema
 from memgate.sizes import format_share, parse_share, parse_size
@@ -32,7 +32,7 @@ LIMITS: dict[str, tuple[str, str]] = budget_limits()
 SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps", "leak_horizon_steps")
 CROSS_RANK = "rank_imbalance"  # judged over every profile a budget selects, not per profile
 CAP_KEYS = ("op_caps", "owner_caps", "category_caps")  # a table of name (glob, category) = size
-LEFT = "left_allocated"  # bytes allocated in the window and still allocated at its end (memgate.leftover)
+LEFT = LEFT_ALLOCATED  # bytes allocated in the window and still allocated at its end (memgate.leftover)
 MARKER_KEYS = frozenset(LIMITS) | {*CAP_KEYS, LEFT, "device_capacity", *SELECTORS}
 BUDGET_KEYS = MARKER_KEYS | {CROSS_RANK}
 

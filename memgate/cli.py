@@ -99,6 +99,9 @@ def _check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", metavar="FILE", help="memgate.toml or pyproject.toml (default: ./memgate.toml, ./pyproject.toml)")
     p.add_argument("--json", metavar="FILE", dest="json_out",
                    help="also write the JSON report to FILE ('-': to stdout, the table then goes to stderr)")
+    p.add_argument("--allow-unselected", "--memgate-allow-unselected", action="store_true", dest="allow_unselected",
+                   help="a budget whose ranks/devices select no device of any profile is skipped, not an error "
+                        "(for runs whose devices are optional; pytest's --memgate-allow-unselected)")
 
 
 def _validate_options(p: argparse.ArgumentParser) -> None:
@@ -262,7 +265,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from memgate.judge import judge_cross_rank
+    from memgate.judge import Offered, judge_cross_rank, judge_selection
     from memgate.outputs import json_report, rows_json
     from memgate.report import outcome_labels, outcome_order, profile_label, summary_table
     from memgate.settings import declared_root, find_budgets
@@ -277,7 +280,13 @@ def _check(args: argparse.Namespace) -> int:
                           expected="PATH, or 'profiles = \"DIR\"' in the budget file")
     results = _run(args, root, budget_file.budgets)
     cross = judge_cross_rank(budget_file.budgets, [r.rank_values for r in results], str(root))
-    rows = sorted([*(o for r in results for o in r.outcomes), *cross], key=lambda row: outcome_order(row.as_json()))
+    rows = [*(o for r in results for o in r.outcomes), *cross]
+    if not args.allow_unselected:  # a budget that selects nothing in the whole run: its error, not its skips
+        offered = [Offered.of_entry(r.entry) for r in results if r.entry is not None]
+        unselected = judge_selection(budget_file.budgets, offered, str(root))
+        rows = [row for row in rows if row.skipped is None or row.budget not in unselected]
+        rows += [row for budget_rows in unselected.values() for row in budget_rows]
+    rows.sort(key=lambda row: outcome_order(row.as_json()))
     errors = _report_errors(results)
     # With the JSON report on stdout, what people read goes to stderr.
     out = sys.stderr if args.json_out == "-" else sys.stdout

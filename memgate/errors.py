@@ -93,6 +93,11 @@ class NotSelected(NotMeasurable):
     """A budget selects none of a profile's devices: the check does not apply (a skip, not an error)."""
 
 
+class SelectsNothing(ConfigError):
+    """A budget or marker whose ``ranks`` / ``devices`` select no device of any profile of the run: an error,
+    never a run of skips that passes (``--memgate-allow-unselected`` keeps the skips)."""
+
+
 class AmbiguousProfiles(ConfigError):
     """Profiles of two runs cannot be paired: only pids or timestamps tell some of them apart."""
 

@@ -4,17 +4,20 @@ A check is one (profile, budget, metric): :func:`judge` finds the value on every
 selects, resolves the limit there (a share of the capacity: :func:`resolve_limit`), and keeps the
 worst device as the :class:`~memgate.verdict.Outcome`. ``rank_imbalance`` is judged over every
 profile a budget selects (:func:`judge_rank_imbalance`). A metric the profile cannot support raises
-:class:`~memgate.errors.NotMeasurable` naming what is missing, never a silent pass.
+:class:`~memgate.errors.NotMeasurable` naming what is missing, never a silent pass. A budget that selects
+none of a profile's devices is not selected there (a skip); one that selects no device of any profile of the
+run is an error (:func:`selects_nothing`), unless the run allows it (``--memgate-allow-unselected``).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from memgate.budgets import CROSS_RANK, LEFT, LIMITS, Budget
-from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, printable
+from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, SelectsNothing, printable
 from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, grown_blocks
@@ -53,10 +56,76 @@ def resolve_limit(info: ProfileInfo, device: str, budget: Budget, metric: str) -
     return limit, f"limit {format_share(share)} of {format_size(capacity)} ({source}) = {limit} bytes"
 
 
+def selects_device(budget: Budget, device: str) -> bool:
+    """Whether one of the budget's ``devices`` globs matches ``device``."""
+    return any(fnmatch.fnmatchcase(device, g.strip()) for g in budget.devices.split(","))
+
+
 def selected_devices(cache: MetricCache, budget: Budget) -> list[DeviceMetrics]:
     """The profile's devices the budget's ``devices`` globs select."""
-    return [m for m in cache.get(budget.options)
-            if any(fnmatch.fnmatchcase(m.device, g.strip()) for g in budget.devices.split(","))]
+    return [m for m in cache.get(budget.options) if selects_device(budget, m.device)]
+
+
+# ---- what a budget selects in the whole run ------------------------------------------------------
+
+ALLOW_UNSELECTED = "--memgate-allow-unselected where they are optional"  # memgate check takes it too
+_LISTED = 10  # ranks or devices named in the error, the rest counted
+
+
+@dataclass(frozen=True)
+class Offered:
+    """What one profile of a run offers a budget's ``ranks`` and ``devices``: its rank and its devices."""
+
+    rank: str
+    devices: tuple[str, ...]
+
+    @classmethod
+    def of_entry(cls, entry: dict[str, Any]) -> Offered:
+        """From a profile's report entry (:func:`memgate.report.profile_entry`)."""
+        return cls(str(entry["rank"]), tuple(str(d["device"]) for d in entry["devices"]))
+
+
+def selects_any(budget: Budget, offered: Offered) -> bool:
+    """Whether the budget selects the profile's rank and one of its devices."""
+    return budget.selects_rank(offered.rank) and any(selects_device(budget, d) for d in offered.devices)
+
+
+def selects_nothing(budget: Budget, offered: Sequence[Offered], where: str = "the run",
+                    has: str = "it has") -> SelectsNothing | None:
+    """The error where ``budget`` selects no device of any profile of a run (``offered``: each readable
+    profile's rank and devices; ``where`` / ``has``: how the message names them), naming what it selects and
+    what the run has; None where it selects one, or where the run has no readable profile (its load errors
+    say what is wrong)."""
+    if not offered or any(selects_any(budget, o) for o in offered):
+        return None
+    ranked = [o for o in offered if budget.selects_rank(o.rank)]
+    if not ranked:
+        what = f"ranks {budget.ranks!r} selects no rank of {where} ({has} {_listed(o.rank for o in offered)})"
+    elif len(ranked) == len(offered):
+        what = (f"devices {budget.devices!r} selects no device of {where} "
+                f"({has} {_listed(d for o in offered for d in o.devices)})")
+    else:
+        what = (f"devices {budget.devices!r} selects no device of the ranks {budget.ranks!r} selects in {where} "
+                f"(they have {_listed(d for o in ranked for d in o.devices)})")
+    return SelectsNothing(f"budget {budget.name!r}: {what}",
+                          expected=f"ranks and devices that select a device of {where}, or {ALLOW_UNSELECTED}")
+
+
+def _listed(names: Iterable[str]) -> str:
+    """Each name once, in the run's order; past ``_LISTED``, how many more."""
+    unique = list(dict.fromkeys(names))
+    more = f" and {len(unique) - _LISTED} more" if len(unique) > _LISTED else ""
+    return (", ".join(unique[:_LISTED]) or "none") + more
+
+
+def judge_selection(budgets: Sequence[Budget], offered: Sequence[Offered], root: str) -> dict[str, list[CheckRow]]:
+    """Budget name → an error row per check, for each budget that selects no device of the run."""
+    rows = {}
+    for budget in budgets:
+        error = selects_nothing(budget, offered)
+        if error is not None:
+            rows[budget.name] = [CheckRow.unjudged(None, root, budget, metric, error) for metric in budget.checks()]
+    return rows
 
 
 def _op_cap(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:

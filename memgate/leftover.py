@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memgate.lazy import lazy_module
+from memgate.metric_specs import HISTORY_OF, LEFT_ALLOCATED
 from memgate.metrics import block_components, framework_component, top_at
 from memgate.model import DeviceModel, Profile
 
@@ -55,11 +56,13 @@ class LeftOn:
 def left_on(profile: Profile, device: DeviceModel) -> LeftOn:
     """The blocks of ``device`` allocated in the window and still allocated at its end."""
     blocks = device.blocks
+    # The loader's word on the history (none, a filled ring buffer, frees without addresses) comes first: the
+    # blocks of an incomplete history read as fewer left than were (the dump's blocks have no allocation time).
+    history = profile.not_measurable(device.device).get(HISTORY_OF[LEFT_ALLOCATED])
+    if history:
+        return LeftOn(device.device, None, why=history)
     if not len(blocks):
         return LeftOn(device.device, None, why="no per-block data (allocation events) to find what is left")
-    if profile.metadata.get("memory_events_without_addr"):
-        return LeftOn(device.device, None, why="its allocation events carry no address, so no free is matched to "
-                                               "its allocation (torch 1.9): what is still allocated is unknown")
     components = block_components(device, framework_component(device))
     component = blocks.texts("component")
     mine = component.isin(components) if components is not None else np.ones(len(blocks), dtype=bool)

@@ -24,7 +24,7 @@ from memgate.compare import CompareRule, Regression, compare_pair
 from memgate.discover import discover, load
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, printable
 from memgate.hints import RECORDED_BY_FIXTURE
-from memgate.judge import judge
+from memgate.judge import Offered, judge, selects_nothing
 from memgate.metric_cache import MetricCache
 from memgate.model import Profile
 from memgate.report import profile_entry
@@ -204,10 +204,12 @@ Compare = Callable[[dict[str, Any]], tuple[list[tuple[Regression, str]], list[Me
 
 
 def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, kept: str | None,
-                      keep_profiles: bool, compare: Compare | None) -> MarkedVerdict:
+                      keep_profiles: bool, compare: Compare | None, allow_unselected: bool = False) -> MarkedVerdict:
     """Judge the profile(s) under ``path`` against the marker's ``budget``, once. ``recorder``: the
     test's memgate_record (its recording is what ``path`` holds), else None; ``keep_profiles``: give
-    every profile's report entry (an output needs it); ``compare``: judge each against the test's history."""
+    every profile's report entry (an output needs it); ``compare``: judge each against the test's history.
+    A marker whose ``ranks`` / ``devices`` select no device of any of them is an error, its checks' rows
+    too (``allow_unselected``: they skip, as where it selects none of one profile's devices)."""
     verdict = MarkedVerdict()
     try:
         if recorder is not None and recorder.memory_events == 0:
@@ -240,6 +242,14 @@ def judge_marked_test(path: Path, budget: Budget, recorder: Any, *, test: str, k
                 if not regression.passed:
                     verdict.regressions.append((regression, where))
             verdict.errors += errors
+    error = None if allow_unselected else selects_nothing(
+        budget, [Offered(p.rank, tuple(d.device for d in p.devices)) for p in profiles],
+        where="the test's profiles", has="they have")
+    if error is not None:
+        verdict.rows = [row for row in verdict.rows if row.skipped is None]
+        shown = kept_path(kept, recorder, path)
+        verdict.rows += [CheckRow.unjudged(None, shown, budget, metric, error) for metric in budget.checks()]
+        verdict.errors.insert(0, error)
     return verdict
 
 
@@ -255,6 +265,12 @@ def _judge_profile(verdict: MarkedVerdict, cache: MetricCache, budget: Budget, t
     """Every check of the marker on one profile, judged once; a recording's failed checks get the
     Python functions that allocated their blocks (``trace``). Rows name the profile ``shown``, failures
     the files that outlive pytest (``outliving``)."""
+    if not budget.selects_rank(cache.info.rank):
+        skip = NotSelected(f"not selected: budget {budget.name!r} selects ranks={budget.ranks!r}, the profile is "
+                           f"rank {cache.info.rank}", file=cache.info.path)
+        verdict.rows += [replace(CheckRow.unjudged(cache.info, shown, budget, metric, skip), profile=shown)
+                         for metric in budget.checks()]
+        return
     outcomes = [o if isinstance(o, MemgateError) else replace(o, where=outliving(o.where))
                 for o in (_judged(cache, budget, metric) for metric in budget.checks())]
     failed = with_stacks(trace, [o for o in outcomes if isinstance(o, Outcome) and not o.passed])

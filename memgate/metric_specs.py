@@ -179,6 +179,14 @@ SPECS: tuple[MetricSpec, ...] = (
 )
 
 SPEC_OF: dict[str, MetricSpec] = {spec.key: spec for spec in SPECS}
+# The metrics that need the whole allocation history of the window: a loader whose history is incomplete (a
+# snapshot without history or whose ring buffer filled) says each not measurable (Profile.not_measurable).
+HISTORY_KEYS: tuple[str, ...] = tuple(spec.key for spec in SPECS if spec.needs_history)
+# Budget keys judged beside the device metrics (no report key), each with the metric whose history it reads:
+# where a loader says that metric is not measurable on a device, so is the budget key, for the same reason.
+# left_allocated reads what leaked_bytes reads: blocks allocated in the window, paired with their frees.
+LEFT_ALLOCATED = "left_allocated"  # bytes allocated in the window and still allocated at its end (memgate.leftover)
+HISTORY_OF: dict[str, str] = {LEFT_ALLOCATED: "leaked_bytes"}
 # The metrics of a device, in report order (DeviceMetrics.values holds these, then their details).
 METRIC_KEYS: tuple[str, ...] = tuple(spec.key for spec in SPECS if spec.detail_of is None)
 # The metrics absent from a device's metrics where not measured (MetricSpec.optional).
@@ -234,6 +242,10 @@ def _check(specs: tuple[MetricSpec, ...]) -> None:
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"metric specs: {what} listed twice: {', '.join(twice)}")
+    history = {spec.key for spec in specs if spec.needs_history}
+    for key, metric in HISTORY_OF.items():
+        if key in keys or key in budget_keys or metric not in history:
+            raise ValueError(f"metric specs: {key} must be no metric and read the history of one that needs it")
     for spec in specs:
         if spec.budget is not None:
             _ = spec.kind  # raises where a budgeted metric is no single size or ratio

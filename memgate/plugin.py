@@ -30,9 +30,9 @@ from memgate.cache import ProfileCache, open_profile
 from memgate.ci import unit_of
 from memgate.compare import CompareRule, Regression, compare_entry
 from memgate.discover import Found, discover, rank_hint
-from memgate.errors import ConfigError, MemgateError, NotSelected, printable, remembered
+from memgate.errors import ConfigError, MemgateError, NotSelected, SelectsNothing, printable, remembered
 from memgate.identity import NO_TIMESTAMP, RAW, stable_name
-from memgate.judge import judge, judge_rank_imbalance, rank_values
+from memgate.judge import Offered, judge, judge_rank_imbalance, rank_values, selects_any, selects_nothing
 from memgate.marks import (
     MARKER,
     compare_with_history,
@@ -96,6 +96,9 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("memgate_report_left", "bool", None,
             "list in the summary, per test memgate_record recorded, the device memory it left allocated when its "
             "body ended (largest first): the test that makes a later one run out of memory is named"),
+    _Option("memgate_allow_unselected", "bool", None,
+            "a budget or marker whose ranks/devices select no device of any profile of the run is skipped, not an "
+            "error (for runs whose devices are optional)"),
     _Option("memgate_leak_horizon_steps", "string", "N",
             "default leak_horizon_steps of budgets and markers: the last N counted steps whose live blocks may "
             "still be freed later (default 1)"),
@@ -123,10 +126,35 @@ class _State:
         self.baselines = (BaselineFinder(settings.baseline_path, settings.compare_id, settings.storage)
                           if settings.compares else None)
         self.cache = ProfileCache(settings.cache_dir) if settings.cache_dir is not None else None
+        self.found: list[Found] = []  # the --memgate root's profiles (each process collects them)
+        self.selection: dict[str, SelectsNothing | None] = {}  # budget name → selects_nothing, once per process
 
     def load(self, found: Found) -> MetricCache:
         """The profile of ``found``, ready to judge (loaded once per process; its error kept too)."""
         return remembered(self.profiles, str(found.path), lambda: open_profile(found, self.cache))
+
+    def selects_nothing(self, budget: Budget) -> SelectsNothing | None:
+        """The error where ``budget`` selects no device of any profile under the root (None with
+        --memgate-allow-unselected). Profiles are loaded until one is selected; a rank the file name
+        states and the budget does not select needs no load; one that cannot be read has its own error."""
+        if self.settings.allow_unselected:
+            return None
+        if budget.name not in self.selection:
+            offered = []
+            for entry in self.found:
+                rank = rank_hint(entry)
+                if rank is not None and not budget.selects_rank(rank):
+                    offered.append(Offered(rank, ()))
+                    continue
+                try:
+                    cache = self.load(entry)
+                    offered.append(Offered(cache.info.rank, tuple(m.device for m in cache.get(budget.options))))
+                except MemgateError:
+                    continue
+                if selects_any(budget, offered[-1]):
+                    break
+            self.selection[budget.name] = selects_nothing(budget, offered)
+        return self.selection[budget.name]
 
 
 STATE = pytest.StashKey[_State]()
@@ -290,6 +318,8 @@ def _generated_items(collector: pytest.Collector, settings: Settings, budgets: t
     except MemgateError as exc:
         generated.append(MemgateErrorItem.from_parent(collector, name=str(settings.root), error=exc))
         found = []
+    collector.config.stash[STATE].found = found
+    generated += _selecting_no_rank(collector, settings, budgets, found)
     for entry, label in zip(found, _profile_labels(found, settings.root)):
         rank = rank_hint(entry)
         for budget in budgets:
@@ -311,6 +341,26 @@ def _generated_items(collector: pytest.Collector, settings: Settings, budgets: t
                     collector, name=f"{root_label}::{budget.name}::rank_imbalance[{metric}]", profiles=found,
                     budget=budget, metric=metric))
     return generated
+
+
+def _selecting_no_rank(collector: pytest.Collector, settings: Settings, budgets: tuple[Budget, ...],
+                       found: list[Found]) -> list[pytest.Item]:
+    """An error item for each budget whose ``ranks`` select none of the ranks the profiles' names state (no
+    item of its own is generated then); a profile whose rank only a load tells gets its items, which find out."""
+    ranks = [rank_hint(entry) for entry in found]
+    if settings.allow_unselected or not ranks or any(rank is None for rank in ranks):
+        return []
+    assert settings.root is not None
+    root_label = settings.root.resolve().name or str(settings.root)
+    offered = [Offered(rank, ()) for rank in ranks if rank is not None]
+    items: list[pytest.Item] = []
+    for budget in budgets:  # one of rank_imbalance only: its own item says it has no ranks to compare
+        if budget.checks() and not any(budget.selects_rank(o.rank) for o in offered):
+            error = selects_nothing(budget, offered)
+            assert error is not None
+            items.append(MemgateErrorItem.from_parent(collector, name=f"{root_label}::{budget.name}::ranks",
+                                                      error=error))
+    return items
 
 
 def _profile_labels(found: list[Found], root: Path) -> list[str]:
@@ -400,16 +450,26 @@ class MemgateItem(_GateItem):
 
     def setup(self) -> None:
         assert self.found is not None
-        cache = self.config.stash[STATE].load(self.found)
+        state = self.config.stash[STATE]
+        cache = state.load(self.found)
         if not self.budget.selects_rank(cache.info.rank):
+            self._unless_nothing_selected()
             pytest.skip(printable(f"budget {self.budget.name!r} selects ranks {self.budget.ranks!r}; "
                                   f"this is rank {cache.info.rank}"))
         try:
             outcome = judge(cache, self.budget, self.metric)
         except NotSelected as exc:
+            self._unless_nothing_selected()
             pytest.skip(printable(exc.message))  # a budget for other devices: the check does not apply
         self.stash[OUTCOME] = outcome
         self.stash[ROWS] = [CheckRow.judged(outcome)]
+
+    def _unless_nothing_selected(self) -> None:
+        """Raise where the budget selects no device of the whole run: its checks skipping everywhere would pass
+        what nothing judged (a relabelled device, a renamed rank)."""
+        error = self.config.stash[STATE].selects_nothing(self.budget)
+        if error is not None:
+            raise error
 
     def runtest(self) -> None:
         outcome = self.stash[OUTCOME]
@@ -623,7 +683,8 @@ def _gate_marked_test(item: pytest.Item, marker: pytest.Mark, budget: Budget) ->
     verdict = judge_marked_test(
         _marker_profile_path(item, marker), budget, _recorder(item) if "profile" not in marker.kwargs else None,
         test=item.nodeid, kept=item.stash.get(KEPT_TRACES, None), keep_profiles=settings.wants_profiles,
-        compare=(lambda entry: _compare_marked(item, entry)) if settings.rules else None)
+        compare=(lambda entry: _compare_marked(item, entry)) if settings.rules else None,
+        allow_unselected=settings.allow_unselected)
     item.stash[ROWS] = verdict.rows
     item.stash[MARKER_PROFILES] = verdict.profiles
     failure = verdict.failure(_detail_top(item.config))

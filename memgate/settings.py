@@ -75,6 +75,8 @@ class Settings:
     keep_traces: Path | None = None
     cache_dir: Path | None = None
     report_left: bool = False  # --memgate-report-left: what each recorded test left allocated, in the summary
+    # --memgate-allow-unselected: a budget or marker that selects no device of the run is skipped, not an error
+    allow_unselected: bool = False
 
     @property
     def compares(self) -> bool:
@@ -168,6 +170,7 @@ def _read_comparison(settings: Settings, lookup: Lookup) -> None:
             raise ConfigError(f"invalid --memgate-baseline-missing {policy!r}", expected=" or ".join(MISSING_POLICIES))
         settings.missing_policy = policy
     settings.ratchet = bool(lookup("memgate_ratchet")[0])
+    settings.allow_unselected = bool(lookup("memgate_allow_unselected")[0])
 
 
 def _check_combinations(settings: Settings) -> None:

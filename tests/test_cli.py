@@ -22,6 +22,7 @@ from helpers import (
     PTA21_L1,
     PTA271,
     REPO,
+    SAMPLES,
     copy_sample,
     in_process,
     one_stderr_line,
@@ -34,6 +35,8 @@ from memgate.budgets import load_budget_file
 from memgate.errors import ConfigError
 
 MIB = 2**20
+CUDA = SAMPLES / "torch_cuda"
+TORCH = SAMPLES / "torch"
 
 
 def peak(sample: Path, column: str, component: str = "PTA+GE") -> int:
@@ -400,7 +403,7 @@ def table_rows(lines: list[str]) -> list[dict[str, str]]:
 
 def test_check_lists_every_profile_and_explains_every_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two profiles of rank 0, a step_growth budget neither can measure, a budget for CUDA devices
-    only, and one profile that cannot be read: each gets its own line."""
+    only (allowed to select nothing), and one profile that cannot be read: each gets its own line."""
     root = tmp_path / "prof"
     copy_sample(PTA21_L1, root / "train_ascend_pt")
     copy_sample(PTA271, root / "eval_ascend_pt")
@@ -408,7 +411,7 @@ def test_check_lists_every_profile_and_explains_every_error(tmp_path: Path, caps
     (broken / "memory_record.csv").write_bytes(b"")
     budgets = budget_file(tmp_path, '[[budgets]]\nname = "b"\npeak_allocated = "2 GiB"\nstep_growth = "1 MiB"\n\n'
                           '[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\npeak_allocated = "1 GiB"\n')
-    rc, out, err = in_process(["check", root, "--budgets", budgets], capsys)
+    rc, out, err = in_process(["check", root, "--budgets", budgets, "--allow-unselected"], capsys)
     assert rc == 2
     lines = out.splitlines()
     assert lines[0].split() == ["rank", "budget", "metric", "measured", "limit", "result", "profile"]
@@ -431,10 +434,60 @@ def test_check_lists_every_profile_and_explains_every_error(tmp_path: Path, caps
     assert "step_growth is not measurable" in line and line.endswith("(and 2 more error(s), each listed above)")
 
 
-def test_check_budget_for_other_devices_only_is_a_skip_not_an_error(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_budget_for_devices_the_run_lacks_is_an_error_naming_them(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A budget for CUDA on a run of NPU profiles only (a relabelled device) passed as a skip with exit 0."""
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\npeak_allocated = "1 GiB"\n'
+                          'peak_reserved = "1 GiB"\n')
+    root = tmp_path / "prof"
+    copy_sample(PTA21_L1, root / "a_ascend_pt")
+    copy_sample(PTA271, root / "b_ascend_pt")
+    rc, out, err = in_process(["check", root, "--budgets", budgets, "--json", tmp_path / "r.json"], capsys)
+    assert rc == 2
+    why = "budget 'gpu': devices 'cuda:*' selects no device of the run (it has npu:0)"
+    assert one_stderr_line(err).startswith(f"memgate: error: {why}; expected ranks and devices that select a device "
+                                           "of the run, or --memgate-allow-unselected where they are optional")
+    # one error row per check of the budget, for the run (no per-profile skip beside it)
+    assert [(r["budget"], r["metric"], r["result"], r["profile"]) for r in table_rows(out.splitlines()[:4])] == [
+        ("gpu", "peak_allocated", "error", "prof"), ("gpu", "peak_reserved", "error", "prof")]
+    assert f"ERROR prof::gpu::peak_allocated: {why}" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.Draft202012Validator(report_schema()).validate(report)
+    assert [(o["budget"], o["passed"], "skipped" in o, o["error"].startswith(why)) for o in report["budgets"]] == [
+        ("gpu", None, False, True), ("gpu", None, False, True)]
+
+
+def test_check_budget_for_a_rank_the_run_lacks_is_an_error_naming_its_ranks(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A renamed rank: the budget's ranks select no profile, so no check was judged at all."""
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "r3"\nranks = "3"\npeak_allocated = "1 GiB"\n')
+    rc, _, err = in_process(["check", PTA21_L1, "--budgets", budgets], capsys)
+    assert rc == 2
+    assert one_stderr_line(err).startswith("memgate: error: budget 'r3': ranks '3' selects no rank of the run (it has 0)")
+    rc, _out, err = in_process(["check", PTA21_L1, "--budgets", budgets, "--allow-unselected"], capsys)
+    assert (rc, err) == (0, "")  # as before: no check of it
+
+
+def test_check_a_budget_for_some_profiles_of_the_run_skips_the_others(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A cuda budget in a run of a CUDA snapshot and a CPU trace: the CPU profile skips it, as before."""
+    root = tmp_path / "prof"
+    for folder in ("gpu", "cpu"):  # apart: a snapshot beside a trace is one recording
+        (root / folder).mkdir(parents=True)
+    (root / "gpu" / "snapshot.pickle").write_bytes((CUDA / "h200_snapshot_leak" / "snapshot.pickle").read_bytes())
+    (root / "cpu" / "cpu.json").write_bytes((TORCH / "cpu_train_profile_memory.json").read_bytes())
     budgets = budget_file(tmp_path, '[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\npeak_allocated = "1 GiB"\n')
-    rc, out, err = in_process(["check", PTA21_L1, "--budgets", budgets, "--json", tmp_path / "r.json"], capsys)
+    rc, out, err = in_process(["check", root, "--budgets", budgets], capsys)
+    assert (rc, err) == (0, "")
+    assert sorted((r["profile"], r["result"]) for r in table_rows(out.splitlines()[:4])) == [
+        ("cpu.json", "not selected"), ("snapshot.pickle", "pass")]
+
+
+@pytest.mark.parametrize("flag", ["--allow-unselected", "--memgate-allow-unselected"])
+def test_check_budget_for_other_devices_only_is_a_skip_where_allowed(tmp_path: Path, flag: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    budgets = budget_file(tmp_path, '[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\npeak_allocated = "1 GiB"\n')
+    rc, out, err = in_process(["check", PTA21_L1, "--budgets", budgets, "--json", tmp_path / "r.json", flag], capsys)
     assert (rc, err) == (0, "")
     assert table_rows(out.splitlines()[:3])[0]["result"] == "not selected"
     report = json.loads((tmp_path / "r.json").read_text())

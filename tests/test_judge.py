@@ -9,8 +9,17 @@ import pytest
 from helpers import computed_cache
 
 from memgate.budgets import Budget, budget_from_mapping
-from memgate.errors import ConfigError, NotMeasurable, NotSelected
-from memgate.judge import RankValue, judge, judge_profile, judge_rank_imbalance, rank_value
+from memgate.errors import ConfigError, NotMeasurable, NotSelected, SelectsNothing
+from memgate.judge import (
+    Offered,
+    RankValue,
+    judge,
+    judge_profile,
+    judge_rank_imbalance,
+    judge_selection,
+    rank_value,
+    selects_nothing,
+)
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics
 
@@ -110,6 +119,52 @@ def test_a_budget_for_other_devices_is_not_selected() -> None:
     cache = _cache({"peak_allocated_bytes": 10}, devices=("npu:0",))
     with pytest.raises(NotSelected, match="selects devices='cuda:\\*', the profile has npu:0"):
         judge(cache, _budget(peak_allocated=100, devices="cuda:*"), "peak_allocated")
+
+
+# A run of two profiles: rank 0 on npu:0 (with the host's cpu), rank 1 on npu:1.
+RUN = [Offered("0", ("npu:0", "cpu")), Offered("1", ("npu:1",))]
+
+
+@pytest.mark.parametrize(("selection", "message"), [
+    ({"devices": "cuda:*"}, "budget 'b': devices 'cuda:*' selects no device of the run (it has npu:0, cpu, npu:1)"),
+    ({"ranks": "7"}, "budget 'b': ranks '7' selects no rank of the run (it has 0, 1)"),
+    ({"ranks": "rank7, 8"}, "budget 'b': ranks 'rank7, 8' selects no rank of the run (it has 0, 1)"),
+    ({"ranks": "1", "devices": "npu:0"},
+     "budget 'b': devices 'npu:0' selects no device of the ranks '1' selects in the run (they have npu:1)"),
+])
+def test_a_budget_that_selects_nothing_in_the_run_names_what_it_selects_and_what_the_run_has(
+        selection: dict[str, str], message: str) -> None:
+    error = selects_nothing(_budget(peak_allocated=1, **selection), RUN)
+    assert isinstance(error, SelectsNothing) and isinstance(error, ConfigError)
+    assert error.message == message
+    assert error.one_line().endswith("; expected ranks and devices that select a device of the run, or "
+                                     "--memgate-allow-unselected where they are optional")
+
+
+@pytest.mark.parametrize("selection", [{}, {"devices": "npu:*"}, {"devices": "cpu"}, {"ranks": "1", "devices": "npu:1"},
+                                       {"ranks": "rank0", "devices": "cuda:*, cpu"}])
+def test_a_budget_that_selects_one_device_of_the_run_selects_something(selection: dict[str, str]) -> None:
+    assert selects_nothing(_budget(peak_allocated=1, **selection), RUN) is None
+
+
+def test_a_run_with_no_readable_profile_leaves_the_word_to_its_load_errors() -> None:
+    assert selects_nothing(_budget(peak_allocated=1, devices="cuda:*"), []) is None
+
+
+def test_the_error_lists_ten_names_and_counts_the_rest() -> None:
+    run = [Offered(str(r), (f"npu:{r}",)) for r in range(30)]
+    error = selects_nothing(_budget(peak_allocated=1, ranks="99"), run)
+    assert error is not None
+    assert error.message == "budget 'b': ranks '99' selects no rank of the run (it has 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 20 more)"
+
+
+def test_judge_selection_gives_an_error_row_per_check_of_each_budget_that_selects_nothing() -> None:
+    budgets = [_budget(peak_allocated=1, leaked=1, devices="cuda:*"), _budget(name="fine", peak_allocated=1)]
+    rows = judge_selection(budgets, RUN, "root")
+    assert list(rows) == ["b"]
+    assert [(r.profile, r.budget, r.metric, r.passed, r.skipped) for r in rows["b"]] == [
+        ("root", "b", "peak_allocated", None, None), ("root", "b", "leaked", None, None)]
+    assert rows["b"][0].error is not None and "devices 'cuda:*' selects no device of the run" in rows["b"][0].error
 
 
 def test_the_verdict_line_names_the_worst_device_and_the_limit_boundary_passes() -> None:

@@ -9,10 +9,13 @@ model's shapes.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from helpers import skip_without_torch
+from helpers import SAMPLES, ring_buffer_cut, skip_without_torch
 
 from memgate.budgets import budget_from_mapping
+from memgate.discover import discover, load
 from memgate.errors import ConfigError, NotMeasurable
 from memgate.judge import judge
 from memgate.leftover import left_behind
@@ -22,6 +25,7 @@ from memgate.outputs import left_lines
 from memgate.table import Ints, Table, Texts
 
 N = 300_007  # odd: no allocator rounding makes it up
+_LEFT = budget_from_mapping({"left_allocated": "1 GiB", "leaked": "1 GiB"}, origin="t", default_name="t")
 
 
 def _profile(rows: list[tuple[int, int | None, int | None, str]], **metadata: object) -> Profile:
@@ -65,13 +69,75 @@ def test_left_allocated_fails_one_byte_under_and_passes_at_the_exact_value() -> 
                  "left_allocated").passed
 
 
-def test_left_allocated_is_not_measurable_without_paired_blocks() -> None:
-    cache = MetricCache(_profile([(N, 30, None, "aten::empty")], memory_events_without_addr=True))
-    with pytest.raises(NotMeasurable, match="carry no address"):
-        judge(cache, budget_from_mapping({"left_allocated": 0}, origin="t", default_name="t"), "left_allocated")
+def test_left_allocated_is_not_measurable_where_the_loader_says_leaked_is_not() -> None:
+    """The loader's word on the history decides, even where blocks look allocated and never freed."""
+    why = "its history is cut"
+    for metadata in ({"not_measurable": {"leaked_bytes": why}},
+                     {"not_measurable_by_device": {"cpu": {"leaked_bytes": why}}}):
+        cache = MetricCache(_profile([(N, 30, None, "aten::empty")], **metadata))
+        with pytest.raises(NotMeasurable) as caught:
+            judge(cache, _LEFT, "left_allocated")
+        assert caught.value.message == f"left_allocated is not measurable: cpu: {why}"
+    # another device's cut history is not this one's
+    cache = MetricCache(_profile([(N, 30, None, "aten::empty")], not_measurable_by_device={"cuda:0": {"leaked_bytes": why}}))
+    assert judge(cache, _LEFT, "left_allocated").value == N
     with pytest.raises(NotMeasurable, match="no per-block data"):
         judge(MetricCache(_profile([])), budget_from_mapping({"left_allocated": 0}, origin="t", default_name="t"),
               "left_allocated")
+
+
+# ---- an incomplete history: not measurable wherever leaked is, for its reason ----------------------
+
+NO_HISTORY = SAMPLES / "torch" / "snapshot_multidevice_expandable_notrace.pickle"
+WITHOUT_ADDR = SAMPLES / "torch" / "kineto_torch19_resnet50_cuda_workers4.pt.trace.json.gz"
+LEAK_SNAPSHOT = SAMPLES / "torch_cuda" / "h200_snapshot_leak" / "snapshot.pickle"
+
+
+def _judged(path: Path, metric: str) -> str:
+    """The message of ``metric`` judged on the one profile at ``path``: its verdict, or why it is not measurable."""
+    [found] = discover(path)
+    try:
+        return judge(MetricCache(load(found)), _LEFT, metric).message
+    except NotMeasurable as exc:
+        return exc.message
+
+
+@pytest.mark.parametrize(("sample", "why"), [
+    ("no history", "cuda:0: the snapshot has no allocation history (device_traces hold no allocation or free)"),
+    ("ring buffer filled", ("cuda:0: cuda:0: 1 free_completed entry without the free_requested before it: the "
+                            "history's ring buffer filled and dropped its oldest entries")),
+    ("no Addr", "cpu: its [memory] events carry no Addr (torch 1.9 writes only Bytes"),
+])
+def test_left_allocated_is_not_measurable_wherever_leaked_is_with_its_reason(sample: str, why: str,
+                                                                             tmp_path: Path) -> None:
+    """A snapshot without history read "0 B pass" (its blocks at the dump have no allocation time), one whose
+    ring buffer filled "19.00 MiB pass" (what was allocated before the cut was gone): both are not measurable,
+    with leaked's words, as a Kineto trace without Addr is."""
+    path = {"no history": NO_HISTORY, "no Addr": WITHOUT_ADDR}.get(sample, tmp_path / "cut.pickle")
+    if sample == "ring buffer filled":
+        ring_buffer_cut(LEAK_SNAPSHOT, path)
+    left, leaked = _judged(path, "left_allocated"), _judged(path, "leaked")
+    assert left.startswith(f"left_allocated is not measurable: {why}")
+    assert left.removeprefix("left_allocated") == leaked.removeprefix("leaked")
+
+
+def test_the_whole_history_of_the_same_snapshot_measures_what_it_left() -> None:
+    assert _judged(LEAK_SNAPSHOT, "left_allocated").startswith("left_allocated ")
+    assert " is not measurable" not in _judged(LEAK_SNAPSHOT, "left_allocated")
+
+
+def test_a_marker_on_a_snapshot_without_history_is_an_error_not_a_pass(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_left=f"""
+        import pytest
+
+        @pytest.mark.memgate(profile={str(NO_HISTORY)!r}, left_allocated="1 GiB")
+        def test_left():
+            pass
+    """)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-rA")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*left_allocated is not measurable: cuda:0: the snapshot has no allocation history*"])
+    result.stdout.no_fnmatch_line("*0 B*pass*")
 
 
 def test_left_allocated_takes_a_size_and_no_percentage() -> None:

@@ -217,8 +217,7 @@ def test_what_memgate_derives_from_the_table() -> None:
     assert metric_specs.details_of("top_at_peak") == ("live_at_peak_count",)
 
 
-# Constants other modules keep, derived from the table (module, name, what the table gives): the
-# snapshot loader's list is spelled out there (it loads without the table's module).
+# Constants other modules keep, derived from the table (module, name, what the table gives).
 _DERIVED = [
     ("memgate.loaders.snapshot", "HISTORY_METRICS", lambda: keys_where(needs_history=True)),
     ("memgate.baselines", "_NOT_BASELINED", lambda: keys_where(baselined=False)),

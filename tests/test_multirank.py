@@ -188,3 +188,54 @@ def test_a_budget_for_other_devices_is_not_selected_a_skip(root: Root, pytester:
     result = pytester.runpytest(f"--memgate={root.path}", f"--memgate-budgets={budgets}", "-rs", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, skipped=3)
     result.stdout.fnmatch_lines(["SKIPPED *not selected: budget 'dev3' selects devices='npu:3', the profile has npu:0"])
+
+
+# ---- a budget that selects nothing in the whole run ----------------------------------------------
+
+_NOWHERE = "; expected ranks and devices that select a device of the run, or --memgate-allow-unselected*"
+
+
+def test_a_budget_for_devices_no_rank_has_is_an_error_not_a_green_run(root: Root, pytester: pytest.Pytester) -> None:
+    """A relabelled device: a cuda budget on a run of NPU ranks skipped every item and exited 0."""
+    budgets = pytester.makefile(".toml", budgets='[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\n'
+                                'peak_allocated = "1 MiB"\n')
+    result = pytester.runpytest(f"--memgate={root.path}", f"--memgate-budgets={budgets}", "-rE", "-p", "no:cacheprovider")
+    result.assert_outcomes(errors=4)
+    result.stdout.fnmatch_lines(["memgate: error: budget 'gpu': devices 'cuda:*' selects no device of the run "
+                                 "(it has npu:0, npu:2, npu:3)" + _NOWHERE] * 4)
+    assert result.ret != 0
+
+
+def test_a_budget_for_a_rank_the_run_lacks_is_an_error(root: Root, pytester: pytest.Pytester) -> None:
+    """A renamed rank: no item was even generated for the budget, and the run passed."""
+    budgets = pytester.makefile(".toml", budgets='[[budgets]]\nname = "r7"\nranks = "7"\npeak_allocated = "1 MiB"\n\n'
+                                '[[budgets]]\nname = "all"\npeak_allocated = "10 GiB"\n')
+    result = pytester.runpytest(f"--memgate={root.path}", f"--memgate-budgets={budgets}", "-rE", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(["memgate: error: budget 'r7': ranks '7' selects no rank of the run (it has 0, 1, 2, 3)"
+                                 + _NOWHERE, "ERROR memgate::root::r7::ranks*"])
+
+
+def test_a_budget_for_devices_its_ranks_lack_names_them(root: Root, pytester: pytest.Pytester) -> None:
+    budgets = pytester.makefile(".toml", budgets='[[budgets]]\nname = "low"\nranks = "rank[0-1]"\ndevices = "npu:3"\n'
+                                'peak_allocated = "1 MiB"\n')
+    result = pytester.runpytest(f"--memgate={root.path}", f"--memgate-budgets={budgets}", "-rE", "-p", "no:cacheprovider")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines([("memgate: error: budget 'low': devices 'npu:3' selects no device of the ranks "
+                                 "'rank[[]0-1]' selects in the run (they have npu:0)*")] * 2)
+
+
+@pytest.mark.parametrize("where", ["option", "ini"])
+def test_allow_unselected_keeps_the_skips(root: Root, pytester: pytest.Pytester, where: str) -> None:
+    budgets = pytester.makefile(".toml", budgets='[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\n'
+                                'peak_allocated = "1 MiB"\n\n[[budgets]]\nname = "r7"\nranks = "7"\n'
+                                'peak_allocated = "1 MiB"\n')
+    args = [f"--memgate={root.path}", f"--memgate-budgets={budgets}", "-rs", "-p", "no:cacheprovider"]
+    if where == "option":
+        args.append("--memgate-allow-unselected")
+    else:
+        pytester.makeini("[pytest]\nmemgate_allow_unselected = true\n")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(skipped=4)
+    result.stdout.fnmatch_lines(["SKIPPED *not selected: budget 'gpu' selects devices='cuda:*', the profile has npu:0"])
+    assert result.ret == 0

@@ -17,6 +17,7 @@ SAMPLE = Path(__file__).parent / "data" / "samples" / "ascend" / "msinsight_pta2
 # Derived from the raw memory_record.csv (max PTA+GE Total Allocated / Reserved * 2**20), checked
 # independently in tests/test_torch_npu.py.
 PEAK_ALLOCATED = 1322299392
+RECORDING = Path(__file__).parent / "data" / "samples" / "torch_cuda" / "h200_record_leak"  # no rank in its name
 PEAK_RESERVED = 1600913408
 
 BUDGETS = """
@@ -219,6 +220,53 @@ def test_marker_with_profile_path(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "*peak_allocated 1.23 GiB exceeds budget 1.00 GiB by 237.04 MiB (+23.1%) — rank 0 npu:0*",
     ])
+
+
+MARKED_ELSEWHERE = f"""
+    import pytest
+
+    @pytest.mark.memgate(profile={str(SAMPLE)!r}, devices="cuda:*", peak_allocated="1 MiB")
+    def test_gpu():
+        pass
+
+    @pytest.mark.memgate(profile={str(SAMPLE)!r}, ranks="5", peak_allocated="1 MiB")
+    def test_rank5():
+        pass
+
+    @pytest.mark.memgate(profile={str(SAMPLE)!r}, devices="npu:*", peak_allocated="2 GiB")
+    def test_npu():
+        pass
+"""
+
+
+def test_a_marker_that_selects_none_of_its_profiles_is_an_error(pytester: pytest.Pytester) -> None:
+    """A marker for CUDA (or another rank) on an NPU profile of rank 0 judged nothing and passed."""
+    pytester.makepyfile(MARKED_ELSEWHERE)
+    result = pytester.runpytest("-rA", "-p", "no:cacheprovider")
+    result.assert_outcomes(errors=2, passed=1)
+    result.stdout.fnmatch_lines([
+        ("memgate: error: budget 'test_a_marker_that_selects_none_of_its_profiles_is_an_error.py::test_gpu': devices "
+        "'cuda:*' selects no device of the test's profiles (they have npu:0); expected ranks and devices that select "
+        "a device of the test's profiles, or --memgate-allow-unselected where they are optional"),
+        "memgate: error: budget '*::test_rank5': ranks '5' selects no rank of the test's profiles (they have 0)*",
+    ])
+    result.stdout.fnmatch_lines(["*test_gpu*peak_allocated*error*", "*test_rank5*peak_allocated*error*"])
+
+
+def test_allow_unselected_lets_a_marker_skip_its_checks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(MARKED_ELSEWHERE)
+    result = pytester.runpytest("-rA", "-p", "no:cacheprovider", "--memgate-allow-unselected")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_gpu*peak_allocated*not selected*", "*test_rank5*peak_allocated*not selected*"])
+
+
+def test_a_budget_for_a_rank_only_the_load_tells_is_an_error_too(pytester: pytest.Pytester) -> None:
+    """A recording's folder states no rank: its item is generated, and its setup finds the run has no rank 3."""
+    shutil.copytree(RECORDING, pytester.path / "rec")
+    pytester.makefile(".toml", memgate='[[budgets]]\nname = "r3"\nranks = "3"\npeak_allocated = "1 MiB"\n')
+    result = pytester.runpytest("--memgate=rec", "-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["memgate: error: budget 'r3': ranks '3' selects no rank of the run (it has 0)*"])
 
 
 def test_marker_with_profile_dir_fixture_is_gated_after_the_body(pytester: pytest.Pytester) -> None:

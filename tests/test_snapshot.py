@@ -27,7 +27,7 @@ import jsonschema
 import pandas as pd
 import pytest
 from groundtruth import Trace, expected_metrics
-from helpers import sample_pickle
+from helpers import SAMPLES, in_process, sample_pickle
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import traces
@@ -51,6 +51,7 @@ from memgate.readers.pyrecords import check_records
 from memgate.schemas import load_schema
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"
+CUDA_LEAK = SAMPLES / "torch_cuda" / "h200_snapshot_leak" / "snapshot.pickle"
 PICKLES = sorted(TORCH.glob("*.pickle"))
 MODERN = TORCH / "snapshot_modern_small_cs336.pickle"
 LEGACY = TORCH / "snapshot_legacy_history_flexgen.pickle"
@@ -1159,6 +1160,37 @@ def test_a_cuda_allocator_conf_settles_the_label_before_any_frame(tmp_path: Path
     assert _labelled(tmp_path, ["/work/train.py", NPU_PATHS[0]], where=where, conf="PYTORCH_NPU_ALLOC_CONF") == "npu:0"
     # a conf of no known allocator (a newer torch's generic name) decides nothing: the frames still do
     assert _labelled(tmp_path, ["/work/train.py", NPU_PATHS[0]], where=where, conf="PYTORCH_ALLOC_CONF") == "npu:0"
+
+
+@pytest.mark.parametrize("cuda", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"])
+@pytest.mark.parametrize("npu_first", [True, False])
+def test_a_cuda_conf_settles_cuda_whatever_else_the_settings_hold(tmp_path: Path, cuda: str, npu_first: bool) -> None:
+    """Both confs (a CUDA file relabelled by an NPU key beside its own), in either order, and torch_npu's
+    workspace entries at the front of the trace: the CUDA conf settles it (formats-reference §4)."""
+    confs = ["PYTORCH_NPU_ALLOC_CONF", cuda][:: 1 if npu_first else -1]
+    block = _block(1024, "active_allocated", 1000)
+    workspace = {"action": "workspace_snapshot", "addr": 0, "size": 0, "stream": 0, "frames": []}
+    alloc = {"action": "alloc", "addr": 1 << 20, "size": 1000, "stream": 0,
+             "frames": [{"name": "f", "filename": NPU_PATHS[0], "line": 1}]}
+    data = {"segments": [_segment(0, 1 << 20, [block])], "device_traces": [[workspace, alloc]],
+            "allocator_settings": {**dict.fromkeys(confs, ""), "max_split_size": -1}}
+    assert [d.device for d in snapshot.load(_write(tmp_path, data)).devices] == ["cuda:0"]
+    # a key that merely holds "NPU" is no torch_npu conf: without workspace entries or frames, CUDA
+    data = {"segments": [_segment(0, 1 << 20, [block])], "device_traces": [[]],
+            "allocator_settings": {"MY_NPU_NOTE": "", "max_split_size": -1}}
+    assert [d.device for d in snapshot.load(_write(tmp_path, data)).devices] == ["cuda:0"]
+
+
+def test_a_real_cuda_snapshot_with_an_npu_conf_added_is_judged_as_cuda(tmp_path: Path, capsys: Any) -> None:
+    """An H200 snapshot given a PYTORCH_NPU_ALLOC_CONF beside its PYTORCH_CUDA_ALLOC_CONF was labelled npu:0,
+    so a cuda:* budget skipped it and a 725 MiB peak passed a 1 MiB limit with exit 0."""
+    data = sample_pickle(CUDA_LEAK)
+    data["allocator_settings"]["PYTORCH_NPU_ALLOC_CONF"] = "expandable_segments:False"
+    (tmp_path / "snapshot.pickle").write_bytes(pickle.dumps(data))
+    (tmp_path / "b.toml").write_text('[[budgets]]\nname = "gpu"\ndevices = "cuda:*"\npeak_allocated = "1 MiB"\n')
+    rc, out, _ = in_process(["check", tmp_path / "snapshot.pickle", "--budgets", tmp_path / "b.toml"], capsys)
+    assert rc == 1
+    assert "peak_allocated 725.20 MiB exceeds budget 1.00 MiB by 724.20 MiB (+72419.6%) — rank 0 cuda:0, step 5" in out
 
 
 @pytest.mark.parametrize("path", NOT_NPU_PATHS)

@@ -51,6 +51,7 @@ from memgate.loaders import registry
 from memgate.loaders.categories import ADDRESS, moment_of
 from memgate.loaders.events import pair_allocs, repeated_action
 from memgate.loaders.kineto_events import I64_MAX, MODULE_PREFIX, Collected, Kept, us_to_ns
+from memgate.metric_specs import keys_where
 from memgate.model import (
     MAX_BYTES,
     MAX_RANK,
@@ -71,6 +72,9 @@ from memgate.schemas import load_schema
 from memgate.table import Ints, Table, Texts
 
 FORMAT = "kineto"
+# The history figures read on blocks (leaks, the blocks live at the peak): a trace without Addr pairs no free with
+# its allocation, so none of them (nor left_allocated, which reads leaked_bytes' history) is measurable.
+_PAIRED_KEYS = keys_where(source="blocks", needs_history=True)
 SCHEMA = "kineto"
 COMPONENT = "allocator"
 UNPAIRED = "allocations without Addr"  # the blocks of a trace whose [memory] events carry no Addr
@@ -468,8 +472,7 @@ def _unpaired_facts(got: Collected) -> dict[str, Any]:
     pairing = ("its [memory] events carry no Addr (torch 1.9 writes only Bytes, Device Type and Device Id): "
                "a free cannot be matched to its allocation, so no block is known to be live at a moment")
     # the blocks live at the peak too: an allocation without its free would count as live ever after
-    why = {key: pairing for key in ("leaked_bytes", "leak_undetermined_bytes", "top_at_peak", "op_bytes_at_peak",
-                                    "owner_bytes_at_peak")}
+    why = dict.fromkeys(_PAIRED_KEYS, pairing)
     if not totals:
         measured = ("step_growth_bytes (from the running sum of Bytes) and op_max_block_bytes are measured"
                     if got.ops.count else "step_growth_bytes (from the running sum of Bytes) is measured")

@@ -51,6 +51,7 @@ from memgate.loaders.snapshot_stacks import is_npu
 from memgate.loaders.snapshot_steps import note_start_times
 from memgate.loaders.snapshot_steps import steps as annotated_steps
 from memgate.loaders.snapshot_trace import Trace, empty_trace, parse_trace
+from memgate.metric_specs import HISTORY_KEYS
 from memgate.model import NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, empty_steps
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
@@ -63,11 +64,9 @@ NOTE_STARTS = "note_starts_ns"  # metadata of a load with addresses: memgate::no
 SCHEMA = "torch_snapshot"
 SUFFIXES = (".pickle", ".pkl")
 # Metrics that need the allocation history (peaks, growth of reserved or per step, leaks, the peak's
-# holders): not measurable from a snapshot without one. A one-sample series would otherwise read as
-# a peak, and as "reserved never grew" (external_fragmentation 0).
-HISTORY_METRICS = ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation",
-                   "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes", "top_at_peak", "op_bytes_at_peak",
-                   "owner_bytes_at_peak")
+# holders; the table of metrics says which): not measurable from a snapshot without one. A one-sample
+# series would otherwise read as a peak, and as "reserved never grew" (external_fragmentation 0).
+HISTORY_METRICS = HISTORY_KEYS
 EMPTY = "empty snapshot: no segments and no device traces"  # a dump from a process that never used the device
 _EMPTY_DICT, _EMPTY_LIST = 0x7D, 0x5D
 # Keys one of which a snapshot's first record names within its first bytes (dict or bare list).

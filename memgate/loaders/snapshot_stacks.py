@@ -132,29 +132,33 @@ _SCAN_VISITS = 2_000_000  # frame dicts read at most (a fraction of a second), s
 # package (…/site-packages/torch_npu/npu/memory.py) or its sources (…/torch_npu/csrc/…), not a
 # user's ``torch_npu_helper/`` nor a ``torch_npu.py`` script.
 _NPU_PATH = re.compile(r"(?:^|[/\\])torch_npu[/\\]")
-# The allocator conf torch's own CUDA (ROCm) allocator names in the settings it writes.
+# The allocator conf torch's own CUDA (ROCm) allocator names in the settings it writes: it settles CUDA.
 _OTHER_CONFS = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"})
+# torch_npu's conf, by its name only (a key merely holding "NPU" is no sign of torch_npu).
+_NPU_CONF = "PYTORCH_NPU_ALLOC_CONF"
 
 
 def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace], *, padded: bool = False) -> bool:
     """Whether torch_npu wrote the snapshot (the same format as torch's, labelled ``npu:N``).
 
-    Its signs: an allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries (in the first entries
-    of a trace), final blocks sized as torch_npu rounds a request (``padded``: 32 B added first; see
+    A conf named for CUDA (or HIP) in ``allocator_settings`` settles it as CUDA, whatever else the file
+    holds (an NPU conf beside it, workspace entries, padded blocks, torch_npu frames): torch writes it,
+    and no torch_npu release (2.0.1 to 2.12) writes ``allocator_settings`` at all. Else its signs: an
+    allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries (in the first entries of a trace),
+    final blocks sized as torch_npu rounds a request (``padded``: 32 B added first; see
     :func:`~memgate.loaders.block_sizes.pad_shown`), or a stack frame from a file inside a ``torch_npu``
-    directory (its Python package, its C++ sources). A conf named for CUDA (or HIP) settles it the
-    other way before any block or frame is read: torch writes it, and no torch_npu release (2.0.1 to
-    2.12) writes ``allocator_settings`` at all. ``parsed``: the device traces.
+    directory (its Python package, its C++ sources). ``parsed``: the device traces.
     """
     settings = snapshot.get("allocator_settings")
-    if isinstance(settings, dict) and any("NPU" in str(k) for k in settings):
+    confs = set(settings) if isinstance(settings, dict) else set()
+    if confs & _OTHER_CONFS:
+        return False
+    if _NPU_CONF in confs:
         return True
     traces = [t for t in snapshot.get("device_traces") or [] if isinstance(t, (list, tuple))]
     heads = [[e for e in t[:_SCAN_ENTRIES] if isinstance(e, dict)] for t in traces]
     if any(e.get("action") == "workspace_snapshot" for head in heads for e in head):
         return True
-    if isinstance(settings, dict) and any(k in _OTHER_CONFS for k in settings):
-        return False
     if padded:
         return True
     # The frames: the segments' first, then every entry of every trace, until _SCAN_VISITS frames were
