@@ -76,7 +76,7 @@ def test_what_is_not_a_percentage_is_no_share(value: object) -> None:
 def test_zero_percent_is_refused() -> None:
     with pytest.raises(ConfigError) as info:
         parse_share("0%", what="train.peak_reserved")
-    assert info.value.one_line() == "invalid train.peak_reserved '0%'; expected a percentage above 0%"
+    assert info.value.one_line() == "invalid train.peak_reserved '0%'; expected a percentage above 0% and at most 100%"
 
 
 def test_format_share() -> None:
