@@ -360,8 +360,8 @@ def test_memgate_runs_on_an_odd_storage_exits_2(tmp_path: Path, capsys: pytest.C
         capsys.readouterr()
         assert main(["runs", "--storage", str(storage)]) == 2, case
         captured = capsys.readouterr()
-        assert captured.err.splitlines() == [f"memgate: error: {named}: {says}; expected a folder for saved runs "
-                                             "(--memgate-storage / --storage DIR)"], case
+        assert captured.err.splitlines() == [(f"memgate: error: {named}: {says}; expected a folder for saved runs "
+                                             "(--memgate-storage / --storage DIR)")], case
         assert main(["diff", "--storage", str(storage), "1", "2"]) == 2, case
         assert len(capsys.readouterr().err.splitlines()) == 1, case
 
@@ -421,8 +421,8 @@ def test_memgate_runs_names_a_run_file_it_cannot_read_and_lists_the_rest(tmp_pat
     captured = capsys.readouterr()
     assert [line.split()[0] for line in captured.out.splitlines()[2:6]] == ["0001", "0002", "0003", "0004"]
     assert captured.err.splitlines() == [
-        f"memgate: error: run 0003: {dangling}: baseline file is a symbolic link to '{tmp_path / 'gone.json'}', "
-        "which does not exist",
+        (f"memgate: error: run 0003: {dangling}: baseline file is a symbolic link to '{tmp_path / 'gone.json'}', "
+        "which does not exist"),
         f"memgate: error: run 0004: {folder}: baseline is a directory; expected a memgate baseline file"]
     assert main(["runs", "--storage", str(tmp_path), "--json"]) == 2
     listed = json.loads(capsys.readouterr().out)["runs"]
@@ -430,3 +430,17 @@ def test_memgate_runs_names_a_run_file_it_cannot_read_and_lists_the_rest(tmp_pat
         (1, ["prof/0"], 0), (2, ["prof/1"], 0), (3, [], 1), (4, [], 1)]
     with pytest.raises(MemgateError, match="symbolic link to"):  # the latest is not skipped for the one before
         load_baseline(find_run(tmp_path, NPU_KEY, "3").path)  # type: ignore[union-attr]
+
+
+def test_a_store_broken_during_the_session_is_said_at_its_end(project: pytest.Pytester) -> None:
+    """The storage is checked at the start; a folder of it made a file by the time the run is saved: said, exit 4."""
+    folder = project.path / ".memgate" / "v1" / NPU
+    project.makepyfile(test_break=f"import os\ndef test_break():\n    os.makedirs(r'{folder.parent}', exist_ok=True)\n"
+                                  f"    open(r'{folder}', 'w').close()\n")
+    result = project.runpytest("--memgate=base", "--memgate-autosave", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines([(f"memgate: error: {folder}: cannot use the saved runs' folder: File exists; "
+                                 "expected a folder memgate can read and write (--memgate-storage / --storage) "
+                                 "(the run was not saved)")])
+    assert "INTERNALERROR" not in result.stdout.str() and "saved nothing" not in result.stdout.str()

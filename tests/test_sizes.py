@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from memgate.errors import ConfigError
-from memgate.sizes import format_share, format_size, parse_share, parse_size
+from memgate.sizes import MAX_SIZE, format_share, format_size, int_text, parse_share, parse_size
 
 UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB mean the same binary units)"
 
@@ -81,3 +81,29 @@ def test_zero_percent_is_refused() -> None:
 
 def test_format_share() -> None:
     assert [format_share(s) for s in (0.92, 0.925, 1.0, 0.001234567)] == ["92%", "92.5%", "100%", "0.123457%"]
+
+
+@pytest.mark.parametrize("value", ["９ GiB", "٣ MiB", "1_0 MiB", "NaN GiB", "inf", "1e3 MiB", "9" * 400 + " GiB",
+                                   "65537 TiB", MAX_SIZE + 1, 2**63])
+def test_hostile_sizes_are_one_bounded_error(value: object) -> None:
+    """Other scripts' digits, '1_0', NaN, exponents (Decimal takes all of them), and sizes past 64 PiB: a
+    limit no device can reach never fails."""
+    with pytest.raises(ConfigError) as info:
+        parse_size(value, what="train.peak_allocated")
+    assert info.value.one_line().startswith("invalid train.peak_allocated") and len(info.value.one_line()) < 250
+    assert parse_size(MAX_SIZE) == parse_size("65536 TiB") == MAX_SIZE
+
+
+@pytest.mark.parametrize("value", ["100.5%", "150%", "9" * 400 + "%", "1" + "0" * 300 + "%"])
+def test_a_share_past_the_whole_device_is_refused(value: str) -> None:
+    """float('9' * 400) is inf: a limit of more than the device's whole capacity can never fail."""
+    with pytest.raises(ConfigError) as info:
+        parse_share(value, what="train.peak_reserved")
+    assert info.value.expected == "a percentage above 0% and at most 100%" and len(info.value.one_line()) < 250
+
+
+@pytest.mark.parametrize(("text", "number"), [("3", 3), (" 0012 ", 12), ("-4", -4), ("9" * 18, int("9" * 18)),
+                                              ("9" * 19, None), ("²", None), ("３", None), ("\u0663", None),
+                                              ("1_0", None), ("+1", None), ("1.0", None), ("", None)])
+def test_int_text_is_ascii_digits(text: str, number: int | None) -> None:
+    assert int_text(text) == number

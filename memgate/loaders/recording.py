@@ -105,7 +105,7 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         doc = _json(file.read_bytes())
     except ValueError as exc:  # not UTF-8, not JSON, or a number longer than any the recorder writes
         line = getattr(exc, "lineno", None)
-        raise InputError(f"not valid JSON: {getattr(exc, 'msg', None) or show(str(exc), 120)}", file=file, line=line,
+        raise InputError(f"not valid JSON: {getattr(exc, 'msg', None) or str(exc)[:200]}", file=file, line=line,
                          column=None if line is None else f"column {getattr(exc, 'colno', 0)}",
                          expected="the JSON manifest memgate.record writes") from None
     import jsonschema  # here: only a manifest is checked with it
