@@ -170,7 +170,7 @@ def _capacities(path: Path, props: list[dict[str, Any]], devices: list[DeviceMod
     capacity = {}
     for device in devices:
         kind, _, number = device.device.partition(":")
-        if kind != "cpu" and number.isdigit() and int(number) in by_id:
+        if kind != "cpu" and number.isascii() and number.isdigit() and int(number) in by_id:
             capacity[device.device] = by_id[int(number)]
     return capacity
 
