@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -36,12 +37,16 @@ from typing import Any
 
 from memgate.baselines import RUN_LAYOUT, baseline_entries, baseline_from_entries, comparable_key
 from memgate.documents import load_baseline
-from memgate.errors import ConfigError, MemgateError, remembered
+from memgate.errors import ConfigError, MemgateError, remembered, show
 from memgate.report import write_json_atomic
 
 LAYOUT = RUN_LAYOUT  # memgate_run.layout, checked on read (memgate.documents.load_baseline)
 LAYOUT_DIR = f"v{LAYOUT}"
-_RUN_FILE = re.compile(r"\A(?P<number>[0-9]{4,})_(?P<commit>[0-9a-f]{4,40}|nogit)(?P<dirty>-dirty)?\.json\Z")
+_RUN_FILE = re.compile(r"\A(?P<number>0*[0-9]{4,9})_(?P<commit>[0-9a-f]{4,40}|nogit)(?P<dirty>-dirty)?\.json\Z")
+# A run number as written: ASCII digits, at most 9 past leading zeros. str.isdigit() would take '²'
+# (int() raises) and '٣' (int() reads 3); the store travels as a CI cache and is read as untrusted.
+_RUN_NUMBER = re.compile(r"0*[0-9]{1,9}")
+MAX_RUN = 10**9 - 1
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+]+")
 # comparable_key names → the short prefix they get in a configuration name
 _KEY_PREFIX = {"torch_version": "torch", "torch_npu_version": "torch_npu", "cann_version": "cann",
@@ -53,6 +58,11 @@ class SavedRun:
     path: Path
     number: int
     commit: str | None
+
+
+def run_number(text: str) -> int | None:
+    """The run number ``text`` writes (``3``, ``0003``), else None."""
+    return int(text) if _RUN_NUMBER.fullmatch(text) else None
 
 
 def configuration_name(key: dict[str, Any]) -> str:
@@ -86,26 +96,79 @@ def git_commit(directory: Path) -> tuple[str | None, bool]:
 def saved_runs(storage: Path, configuration: str | None = None) -> list[SavedRun]:
     """The saved runs of one configuration (every configuration: None), by number."""
     root = storage / LAYOUT_DIR
-    folders = [root / configuration] if configuration is not None else (
-        sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
     runs = []
-    for folder in folders:
-        if not folder.is_dir():
-            continue
-        for path in folder.iterdir():
-            match = _RUN_FILE.match(path.name)
-            if match is not None and path.is_file():
-                commit = None if match.group("commit") == "nogit" else match.group("commit")
-                runs.append(SavedRun(path, int(match.group("number")), commit))
+    try:
+        folders = [root / configuration] if configuration is not None else (
+            sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
+        for folder in folders:
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                match = _RUN_FILE.match(path.name)
+                # whatever the entry is (a dangling link, a folder): a run's file, which reading it names
+                if match is not None:
+                    commit = None if match.group("commit") == "nogit" else match.group("commit")
+                    runs.append(SavedRun(path, int(match.group("number")), commit))
+    except OSError as exc:
+        raise _store_error(exc, root) from None
     return sorted(runs, key=lambda r: (r.number, r.path.name))
+
+
+def _store_error(exc: OSError, where: Path) -> ConfigError:
+    return ConfigError(f"cannot use the saved runs' folder: {exc.strerror or exc}", file=exc.filename or where,
+                       expected="a folder memgate can read and write (--memgate-storage / --storage)")
+
+
+def storage_problem(storage: Path) -> ConfigError | None:
+    """Why ``storage`` cannot hold saved runs, checked before a session uses it: a file where it or a
+    folder of its layout belongs, a symbolic link loop or one to nothing, a folder that cannot be
+    searched; None when it can (it need not exist yet)."""
+    for inner in (storage / LAYOUT_DIR / ".ids", storage / LAYOUT_DIR):
+        if os.path.lexists(inner):
+            return _folder_problem(inner)
+    path = storage
+    while not os.path.lexists(path) and path.parent != path:  # the nearest that is there (a file on the way: it)
+        path = path.parent
+    return _folder_problem(path)
+
+
+def _folder_problem(path: Path) -> ConfigError | None:
+    expected = "a folder for saved runs (--memgate-storage / --storage DIR)"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return ConfigError("a symbolic link to nothing", file=path, expected=expected)
+    except OSError as exc:  # ELOOP: a symbolic link loop; EACCES
+        return ConfigError(f"cannot use the saved runs' folder: {exc.strerror or exc}", file=path, expected=expected)
+    return None if stat.S_ISDIR(mode) else ConfigError("not a folder", file=path, expected=expected)
+
+
+def check_storage(storage: Path) -> Path:
+    """``storage``, or the ConfigError of :func:`storage_problem`."""
+    problem = storage_problem(storage)
+    if problem is not None:
+        raise problem
+    return storage
+
+
+def _one_file_each(runs: list[SavedRun]) -> None:
+    """A ConfigError naming both files where one run number is saved twice for one configuration (two
+    stores merged, e.g. two CI caches): which one is the run cannot be told."""
+    seen: dict[tuple[Path, int], SavedRun] = {}
+    for run in runs:
+        first = seen.setdefault((run.path.parent, run.number), run)
+        if first is not run:
+            raise ConfigError(f"run {run.number:04d} is saved twice for one configuration: {first.path.name} and "
+                              f"{run.path.name} (two stores merged?)", file=run.path.parent,
+                              expected="one file per run and configuration: remove or renumber one")
 
 
 def check_run_id(run_id: str) -> str:
     """``""`` / ``latest``, a run number, or a commit prefix (4+ hex digits); else a ConfigError."""
     text = run_id.strip()
-    if text in ("", "latest") or text.isdigit() or re.fullmatch(r"[0-9a-f]{4,40}", text):
+    if text in ("", "latest") or run_number(text) is not None or re.fullmatch(r"[0-9a-f]{4,40}", text):
         return text
-    raise ConfigError(f"invalid --memgate-compare {run_id!r}",
+    raise ConfigError(f"invalid --memgate-compare {show(run_id)}",
                       expected="nothing (the latest saved run), a run number (3 or 0003) or a git commit prefix; "
                                "a bare --memgate-compare takes the next argument as its ID: write --memgate-compare=ID")
 
@@ -117,14 +180,17 @@ def find_run(storage: Path, key: dict[str, Any], run_id: str = "", *,
     in ``besides`` (what this session saved: a run is not compared with itself)."""
     runs = [r for r in saved_runs(storage, configuration_name(key)) if r.path not in besides]
     run_id = run_id.strip()
+    number = run_number(run_id)
     if run_id in ("", "latest"):
-        return runs[-1] if runs else None
-    if run_id.isdigit():
-        chosen = [r for r in runs if r.number == int(run_id)]
-        if chosen:
-            return chosen[-1]
-    chosen = [r for r in runs if r.commit is not None and r.commit.startswith(run_id.lower())]
-    return chosen[-1] if chosen else None
+        chosen = runs
+    elif number is not None and any(r.number == number for r in runs):
+        chosen = [r for r in runs if r.number == number]
+    else:
+        chosen = [r for r in runs if r.commit is not None and r.commit.startswith(run_id.lower())]
+    if not chosen:
+        return None
+    _one_file_each([r for r in runs if r.number == chosen[-1].number])
+    return chosen[-1]
 
 
 def missing_run(storage: Path, key: dict[str, Any], run_id: str = "") -> str:
@@ -143,9 +209,12 @@ def _claim_number(root: Path) -> int:
     ids = root / ".ids"
     ids.mkdir(parents=True, exist_ok=True)
     used = [r.number for r in saved_runs(root.parent)]
-    used += [int(p.name) for p in ids.iterdir() if p.name.isdigit()]
+    used += [n for n in map(run_number, os.listdir(ids)) if n is not None]  # any other name is not ours
     number = max(used, default=0) + 1
     while True:
+        if number > MAX_RUN:
+            raise ConfigError(f"no run number left: the store claims run {number - 1}", file=ids,
+                              expected=f"run numbers up to {MAX_RUN}: start a new storage folder")
         try:
             os.close(os.open(ids / f"{number:04d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
             return number
@@ -163,6 +232,14 @@ def save_run(storage: Path, entries: Iterable[dict[str, Any]], *, commit: str | 
     if not groups:
         return []
     root = storage / LAYOUT_DIR
+    try:
+        return _save_run(root, groups, commit=commit, dirty=dirty, now=now)
+    except OSError as exc:  # the store changed under the session (a file where a folder belongs)
+        raise _store_error(exc, root) from None
+
+
+def _save_run(root: Path, groups: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], *, commit: str | None,
+              dirty: bool, now: datetime | None) -> list[Path]:
     number = _claim_number(root)
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     name = f"{number:04d}_{commit[:12] if commit else 'nogit'}{'-dirty' if dirty else ''}.json"
@@ -222,7 +299,8 @@ def default_storage(start: Path) -> Path:
 def is_run_id(text: str) -> bool:
     """Whether ``text`` reads as a saved run's ID (:data:`RUN_ID_HELP`) rather than a path."""
     text = text.strip().lower()
-    return text in ("latest", "previous") or text.isdigit() or re.fullmatch(r"[0-9a-f]{4,40}", text) is not None
+    return text in ("latest", "previous") or run_number(text) is not None or \
+        re.fullmatch(r"[0-9a-f]{4,40}", text) is not None
 
 
 def run_files(storage: Path, run_id: str) -> list[SavedRun]:
@@ -237,8 +315,8 @@ def run_files(storage: Path, run_id: str) -> list[SavedRun]:
         chosen = numbers[-1]
     elif text == "previous" and len(numbers) > 1:
         chosen = numbers[-2]
-    elif text.isdigit() and int(text) in numbers:
-        chosen = int(text)
+    elif run_number(text) in numbers:
+        chosen = run_number(text)
     elif text not in ("latest", "previous") and re.fullmatch(r"[0-9a-f]{4,40}", text):
         at_commit = [r.number for r in runs if r.commit is not None and r.commit.startswith(text)]
         chosen = max(at_commit, default=None)
@@ -246,8 +324,11 @@ def run_files(storage: Path, run_id: str) -> list[SavedRun]:
         have = (f"saved: {', '.join(f'{n:04d}' for n in numbers[-5:])}"
                 + (f" and {len(numbers) - 5} earlier" if len(numbers) > 5 else "")) if numbers else \
             "none saved: pytest --memgate-autosave saves one"
-        raise ConfigError(f"no saved run {run_id.strip()!r} in {storage / LAYOUT_DIR} ({have})", expected=RUN_ID_HELP)
-    return [r for r in runs if r.number == chosen]
+        raise ConfigError(f"no saved run {show(run_id.strip())} in {storage / LAYOUT_DIR} ({have})",
+                          expected=RUN_ID_HELP)
+    files = [r for r in runs if r.number == chosen]
+    _one_file_each(files)
+    return files
 
 
 def run_entries(storage: Path, run_id: str) -> list[dict[str, Any]]:
@@ -276,6 +357,10 @@ def run_summaries(storage: Path) -> list[RunSummary]:
     for number, files in sorted(by_number.items()):
         profiles: list[str] = []
         problems: list[str] = []
+        try:
+            _one_file_each(files)
+        except ConfigError as exc:
+            problems.append(exc.one_line())
         saved_at: str | None = None
         dirty = False
         for run in files:

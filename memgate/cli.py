@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 # --help and --version answer at once.
 
 EXIT_OK, EXIT_EXCEEDED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+MAX_HEADROOM = 1000  # % of suggest --headroom: a limit 11 times what was measured is no budget
 PATH_HELP = "a profile (a *_ascend_pt folder, PROF_* folder, snapshot, trace, dump...) or a folder holding profiles"
 RUN_HELP = ("a profile or folder of profiles, a JSON report / baseline memgate saved, or a saved run's ID "
             "(latest, previous, a run number or a commit prefix: memgate runs lists them)")
@@ -74,8 +75,19 @@ def _say(lines: Iterable[str], file: TextIO | None = None) -> None:
         print(printable(line), file=file)
 
 
+def _int(text: str) -> int:
+    """An integer option's value: ASCII digits (``int()`` would take ``'１０'``, ``'٣'`` and ``'1_000'``)."""
+    from memgate.errors import show
+    from memgate.sizes import int_text
+
+    number = int_text(text)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"invalid int value: {show(text)} (expected ASCII digits, at most 18)")
+    return number
+
+
 def _loading_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="load profiles (ranks) in N processes (default 1)")
+    p.add_argument("--jobs", "-j", type=_int, default=1, metavar="N", help="load profiles (ranks) in N processes (default 1)")
     p.add_argument("--cache-dir", metavar="DIR", default=os.environ.get("MEMGATE_CACHE_DIR"),
                    help="keep loaded profiles here, keyed on file content: a second run over unchanged "
                         "files reads them back (default: $MEMGATE_CACHE_DIR; none when unset)")
@@ -88,9 +100,9 @@ def _loading_options(p: argparse.ArgumentParser) -> None:
 def _inspect_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", nargs="+", help=PATH_HELP + " (several: each in turn, e.g. a shell glob)")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of text")
-    p.add_argument("--warmup-steps", type=int, default=1, metavar="N",
+    p.add_argument("--warmup-steps", type=_int, default=1, metavar="N",
                    help="timed steps dropped before step_growth and leaked are measured (default 1)")
-    p.add_argument("--leak-horizon-steps", type=int, default=1, metavar="N",
+    p.add_argument("--leak-horizon-steps", type=_int, default=1, metavar="N",
                    help="last counted steps whose live blocks count as leak_undetermined, not leaked (default 1)")
 
 
@@ -123,7 +135,7 @@ def _diff_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail", action="append", default=[], metavar="EXPR",
                    help="exit 1 when a metric grew past EXPR, e.g. peak_allocated:5%%, peak_allocated:2.5%%+256MiB")
     p.add_argument("--json", action="store_true", help="print the diff as JSON (to stdout)")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="operators listed per change kind (default 10)")
+    p.add_argument("--top", type=_int, default=10, metavar="N", help="operators listed per change kind (default 10)")
     p.add_argument("--storage", metavar="DIR", help=STORAGE_HELP)
 
 
@@ -334,9 +346,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _storage(args: argparse.Namespace) -> Path:
-    from memgate.autosave import default_storage
+    from memgate.autosave import check_storage, default_storage
 
-    return Path(args.storage) if args.storage else default_storage(Path.cwd())
+    return check_storage(Path(args.storage) if args.storage else default_storage(Path.cwd()))
 
 
 def _entries_of(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
@@ -400,17 +412,17 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _suggest(args: argparse.Namespace) -> int:
-    from decimal import Decimal, InvalidOperation
+    from decimal import Decimal
 
+    from memgate.errors import show
     from memgate.suggest import suggest_toml
 
-    text = args.headroom.strip().removesuffix("%")
-    try:
-        headroom = Decimal(text)
-    except InvalidOperation:
-        raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage such as 10%") from None
-    if headroom < 0:
-        raise ConfigError(f"invalid --headroom {args.headroom!r}", expected="a percentage >= 0")
+    # Decimal() alone takes NaN, Infinity, 1e999999, '１０' and '1_0': a percentage is written in ASCII digits
+    text = args.headroom.strip().removesuffix("%").strip()
+    if not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,6})?", text) or Decimal(text) > MAX_HEADROOM:
+        raise ConfigError(f"invalid --headroom {show(args.headroom)}",
+                          expected=f"a percentage from 0% to {MAX_HEADROOM}% such as 10%")
+    headroom = Decimal(text)
     print(suggest_toml(_entries_of(args, args.path), headroom, name=args.name, form=args.form), end="")
     return EXIT_OK
 

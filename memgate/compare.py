@@ -24,14 +24,16 @@ from typing import Any
 
 from memgate.baselines import baseline_entries, comparable_key, pair_entries
 from memgate.budgets import LIMITS
-from memgate.errors import ConfigError, printable
+from memgate.errors import ConfigError, printable, show
 from memgate.identity import pair_devices, profile_labels
 from memgate.metric_specs import BUDGET_SPECS
 from memgate.sizes import format_size, parse_size
 
 RATIO_DECIMALS = 3
-_RULE = re.compile(r"\A(?P<metric>[a-z_]+):(?:(?P<pct>[0-9]+(?:\.[0-9]+)?)%)?(?:\+(?P<abs>[^%]+))?\Z")
-_RATIO_TEXT = re.compile(r"\A\s*[0-9]+(?:\.[0-9]+)?\s*\Z")
+# A percentage of at most 6 digits before the point (and 6 after): past 999999% a rule allows what no run
+# can reach; a ratio likewise (its limit past 1 never fails).
+_RULE = re.compile(r"\A(?P<metric>[a-z_]+):(?:(?P<pct>[0-9]{1,6}(?:\.[0-9]{1,6})?)%)?(?:\+(?P<abs>[^%]+))?\Z")
+_RATIO_TEXT = re.compile(r"\A\s*[0-9]{1,6}(?:\.[0-9]{1,12})?\s*\Z")
 
 
 def metric_kind(budget_key: str) -> str:
@@ -83,19 +85,19 @@ class CompareRule:
 def parse_rule(text: str) -> CompareRule:
     m = _RULE.match(text.strip())
     if m is None or (m.group("pct") is None and m.group("abs") is None):
-        raise ConfigError(f"invalid compare rule {text!r}",
+        raise ConfigError(f"invalid compare rule {show(text)}",
                           expected="METRIC:P% or METRIC:+SIZE or METRIC:P%+SIZE, e.g. peak_allocated:2.5%+256MiB")
     metric = m.group("metric")
     if metric not in LIMITS:
-        raise ConfigError(f"invalid compare rule {text!r}: unknown metric {metric!r}", expected="one of " + ", ".join(LIMITS))
+        raise ConfigError(f"invalid compare rule {show(text)}: unknown metric {metric!r}", expected="one of " + ", ".join(LIMITS))
     absolute: int | float | None = None
     if m.group("abs") is not None:
         if metric_kind(metric) == "size":
-            absolute = parse_size(m.group("abs"), what=f"compare rule {text!r}")
+            absolute = parse_size(m.group("abs"), what=f"compare rule {show(text)}")
         elif _RATIO_TEXT.match(m.group("abs")):  # float() would take nan, inf and 1e-3
             absolute = float(m.group("abs"))
         else:
-            raise ConfigError(f"invalid compare rule {text!r}", expected=f"a ratio after '+' for {metric}, e.g. "
+            raise ConfigError(f"invalid compare rule {show(text)}", expected=f"a ratio after '+' for {metric}, e.g. "
                               f"{metric}:+0.02", found=m.group("abs"))
     percent = Decimal(m.group("pct")) if m.group("pct") is not None else None
     return CompareRule(metric=metric, percent=percent, absolute=absolute, text=text.strip())

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from memgate import __version__
 from memgate.baselines import BASELINE_FORMAT, RUN_LAYOUT, baseline_entries, baseline_from_entries
-from memgate.errors import InputError
+from memgate.errors import InputError, show
 
 
 def looks_like_memgate_json(path: Path) -> bool:
@@ -29,6 +30,8 @@ def looks_like_memgate_json(path: Path) -> bool:
 
 MAX_DOCUMENT_BYTES = 256 << 20  # a report of thousands of ranks is a few MB
 MAX_NUMBER_DIGITS = 40  # 2**63 has 19 digits; a writer never writes a longer number
+_KEY_CHARS = 40  # of a key or version shown in a message
+_MESSAGE_CHARS = 160  # a schema message longer than this repeats a value: the value is shown bounded instead
 _MAX_DEPTH = 64  # a baseline nests 6 deep, a report 8: deeper is not one (and would recurse in the walk)
 
 
@@ -64,6 +67,8 @@ def json_path(parts: Any) -> str:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif len(str(part)) > _KEY_CHARS:  # a key of any length may be a hostile document's: shown bounded
+            out += "[" + show(str(part), _KEY_CHARS) + "]"
         elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
             out += ("." if out else "") + str(part)
         else:
@@ -98,6 +103,9 @@ def read_json_document(path: str | Path, what: str) -> Any:
         limits.check_file_size(path, limit=MAX_DOCUMENT_BYTES, why=f"a memgate {what} is a few MB at most")
         raw = path.read_bytes()
     except FileNotFoundError:
+        if path.is_symlink():  # a dangling link: the file it names is gone
+            raise InputError(f"{what} file is a symbolic link to {show(os.readlink(path))}, which does not exist",
+                             file=path) from None
         raise InputError(f"{what} file not found", file=path) from None
     except IsADirectoryError:
         raise InputError(f"{what} is a directory", file=path, expected=f"a memgate {what} file") from None
@@ -110,7 +118,8 @@ def read_json_document(path: str | Path, what: str) -> Any:
             seen: set[str] = set()
             for key, _ in items:
                 if key in seen:
-                    obj[key] = _Refused(repr(key), f"the key {key!r} twice in one object (no memgate writer repeats one)")
+                    shown = show(key, _KEY_CHARS)
+                    obj[key] = _Refused(shown, f"the key {shown} twice in one object (no memgate writer repeats one)")
                 seen.add(key)
         return obj
 
@@ -144,6 +153,11 @@ def version_tuple(text: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in (m.group(1) + m.group(2)).split("."))
 
 
+def _version_text(version: str) -> str:
+    """A ``memgate_version`` as a message shows it: a version, or its start (the text is the file's)."""
+    return version if len(version) <= _KEY_CHARS else show(version, _KEY_CHARS)
+
+
 def _newer(version: Any) -> bool:
     if not isinstance(version, str):
         return False
@@ -161,7 +175,7 @@ def _check_layout(doc: dict[str, Any], key: str, known: int, path: Path, what: s
         return
     column = key if where is None else f"{where}.{key}"
     version = doc.get("memgate_version")
-    by = f"memgate {version}" if isinstance(version, str) else "a memgate"
+    by = f"memgate {_version_text(version)}" if isinstance(version, str) else "a memgate"
     if isinstance(layout, int) and not isinstance(layout, bool) and layout > known:
         raise InputError(f"{what} layout {layout} (written by {by}) is newer than the layout this memgate "
                          f"{__version__} reads: upgrade memgate to read it", file=path, column=column, expected=f"layout {known}", found=layout)
@@ -245,13 +259,14 @@ def schema_error(doc: Any, schema: str, *, file: str | Path, what: str, at: tupl
     message = error.message if error.validator not in ("minimum", "maximum", "type", "required", "anyOf") else (
         "value out of range" if error.validator in ("minimum", "maximum") else
         "a key is missing" if error.validator == "required" else "wrong type")
+    if len(message) > _MESSAGE_CHARS:  # jsonschema's message repeats the value whole: it is shown bounded as found
+        message = f"fails the schema's {error.validator!r} check"
     return InputError(f"not a memgate {what}: {message}", file=file, column=json_path(where),
                       expected=_expected(error), found=found)
 
 
 def _typed(value: object) -> str:
     """A JSON value with its type, for a type error: ``the string "12"``, ``the float 1500000000.0``."""
-    from memgate.errors import show
 
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
@@ -270,7 +285,8 @@ def _check_document(doc: Any, path: Path, schema: str, what: str) -> None:
     """The version checks, then the schema; an InputError naming the file and JSON path."""
     if isinstance(doc, dict) and _newer(doc.get("memgate_version")):
         # a newer memgate may write what this one misreads: named as such, whatever the schema says
-        raise InputError(f"written by memgate {doc['memgate_version']}, newer than this memgate {__version__}: "
+        raise InputError(f"written by memgate {_version_text(doc['memgate_version'])}, newer than this memgate "
+                         f"{__version__}: "
                          f"upgrade memgate to read this {what}", file=path, column="memgate_version",
                          expected=f"a {what} of memgate {__version__} or older", found=doc["memgate_version"])
     error = schema_error(doc, schema, file=path, what=what)

@@ -64,10 +64,10 @@ class MemgateError(Exception):
             parts.append(loc + ":")
         if self.column is not None:
             parts.append(f"column {self.column!r}:")
-        parts.append(self.message)
+        parts.append(_cut(self.message))
         text = " ".join(parts)
         if self.expected is not None:
-            text += f"; expected {self.expected}"
+            text += f"; expected {_cut(self.expected)}"
         if self.found is not None:
             text += f", found {_clip(self.found)}"
         return printable(text.replace("\n", " "))
@@ -133,6 +133,18 @@ def printable(text: str) -> str:
 
 FOUND_CHARS = 80  # of a found value in the one-line message
 _BIG_INT_BITS = 256  # ints wider than this are described, not written out (77 digits)
+
+
+MESSAGE_CHARS = 2000  # of a message or an expected text: longer is a value that should have been a found
+
+
+def _cut(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` with its middle left out past ``limit`` characters: a value a message quoted whole
+    (a hostile file's 100 KB name) never makes a line of that size; both ends stay readable."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 25) // 2
+    return f"{text[:half]} …({len(text) - 2 * half} characters)… {text[-half:]}"
 
 
 def _clip(text: str, limit: int = FOUND_CHARS) -> str:

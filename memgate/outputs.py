@@ -149,6 +149,7 @@ class RunOutputs:
         self.left: list[dict[str, Any]] = []  # --memgate-report-left: per recorded test and device
         self.late_errors: list[str] = []  # found at the session's end (an unreadable baseline to ratchet)
         self.saved: list[Path] = []
+        self.save_failed = False  # --memgate-autosave could not write the run (said in late_errors)
 
     def add(self, payload: ReportPayload, word: str | None) -> None:
         """One report's payload; ``word``: what pytest's summary counts the report as (None: not counted)."""
@@ -203,7 +204,11 @@ class RunOutputs:
                 written = False
         if s.autosave and entries:
             commit, dirty = git_commit(self.rootdir)
-            self.saved = save_run(s.storage, entries, commit=commit, dirty=dirty)
+            try:
+                self.saved = save_run(s.storage, entries, commit=commit, dirty=dirty)
+            except MemgateError as exc:  # the store changed under the session (a file where a folder was)
+                self.late_errors.append(f"memgate: error: {exc.one_line()} (the run was not saved)")
+                self.save_failed, written = True, False
         if s.benchmark_json is not None:
             write_json_atomic(s.benchmark_json, benchmark_export(entries))
         if s.html_path is not None:
@@ -241,7 +246,7 @@ class RunOutputs:
             ("HTML report", s.html_path)) if path is not None and path.exists()]
         if self.kept:
             lines.append(f"memgate: recordings of {len(self.kept)} test(s) kept in {s.keep_traces}")
-        if s.autosave:  # the session's end (which saves) comes before this summary
+        if s.autosave and not self.save_failed:  # the session's end (which saves) comes before this summary
             lines.append(f"memgate: run saved to {', '.join(str(p) for p in self.saved)}" if self.saved
                          else "memgate: --memgate-autosave saved nothing: no --memgate=PATH profile and no marked "
                               "test was measured in this run")

@@ -442,7 +442,10 @@ class DeviceMemorySampler:
         if visible is None:
             return nvml.nvmlDeviceGetHandleByIndex(index)
         entry = [e.strip() for e in visible.split(",")][index]
-        return nvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit() else nvml.nvmlDeviceGetHandleByUUID(entry)
+        # "²".isdigit() is True and int("²") raises: an index is ASCII digits, anything else a UUID for NVML to judge
+        if entry.isascii() and entry.isdigit():
+            return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
 
     def _take(self) -> None:
         cuda = self._torch.cuda

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgate.autosave import check_run_id
+from memgate.autosave import check_run_id, check_storage
 from memgate.budgets import BudgetFile, find_budget_file, load_budget_file
 from memgate.compare import CompareRule, parse_rule
-from memgate.errors import ConfigError
+from memgate.errors import ConfigError, show
+from memgate.sizes import int_text
 
 MISSING_POLICIES = ("skip", "warn", "fail")
 KEPT_BESIDE_REPORT = "memgate-recordings"  # --memgate-keep-traces' default with --memgate-html/--memgate-json
@@ -48,10 +49,10 @@ def declared_root(budget_file: BudgetFile | None) -> Path | None:
 
 def leak_horizon(value: Any) -> int:
     """``--memgate-leak-horizon-steps``: an integer >= 1 (ASCII digits only)."""
-    text = str(value).strip()
-    if not text.isascii() or not text.isdigit() or int(value) < 1:
-        raise ConfigError(f"invalid --memgate-leak-horizon-steps {value!r}", expected="an integer >= 1")
-    return int(value)
+    number = int_text(str(value))
+    if number is None or number < 1:
+        raise ConfigError(f"invalid --memgate-leak-horizon-steps {show(value)}", expected="an integer >= 1")
+    return number
 
 
 @dataclass
@@ -148,6 +149,8 @@ def _read_outputs(settings: Settings, lookup: Lookup, where: Where) -> None:
     compare_id, _ = lookup("memgate_compare")
     settings.compare_id = None if compare_id is None else check_run_id(str(compare_id))
     settings.storage = _path(lookup, "memgate_storage") or where.rootdir / ".memgate"
+    if settings.autosave or settings.compare_id is not None:  # said now, not as a crash when the session ends
+        check_storage(settings.storage)
     settings.benchmark_json = _path(lookup, "memgate_benchmark_json")
     settings.html_path = _path(lookup, "memgate_html")
     settings.keep_traces = _path(lookup, "memgate_keep_traces")
@@ -167,7 +170,7 @@ def _read_comparison(settings: Settings, lookup: Lookup) -> None:
     policy, _ = lookup("memgate_baseline_missing")
     if policy is not None:
         if policy not in MISSING_POLICIES:
-            raise ConfigError(f"invalid --memgate-baseline-missing {policy!r}", expected=" or ".join(MISSING_POLICIES))
+            raise ConfigError(f"invalid --memgate-baseline-missing {show(policy)}", expected=" or ".join(MISSING_POLICIES))
         settings.missing_policy = policy
     settings.ratchet = bool(lookup("memgate_ratchet")[0])
     settings.allow_unselected = bool(lookup("memgate_allow_unselected")[0])

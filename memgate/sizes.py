@@ -23,7 +23,10 @@ UNITS: dict[str, int] = {
 }
 _BY_FOLDED = {unit.casefold(): factor for unit, factor in UNITS.items()}
 ACCEPTED_UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB and K/M/G/T mean the same binary units; any case)"
-MAX_BYTES = 2**63 - 1  # what a report, a baseline and the history store hold (int64)
+MAX_BYTES = 1 << 56  # memgate.model.MAX_BYTES: 64 PiB, more than any device holds (a limit that could never fail)
+MAX_SIZE = MAX_BYTES
+_UP_TO = f"a size up to 64 PiB ({MAX_BYTES} bytes)"
+_MAX_NUMBER_CHARS = 40  # of the number in a percentage (no share needs more)
 _MAX_FRACTION_DIGITS = 40  # a fraction of more (trailing zeros aside) is never whole bytes: 2**-40 has 40
 
 
@@ -47,9 +50,9 @@ def parse_size(value: object, *, what: str = "size") -> int:
         raise ConfigError(f"invalid {what}", expected=ACCEPTED_UNITS, found=repr(value))
     if isinstance(value, int):
         if value < 0:
-            raise ConfigError(f"invalid {what}: negative", expected="a size >= 0", found=str(value))
+            raise ConfigError(f"invalid {what}: negative", expected="a size >= 0", found=show(value))
         if value > MAX_BYTES:
-            raise ConfigError(f"invalid {what}: too large", expected=f"at most {MAX_BYTES} bytes", found=show(value))
+            raise ConfigError(f"invalid {what}: past 64 PiB", expected=_UP_TO, found=show(value))
         return value
     if not isinstance(value, str):
         raise ConfigError(f"invalid {what}", expected=f"a size string in {ACCEPTED_UNITS}", found=show(value))
@@ -66,7 +69,7 @@ def parse_size(value: object, *, what: str = "size") -> int:
     whole, _, fraction = match.group("num").partition(".")
     whole, fraction = whole.lstrip("0"), fraction.rstrip("0")
     if len(whole) > len(str(MAX_BYTES)):  # before int(): a number of 5000 digits is no size either
-        raise ConfigError(f"invalid {what} {shown}: too large", expected=f"at most {MAX_BYTES} bytes")
+        raise ConfigError(f"invalid {what} {shown}: past 64 PiB", expected=_UP_TO)
     if len(fraction) > _MAX_FRACTION_DIGITS:
         raise ConfigError(f"invalid {what} {shown}: not a whole number of bytes", expected="a whole byte count")
     # Exact: integer arithmetic on the digits (Decimal would round past 28 digits, float far sooner).
@@ -75,8 +78,20 @@ def parse_size(value: object, *, what: str = "size") -> int:
     if rest:
         raise ConfigError(f"invalid {what} {shown}: not a whole number of bytes", expected="a whole byte count")
     if scaled > MAX_BYTES:
-        raise ConfigError(f"invalid {what} {shown}: too large", expected=f"at most {MAX_BYTES} bytes")
+        raise ConfigError(f"invalid {what} {shown}: past 64 PiB", expected=_UP_TO)
     return scaled
+
+
+_INT_TEXT = re.compile(r"\s*(?P<num>-?0*[0-9]{1,18})\s*")
+
+
+def int_text(text: str) -> int | None:
+    """The integer ``text`` writes in ASCII digits (at most 18 past leading zeros: an int64), else None.
+
+    ``int()`` alone takes what no one types as a count: ``'１０'`` and ``'٣'`` (other scripts' digits),
+    ``'1_000'``, and a 5000-digit text it refuses with a ValueError of its own."""
+    match = _INT_TEXT.fullmatch(text)
+    return int(match.group("num")) if match else None
 
 
 _IEC = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
@@ -102,9 +117,11 @@ def parse_share(value: object, *, what: str = "size") -> float | None:
     match = _SHARE_RE.match(value)
     if match is None:
         return None
+    if len(match.group("num")) > _MAX_NUMBER_CHARS:
+        raise ConfigError(f"invalid {what} {show(value)}", expected="a percentage above 0% and at most 100%")
     share = float(match.group("num")) / 100
-    if share <= 0:
-        raise ConfigError(f"invalid {what} {value!r}", expected="a percentage above 0%")
+    if not 0 < share <= 1:  # more than the whole device can never fail
+        raise ConfigError(f"invalid {what} {show(value)}", expected="a percentage above 0% and at most 100%")
     return share
 
 

@@ -22,13 +22,15 @@ from memgate.autosave import (
     missing_run,
     run_entries,
     run_files,
+    run_number,
     run_summaries,
     save_run,
     saved_runs,
+    storage_problem,
 )
 from memgate.cli import main
 from memgate.documents import load_baseline
-from memgate.errors import ConfigError
+from memgate.errors import ConfigError, MemgateError
 
 BUDGETS = BASE_AND_HEAVY_BUDGETS
 NPU_KEY = {"format": "torch_npu", "device_type": "npu"}  # what the example's metadata makes comparable
@@ -330,3 +332,162 @@ def test_a_marked_tests_failed_comparison_is_the_same_failed_row_in_every_output
     steps = summary.read_text()
     assert "### memgate: 1 failed (2 checks)" in steps
     assert "| ❌ FAIL | `test_model.py::test_train` | 0 | npu:0 | test_model.py::test_train (baseline) |" in steps
+# ---- the store as untrusted input: hostile run IDs, odd files, loops, files for folders -----------
+
+HOSTILE_RUN_IDS = ["²", "٣", "１２", "3²", "\u0663\u0660", "1_0", "+3", "-3", "3.0", "9" * 5000]
+
+
+@pytest.mark.parametrize("run_id", HOSTILE_RUN_IDS)
+def test_a_run_id_is_read_in_ascii_digits_only(tmp_path: Path, run_id: str) -> None:
+    """'²'.isdigit() is True and int('²') raises; '٣' and '１２' int() reads as 3 and 12: none is a run number."""
+    save_run(tmp_path, [_entry("0")], commit=None, dirty=False)
+    assert run_number(run_id) is None
+    assert not is_run_id(run_id)
+    assert find_run(tmp_path, NPU_KEY, run_id) is None
+    with pytest.raises(ConfigError) as info:
+        run_files(tmp_path, run_id)
+    assert info.value.one_line().startswith("no saved run ") and len(info.value.one_line()) < 400
+    with pytest.raises(ConfigError, match="invalid --memgate-compare") as info:
+        check_run_id(run_id)
+    assert len(info.value.one_line()) < 400
+
+
+def test_run_numbers_ascii_with_leading_zeros() -> None:
+    assert [run_number(t) for t in ("3", "0003", "000000000007", "999999999", "1000000000")] == [
+        3, 3, 7, 999999999, None]
+
+
+def test_foreign_names_in_the_ids_folder_are_not_run_numbers(tmp_path: Path) -> None:
+    save_run(tmp_path, [_entry("0")], commit=None, dirty=False)
+    ids = tmp_path / "v1" / ".ids"
+    for name in ("²", "٣", "１２", "7_0", "abc", "9" * 200):  # from a merged or tampered CI cache
+        (ids / name).touch()
+    assert [p.name for p in save_run(tmp_path, [_entry("0")], commit=None, dirty=False)] == ["0002_nogit.json"]
+    (ids / "999999999").touch()
+    with pytest.raises(ConfigError) as info:
+        save_run(tmp_path, [_entry("0")], commit=None, dirty=False)
+    assert info.value.one_line() == (f"{ids}: no run number left: the store claims run 999999999; expected run numbers "
+                                     "up to 999999999: start a new storage folder")
+
+
+def _odd_storages(tmp_path: Path) -> dict[str, tuple[Path, Path, str]]:
+    """name → (the storage given, the path the error names, what it says)."""
+    (tmp_path / "a_file").write_text("not a folder")
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for name in ("v1_file", "ids_file"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "v1_file" / "v1").write_text("")
+    (tmp_path / "ids_file" / "v1").mkdir()
+    (tmp_path / "ids_file" / "v1" / ".ids").write_text("")
+    return {
+        "a file": (tmp_path / "a_file", tmp_path / "a_file", "not a folder"),
+        "a folder in a file": (tmp_path / "a_file" / "runs", tmp_path / "a_file", "not a folder"),
+        "a symlink loop": (tmp_path / "loop_a", tmp_path / "loop_a",
+                           "cannot use the saved runs' folder: Too many levels of symbolic links"),
+        "a dangling link": (tmp_path / "dangling", tmp_path / "dangling", "a symbolic link to nothing"),
+        "v1 a file": (tmp_path / "v1_file", tmp_path / "v1_file" / "v1", "not a folder"),
+        ".ids a file": (tmp_path / "ids_file", tmp_path / "ids_file" / "v1" / ".ids", "not a folder"),
+    }
+
+
+def test_a_storage_that_cannot_be_one_is_named(tmp_path: Path) -> None:
+    for case, (storage, named, says) in _odd_storages(tmp_path).items():
+        problem = storage_problem(storage)
+        assert problem is not None, case
+        assert problem.one_line() == (f"{named}: {says}; expected a folder for saved runs "
+                                      "(--memgate-storage / --storage DIR)"), case
+    assert storage_problem(tmp_path / "not" / "yet") is None  # created when a run is saved
+    assert storage_problem(Path("relative-runs")) is None
+
+
+def test_memgate_runs_on_an_odd_storage_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for case, (storage, named, says) in _odd_storages(tmp_path).items():
+        capsys.readouterr()
+        assert main(["runs", "--storage", str(storage)]) == 2, case
+        captured = capsys.readouterr()
+        assert captured.err.splitlines() == [(f"memgate: error: {named}: {says}; expected a folder for saved runs "
+                                             "(--memgate-storage / --storage DIR)")], case
+        assert main(["diff", "--storage", str(storage), "1", "2"]) == 2, case
+        assert len(capsys.readouterr().err.splitlines()) == 1, case
+
+
+@pytest.mark.parametrize("case", ["a file", "a symlink loop", "a dangling link", ".ids a file"])
+def test_an_odd_storage_is_a_usage_error_before_the_session(project: pytest.Pytester, case: str) -> None:
+    storage, named, says = _odd_storages(project.path)[case]
+    for option in ("--memgate-autosave", "--memgate-compare"):
+        result = project.runpytest("--memgate=base", option, f"--memgate-storage={storage}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"*memgate: {named}: {says}; expected a folder for saved runs*"])
+        assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize("run_id", ["²", "１", "\u0663"])
+def test_a_unicode_digit_compare_id_is_a_usage_error(project: pytest.Pytester, run_id: str) -> None:
+    result = project.runpytest("--memgate=base", f"--memgate-compare={run_id}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*invalid --memgate-compare '{run_id}'; expected nothing (the latest saved run)*"])
+
+
+def test_a_run_saved_twice_for_one_configuration_names_both_files(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Two CI caches merged: run 0002 of one configuration twice, at two commits."""
+    save_run(tmp_path, [_entry("0")], commit=None, dirty=False)
+    [second] = save_run(tmp_path, [_entry("0")], commit=None, dirty=False)
+    other = second.with_name("0002_abababababab.json")
+    shutil.copyfile(second, other)
+    says = (f"{second.parent}: run 0002 is saved twice for one configuration: 0002_abababababab.json and "
+            "0002_nogit.json (two stores merged?); expected one file per run and configuration: remove or renumber one")
+    for find in (lambda: run_files(tmp_path, "2"), lambda: run_files(tmp_path, "latest"),
+                 lambda: find_run(tmp_path, NPU_KEY), lambda: find_run(tmp_path, NPU_KEY, "0002"),
+                 lambda: find_run(tmp_path, NPU_KEY, "abab")):
+        with pytest.raises(ConfigError) as info:
+            find()
+        assert info.value.one_line() == says
+    assert [r.number for r in run_files(tmp_path, "1")] == [1]  # the other runs are still there
+    first, twice = run_summaries(tmp_path)
+    assert (first.problems, twice.problems) == ((), (says,))
+    assert main(["runs", "--storage", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()[2:4]] == ["0001", "0002"]
+    assert captured.err.splitlines() == [f"memgate: error: run 0002: {says}"]
+    assert main(["diff", "--storage", str(tmp_path), "1", "2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"memgate: error: {says}"]
+
+
+def test_memgate_runs_names_a_run_file_it_cannot_read_and_lists_the_rest(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    save_run(tmp_path, [_entry("0")], commit=None, dirty=False)
+    [second] = save_run(tmp_path, [_entry("1")], commit=None, dirty=False)
+    dangling = second.with_name("0003_nogit.json")
+    dangling.symlink_to(tmp_path / "gone.json")  # a dangling link, as a restored cache may hold
+    folder = second.with_name("0004_nogit.json")
+    folder.mkdir()
+    assert main(["runs", "--storage", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()[2:6]] == ["0001", "0002", "0003", "0004"]
+    assert captured.err.splitlines() == [
+        (f"memgate: error: run 0003: {dangling}: baseline file is a symbolic link to '{tmp_path / 'gone.json'}', "
+        "which does not exist"),
+        f"memgate: error: run 0004: {folder}: baseline is a directory; expected a memgate baseline file"]
+    assert main(["runs", "--storage", str(tmp_path), "--json"]) == 2
+    listed = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["id"], r["profiles"], len(r["problems"])) for r in listed] == [
+        (1, ["prof/0"], 0), (2, ["prof/1"], 0), (3, [], 1), (4, [], 1)]
+    with pytest.raises(MemgateError, match="symbolic link to"):  # the latest is not skipped for the one before
+        load_baseline(find_run(tmp_path, NPU_KEY, "3").path)  # type: ignore[union-attr]
+
+
+def test_a_store_broken_during_the_session_is_said_at_its_end(project: pytest.Pytester) -> None:
+    """The storage is checked at the start; a folder of it made a file by the time the run is saved: said, exit 4."""
+    folder = project.path / ".memgate" / "v1" / NPU
+    project.makepyfile(test_break=f"import os\ndef test_break():\n    os.makedirs(r'{folder.parent}', exist_ok=True)\n"
+                                  f"    open(r'{folder}', 'w').close()\n")
+    result = project.runpytest("--memgate=base", "--memgate-autosave", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines([(f"memgate: error: {folder}: cannot use the saved runs' folder: File exists; "
+                                 "expected a folder memgate can read and write (--memgate-storage / --storage) "
+                                 "(the run was not saved)")])
+    assert "INTERNALERROR" not in result.stdout.str() and "saved nothing" not in result.stdout.str()

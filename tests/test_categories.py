@@ -20,7 +20,7 @@ from helpers import NEEDS_TORCH
 from memgate.budgets import budget_from_mapping
 from memgate.compare import attribution_lines, grown_at_peak
 from memgate.discover import discover, load
-from memgate.errors import ConfigError, NotMeasurable
+from memgate.errors import ConfigError, InputError, NotMeasurable
 from memgate.judge import judge
 from memgate.loaders import categories
 from memgate.loaders.categories import CATEGORIES, Tracked, attribute
@@ -402,3 +402,16 @@ def test_a_model_built_before_the_recording_is_said_to_lie_outside_the_window(tm
     assert device.values["category_bytes_at_peak"]["gradients"] == _storage_bytes(p.grad for p in model.parameters())
     params = _storage_bytes(model.parameters())
     assert any(f"{params} bytes, lie in no block of the window" in note for note in cache.info.metadata["notes"])
+
+
+@pytest.mark.parametrize(("ts", "found"), [('"garbled"', "'garbled'"), ('"1e999999"', "'1e999999'"),
+                                           ("-5.000", "'-5.000'")])
+def test_a_garbled_note_timestamp_names_the_event_by_its_index(tmp_path: Path, ts: str, found: str) -> None:
+    """The error named ``traceEvents (memgate::note).ts``: which of the notes, it did not say."""
+    _snapshot_recording(tmp_path / "rec")
+    trace = tmp_path / "rec" / "torch_trace.json"
+    trace.write_text(trace.read_text().replace('"ts": 1900.000', f'"ts": {ts}'))
+    with pytest.raises(InputError) as info:
+        load(discover(tmp_path / "rec")[0])
+    assert (info.value.file, info.value.column) == (str(trace), "traceEvents[1] (memgate::note).ts")
+    assert info.value.one_line().endswith(f", found {found}") and len(info.value.one_line()) < 300

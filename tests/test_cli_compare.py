@@ -306,3 +306,56 @@ def test_suggest_rank_imbalance_over_two_ranks_round_trips(tmp_path: Path, capsy
     (tmp_path / "pyproject.toml").write_text(text)
     assert main(["check", str(root), "--budgets", str(tmp_path / "pyproject.toml")]) == 0, capsys.readouterr()
 
+
+
+@pytest.mark.parametrize("headroom", ["NaN", "nan%", "Infinity", "-Infinity", "1e999999", "1e2", "-5", "-0.5%", "sNaN",
+                                      "²", "１０", "٣%", "1_0", "1001", "10000%", "0x10", "10.1234567", "9" * 5000, ""])
+def test_suggest_headroom_is_a_finite_ascii_percentage(headroom: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Decimal() takes NaN, Infinity, 1e999999, other scripts' digits and '1_0': each is one usage error."""
+    capsys.readouterr()
+    assert main(["suggest", str(EXAMPLE), f"--headroom={headroom}"]) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.splitlines()
+    assert line.startswith("memgate: error: invalid --headroom ") and len(line) < 250
+    assert line.endswith("; expected a percentage from 0% to 1000% such as 10%") and captured.out == ""
+
+
+@pytest.mark.parametrize(("headroom", "factor"), [("0", 1), ("1000%", 11), (" 2.5 % ", Decimal("1.025"))])
+def test_suggest_headroom_bounds_are_taken(headroom: str, factor: Decimal, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["suggest", str(EXAMPLE), "--headroom", headroom, "--form", "toml"]) == 0
+    (budget,) = parse_budget_table(tomllib.loads(capsys.readouterr().out), "suggested").budgets
+    assert budget.limits["peak_allocated"] >= 1322299392 * factor
+
+
+@pytest.mark.parametrize("run_id", ["²", "١", "１２"])
+def test_diff_and_suggest_of_a_unicode_digit_run_id_is_one_error(tmp_path: Path, run_id: str,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """'²'.isdigit() is True and int('²') raises: no run ID, no such file, exit 2 (no internal error)."""
+    monkeypatch.chdir(tmp_path)
+    for args in (["diff", run_id, "latest"], ["diff", str(EXAMPLE), run_id], ["suggest", run_id]):
+        capsys.readouterr()
+        assert main(args) == 2, args
+        assert capsys.readouterr().err.splitlines() == [
+            (f"memgate: error: {run_id}: no such file or directory; expected a profile directory or file, "
+            "found 'nothing at this path'")], args
+
+
+@pytest.mark.parametrize("option", ["--jobs", "--warmup-steps", "--leak-horizon-steps"])
+@pytest.mark.parametrize("value", ["２", "٣", "1_0", "9" * 5000, "0x3", "2.0"])
+def test_integer_options_take_ascii_digits_only(option: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """int() would read '２' and '٣' as 2 and 3, '1_0' as 10, and raise on 5000 digits."""
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", str(EXAMPLE), option, value])
+    assert info.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"invalid int value: '{value[:20]}" in line and "(expected ASCII digits, at most 18)" in line
+    assert len(line) < 300
+
+
+def test_diff_top_takes_ascii_digits_only(runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["diff", str(runs[0]), str(runs[1]), "--top", "５"])
+    assert info.value.code == 2
+    assert "argument --top: invalid int value: '５' (expected ASCII digits, at most 18)" in capsys.readouterr().err
+    assert main(["diff", str(runs[0]), str(runs[1]), "--top", "0005"]) == 0

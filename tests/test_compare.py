@@ -61,3 +61,14 @@ def test_parse_rule_for_new_metrics(text: str, percent: Decimal | None, absolute
 def test_bad_rules_for_new_metrics_are_rejected(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_rule(text)
+
+
+@pytest.mark.parametrize("text", ["peak_allocated:" + "9" * 400 + "%", "peak_allocated:1234567%",
+                                  "peak_allocated:５%", "peak_allocated:NaN%", "peak_allocated:+" + "9" * 400 + "GiB",
+                                  "fragmentation:+" + "9" * 400, "fragmentation:+inf", "fragmentation:+1e3",
+                                  "x" * 100_000])
+def test_hostile_numbers_in_a_rule_are_one_bounded_error(text: str) -> None:
+    """float('9' * 400) is inf and a 400-digit percentage allows what no run reaches: refused, the rule shown cut."""
+    with pytest.raises(ConfigError) as info:
+        parse_rule(text)
+    assert info.value.one_line().startswith("invalid compare rule '") and len(info.value.one_line()) < 400

@@ -26,7 +26,7 @@ from memgate.documents import (
     schema_error,
     version_tuple,
 )
-from memgate.errors import InputError
+from memgate.errors import InputError, show
 from memgate.report import build_report
 
 NUMBER = "expected a finite JSON number within what memgate writes"
@@ -162,3 +162,46 @@ def test_schema_errors_name_the_json_path_what_was_expected_and_what_was_found(t
         load_report(_write(tmp_path, {**report, "profiles": [{"path": "p"}]}))
     assert (info.value.column, info.value.message, info.value.found) == (
         "profiles[0]", "not a memgate JSON report: a key is missing", "no such key")
+
+
+# ---- hostile sizes: every error bounded, at the element it is about ---------------------------------
+
+BIG = 100_000  # characters of a hostile string value or key
+
+
+def _bounded(make: Any) -> InputError:
+    with pytest.raises(InputError) as info:
+        make()
+    assert len(info.value.one_line()) < 600, len(info.value.one_line())
+    return info.value
+
+
+@pytest.mark.parametrize(("version", "newer"), [("99.0" + "x" * BIG, True), ("1" * BIG, True), ("x" * BIG, False),
+                                               ("0.1" + "\n" * BIG, False)])
+def test_a_huge_memgate_version_is_shown_bounded(tmp_path: Path, version: str, newer: bool) -> None:
+    """100 KB of text as memgate_version gave a 260,283-character error line."""
+    baseline = baseline_from_entries([], commit="a" * 40, dirty=False)
+    path = _write(tmp_path, {**baseline, "memgate_version": version})
+    error = _bounded(lambda: load_baseline(path))
+    assert error.column == "memgate_version" and error.file == str(path)
+    if newer:  # named as such, its text cut
+        assert error.message.startswith(f"written by memgate '{version[:10]}")
+        assert "..., newer than this memgate" in error.message
+    else:
+        assert error.message == "not a memgate baseline: fails the schema's 'maxLength' check"
+        assert error.expected == "at most 64 characters"
+    error = _bounded(lambda: load_baseline(_write(tmp_path, {**baseline, "memgate_baseline": 2,
+                                                              "memgate_version": "0.0" + "y" * BIG})))
+    assert error.column == "memgate_baseline" or error.column == "memgate_version"
+
+
+def test_a_huge_key_is_shown_bounded(tmp_path: Path) -> None:
+    key = "d" * BIG
+    error = _bounded(lambda: load_baseline(_write(tmp_path, f'{{"memgate_baseline": 1, "{key}": 1, "{key}": 2}}')))
+    assert error.message.startswith("not a memgate baseline: the key 'ddd") and error.message.endswith(
+        "... twice in one object (no memgate writer repeats one)")
+    assert error.column is not None and error.column.startswith("['ddd") and len(error.column) < 60
+    baseline = baseline_from_entries([], commit="a" * 40, dirty=False)
+    error = _bounded(lambda: load_baseline(_write(tmp_path, {**baseline, "profiles": {key: {"x": 1}}})))
+    assert error.column is not None and error.column.startswith("profiles['ddd") and len(error.column) < 60
+    assert json_path(["profiles", key]) == f"profiles[{show(key, 40)}]"

@@ -216,3 +216,13 @@ def test_remembered_makes_once_per_key_and_raises_a_kept_error_again() -> None:
     with pytest.raises(ZeroDivisionError):  # only memgate's own errors are kept: a bug is not remembered
         remembered(memo, "bug", lambda: 1 // 0)
     assert "bug" not in memo
+
+
+def test_a_message_quoting_a_huge_value_is_cut_in_the_middle() -> None:
+    """A value a message quoted whole (none should: they go to found, bounded) still makes no huge line."""
+    line = InputError("start " + "x" * 100_000 + " end", file="f.json", expected="y" * 5000 + "!").one_line()
+    assert len(line) < 4100
+    assert line.startswith("f.json: start xxx") and " end; expected yyy" in line and line.endswith("y!")
+    assert "…(98036 characters)…" in line and "…(3027 characters)…" in line  # 100,010 - 2 * 987; 5001 - 2 * 987
+    short = InputError("short", file="f", expected="e").one_line()
+    assert short == "f: short; expected e"

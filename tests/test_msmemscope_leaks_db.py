@@ -132,3 +132,63 @@ def test_leaks_dump_schema_is_valid() -> None:
     names = [r[1] for r in raw(LEAKS_DB, "PRAGMA table_info(leaks_dump)")]
     for row in raw(LEAKS_DB, "SELECT * FROM leaks_dump"):
         validator.validate(dict(zip(names, row)))
+
+
+# ---- hostile dumps: a view named leaks_dump, JSON owners holding commas ------------------------------
+
+_CAMEL = ("id INTEGER, event TEXT, eventType TEXT, name TEXT, timestamp INTEGER, processId INTEGER, threadId INTEGER, "
+          "deviceId TEXT, ptr TEXT, attr TEXT")
+
+
+def _camel_db(path: Path, attrs: tuple[str, str], table: str = "leaks_dump") -> Path:
+    """A camelCase leaks_dump of one PTA block (MALLOC then FREE, ns) with these two Attr texts."""
+    conn = sqlite3.connect(path)
+    conn.execute(f"CREATE TABLE {table} ({_CAMEL})")
+    conn.executemany(f"INSERT INTO {table} VALUES (?,?,?,?,?,?,?,?,?,?)", [
+        (1, "MALLOC", "PTA", "N/A", 1749528000000000100, 7, 7, "0", "16", attrs[0]),
+        (2, "FREE", "PTA", "N/A", 1749528000000000200, 7, 7, "0", "16", attrs[1])])
+    conn.commit()
+    conn.close()
+    return path
+
+
+_FREE = '{"addr": "16", "size": "-512", "used": "0"}'
+
+
+@pytest.mark.parametrize(("attr", "owner"), [
+    ('{"addr": "16", "size": "512", "used": "512", "owner": "PTA@model,decoder@weight"}', "PTA@model,decoder@weight"),
+    ('{"owner": "a, b ,c", "addr": "16", "size": "512"}', "a, b ,c"),
+    ('{"addr": "16", "size": 512, "pinned": true, "owner": "x,\\"y\\"@z"}', 'x,"y"@z'),  # numbers, true, an escape
+    ('{"addr": "16", "size": "512", "owner": "PTA@plain@name"}', "PTA@plain@name"),  # the split path, unchanged
+    ('{"addr": "16", "size": "512", "owner": "' + "o," * 50_000 + '"}', "o," * 50_000),
+])
+def test_a_json_attr_owner_holding_a_comma_is_read_whole(tmp_path: Path, attr: str, owner: str) -> None:
+    """The db's Attr is JSON: a comma inside a quoted owner is the owner's, not a separator (the CSV form,
+    unquoted, is split on commas)."""
+    (device,) = msmemscope.load(_camel_db(tmp_path / "leaks_dump_1.db", (attr, _FREE))).devices
+    frame = device.blocks.to_pandas()
+    assert (int(frame["size"][0]), frame["owner"][0]) == (512, owner)
+
+
+@pytest.mark.parametrize("attr", ['{"addr": "16", "size": "512", "owner": {"x": "a,b"}}',
+                                  '{"addr": "16", "size": "512", "owner": ["a,b"]}',
+                                  '{"addr": "16", "size": "512", "owner": "a,b", }'])
+def test_a_json_attr_that_is_no_flat_object_is_malformed(tmp_path: Path, attr: str) -> None:
+    path = _camel_db(tmp_path / "leaks_dump_1.db", (attr, _FREE))
+    with pytest.raises(InputError) as info:
+        msmemscope.load(path)
+    assert (info.value.message, info.value.column) == ("table leaks_dump rowid 1: malformed Attr", "leaks_dump.attr")
+    assert info.value.expected == '{"key":"value",...} (the JSON form) or {key:value,...}'
+
+
+def test_a_leaks_dump_view_is_said_to_be_a_view(tmp_path: Path) -> None:
+    """A view is never run (bad-input.md: only real tables); it was reported as a missing memscope_dump table."""
+    path = _camel_db(tmp_path / "leaks_dump_1.db", ('{"addr": "16", "size": "512"}', _FREE), table="base")
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE VIEW leaks_dump AS SELECT * FROM base")
+    conn.commit()
+    conn.close()
+    with pytest.raises(InputError) as info:
+        msmemscope.load(path)
+    assert (info.value.message, info.value.column, info.value.found) == (
+        "leaks_dump is a view, not a table", "leaks_dump", "a view named leaks_dump")

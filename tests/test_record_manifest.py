@@ -301,3 +301,24 @@ def test_a_recording_on_fake_cuda_samples_at_start_each_step_and_stop(tmp_path: 
         assert ("note" in memory) == (fail_at is not None)
         assert (nvml.inits, nvml.shutdowns) == (1, 1)
         assert not_a_profile(directory)
+
+
+class _NoUuidCuda(FakeCuda):
+    def get_device_properties(self, index: int) -> SimpleNamespace:
+        return SimpleNamespace(name="Fake GPU", uuid="")  # no UUID from torch: CUDA_VISIBLE_DEVICES decides
+
+
+@pytest.mark.parametrize(("visible", "asked"), [("1", []), ("²", ["²"]), ("\u0661", ["\u0661"]), ("GPU-uuid-1", ["GPU-uuid-1"])])
+def test_cuda_visible_devices_index_is_ascii_digits(monkeypatch: pytest.MonkeyPatch, visible: str,
+                                                    asked: list[str]) -> None:
+    """'²'.isdigit() is True and int('²') raises: an entry that is not ASCII digits is a UUID for NVML to judge."""
+    nvml = FakeNvml(used=[1 << 30, 2 << 30], processes=[[], [(PID, 64 * MiB)]])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml.module)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    manifest = run(DeviceMemorySampler(fake_torch(_NoUuidCuda([1]))), steps=1)
+    assert nvml.uuids_asked == asked
+    assert manifest is not None
+    if visible in ("1", "GPU-uuid-1"):  # NVML's GPU 1, this process's 64 MiB on it
+        assert [s["used_bytes"] for s in manifest["samples"]] == [64 * MiB] * 3
+    else:  # no such GPU: said in the manifest, no sample, no crash
+        assert manifest["samples"] == [] and "Not Found" in manifest.get("note", "")

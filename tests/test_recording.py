@@ -146,3 +146,39 @@ def test_a_cpu_test_on_a_gpu_host_is_judged_on_its_cpu_figures(tmp_path: Path) -
     (rec / "cuda_snapshot.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": []}))
     profile = load(discover(rec)[0])
     assert "cuda_snapshot.pickle is empty" in " ".join(profile.metadata["notes"])
+
+
+# ---- a hostile manifest: one bounded error at the element -----------------------------------------
+
+_SAMPLES = 20_000
+
+
+def _device_memory(bad: int, **sample: object) -> str:
+    samples = [{"device": "cuda:0", "t_ns": i, "used_bytes": 5 << 20} for i in range(_SAMPLES)]
+    samples[bad].update(sample)
+    return json.dumps({"memgate_recording": 1, "steps": 8, "device_memory": {
+        "source": "nvml", "scope": "process", "samples": samples}})
+
+
+@pytest.mark.parametrize(("manifest", "column", "says"), [
+    (_device_memory(12345, used_bytes=float("inf")), "device_memory.samples[12345].used_bytes",
+     "inf is not of type 'integer'"),
+    (_device_memory(7, t_ns=float("nan")), "device_memory.samples[7].t_ns", "nan is not of type 'integer'"),
+    (_device_memory(19999, device="cuda:" + "0" * 100_000), "device_memory.samples[19999].device",
+     "fails the 'pattern' check"),
+    (_device_memory(3, used_bytes=-1), "device_memory.samples[3].used_bytes", "-1 is less than the minimum of 0"),
+    ('{"memgate_recording": 1, "steps": ' + "9" * 5000 + "}", None,
+     "not valid JSON: an integer of 5000 digits (a manifest's are 40 at most)"),
+    ('{"memgate_recording": 1, "steps": 8, "device_memory": {"source": "nvml", "samples": [], "scope": "'
+     + "k" * 100_000 + '"}}', "device_memory.scope", "fails the 'enum' check"),
+])
+def test_a_hostile_manifest_is_one_bounded_error_at_its_element(tmp_path: Path, manifest: str, column: str | None,
+                                                                says: str) -> None:
+    """One Infinity among 20,000 samples gave a 1.5-million-character line pointing at device_memory."""
+    (tmp_path / recording.MANIFEST).write_text(manifest)
+    with pytest.raises(InputError) as info:
+        recording.read_manifest(tmp_path)
+    assert (info.value.column, info.value.message) == (column, f"not a memgate recording manifest: {says}"
+                                                       if column is not None else says)
+    assert len(info.value.one_line()) < 400
+    assert not recording._tracks(tmp_path)  # discovery's glance at it raises nothing either

@@ -55,14 +55,17 @@ def test_the_declared_root_is_relative_to_the_budget_file(tmp_path: Path) -> Non
     assert declared_root(None) is None
 
 
-@pytest.mark.parametrize(("value", "ok"), [("1", True), (" 4 ", True), ("0", False), ("-1", False), ("²", False),
-                                           ("x", False)])
+@pytest.mark.parametrize(("value", "ok"), [("1", True), (" 4 ", True), ("0004", True), ("0", False), ("-1", False),
+                                           ("²", False), ("x", False), ("３", False), ("\u0663", False), ("1_0", False),
+                                           ("9" * 5000, False), ("1e3", False), ("inf", False)])
 def test_leak_horizon_is_an_integer_of_at_least_one(value: str, ok: bool) -> None:
+    """In ASCII digits: int() reads '３' and '٣' as 3, '1_0' as 10, and raises on 5000 digits."""
     if ok:
         assert leak_horizon(value) == int(value)
     else:
-        with pytest.raises(ConfigError, match="invalid --memgate-leak-horizon-steps"):
+        with pytest.raises(ConfigError, match="invalid --memgate-leak-horizon-steps") as info:
             leak_horizon(value)
+        assert len(info.value.one_line()) < 200
 
 
 def test_paths_are_taken_from_where_they_were_written(tmp_path: Path) -> None:

@@ -15,9 +15,11 @@ from memgate.schemas import load_schema
 from memgate.sizes import (
     ACCEPTED_UNITS,
     MAX_BYTES,
+    MAX_SIZE,
     SIZE_PATTERN,
     format_share,
     format_size,
+    int_text,
     parse_share,
     parse_size,
 )
@@ -27,7 +29,7 @@ UNITS = "B, KiB, MiB, GiB, TiB (KB/MB/GB/TB and K/M/G/T mean the same binary uni
 FORM = f"expected a number with a unit in {UNITS}"
 FACTORS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 1 << 10, "MB": 1 << 20,
            "GB": 1 << 30, "TB": 1 << 40, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-MAX = 2**63 - 1  # int64: what a report, a baseline and the history hold
+MAX = 2**56  # 64 PiB: more than any device holds (a larger limit could never fail)
 
 
 def test_the_unit_table_is_the_documented_one() -> None:
@@ -62,7 +64,7 @@ def test_every_unit_in_any_case(unit: str, case: Callable[[str], str]) -> None:
     ("000000000000000000000000000000000000001 KiB", 1024),  # nor do leading ones
     (MAX, MAX),
     (str(MAX), MAX),
-    ("8388607.5 TiB", 2**63 - 2**39),  # just below the largest
+    ("65535.5 TiB", 2**56 - 2**39),  # just below the largest
 ])
 def test_sizes_parse_to_exact_bytes(text: object, nbytes: int) -> None:
     assert parse_size(text) == nbytes
@@ -97,9 +99,9 @@ def test_sizes_parse_to_exact_bytes(text: object, nbytes: int) -> None:
     ("1.00000000000000000000000000000001 KiB",  # past Decimal's 28 digits: still not whole
      ("invalid eval.peak '1.00000000000000000000000000000001 KiB': not a whole number of bytes; "
       "expected a whole byte count")),
-    ("8388608 TiB", f"invalid eval.peak '8388608 TiB': too large; expected at most {MAX} bytes"),
-    (str(MAX + 1), f"invalid eval.peak '{MAX + 1}': too large; expected at most {MAX} bytes"),
-    (MAX + 1, f"invalid eval.peak: too large; expected at most {MAX} bytes, found '{MAX + 1}'"),
+    ("65537 TiB", f"invalid eval.peak '65537 TiB': past 64 PiB; expected a size up to 64 PiB ({MAX} bytes)"),
+    (str(MAX + 1), f"invalid eval.peak '{MAX + 1}': past 64 PiB; expected a size up to 64 PiB ({MAX} bytes)"),
+    (MAX + 1, f"invalid eval.peak: past 64 PiB; expected a size up to 64 PiB ({MAX} bytes), found '{MAX + 1}'"),
     # not a size at all
     (True, f"invalid eval.peak; expected {UNITS}, found 'True'"),  # a TOML true is no 1 byte
     (1.5, f"invalid eval.peak; expected a size string in {UNITS}, found '1.5'"),
@@ -112,7 +114,7 @@ def test_a_bad_size_is_a_config_error_naming_what_it_is_for(value: object, messa
 
 
 @pytest.mark.parametrize(("value", "says"), [
-    ("1" * 5000 + " KiB", "too large"),  # refused before int(), which raises past 4300 digits
+    ("1" * 5000 + " KiB", "past 64 PiB"),  # refused before int(), which raises past 4300 digits
     ("0." + "0" * 5000 + "1 B", "not a whole number of bytes"),
     ("0" * 5000 + "1 x", "unknown unit 'x'"),
 ])
@@ -136,7 +138,7 @@ def test_the_budgets_schema_size_pattern_is_written_from_the_unit_table() -> Non
 
 
 SAMPLES = [*(f"3 {u}" for u in FACTORS), *(f"3{u.swapcase()}" for u in FACTORS), "64 kB", " 64 MiB ", "\t1\tG\t",
-           "1.5 GiB", "0", "7", "8388607.5 TiB", "12 parsecs", "64 XB", "24 PiB", "1e3", "1e3 MiB", "2 GB!",
+           "1.5 GiB", "0", "7", "65535.5 TiB", "12 parsecs", "64 XB", "24 PiB", "1e3", "1e3 MiB", "2 GB!",
            "1,5 GiB", "-1 GiB", ".5 GiB", "", "64\u00a0MiB", "\uff16\uff14 MiB", "92%", 0, 7, MAX, MAX + 1, -1, 1.5,
            True, None]
 
@@ -153,7 +155,7 @@ def test_the_schema_accepts_what_the_reader_reads(value: object) -> None:
     assert schema.is_valid(value) == read
 
 
-@pytest.mark.parametrize("value", ["1.5 B", "8388608 TiB", "64 MiB\n"])
+@pytest.mark.parametrize("value", ["1.5 B", "65537 TiB", "64 MiB\n"])
 def test_what_only_the_reader_refuses(value: str) -> None:
     """Arithmetic (whole bytes, the largest size) and Python's ``$`` before a final newline: the
     schema's pattern lets these by, so memgate.budgets lets parse_size alone judge a file's sizes."""
@@ -190,8 +192,34 @@ def test_what_is_not_a_percentage_is_no_share(value: object) -> None:
 def test_zero_percent_is_refused() -> None:
     with pytest.raises(ConfigError) as info:
         parse_share("0%", what="train.peak_reserved")
-    assert info.value.one_line() == "invalid train.peak_reserved '0%'; expected a percentage above 0%"
+    assert info.value.one_line() == "invalid train.peak_reserved '0%'; expected a percentage above 0% and at most 100%"
 
 
 def test_format_share() -> None:
     assert [format_share(s) for s in (0.92, 0.925, 1.0, 0.001234567)] == ["92%", "92.5%", "100%", "0.123457%"]
+
+
+@pytest.mark.parametrize("value", ["９ GiB", "٣ MiB", "1_0 MiB", "NaN GiB", "inf", "1e3 MiB", "9" * 400 + " GiB",
+                                   "65537 TiB", MAX_SIZE + 1, 2**63])
+def test_hostile_sizes_are_one_bounded_error(value: object) -> None:
+    """Other scripts' digits, '1_0', NaN, exponents (Decimal takes all of them), and sizes past 64 PiB: a
+    limit no device can reach never fails."""
+    with pytest.raises(ConfigError) as info:
+        parse_size(value, what="train.peak_allocated")
+    assert info.value.one_line().startswith("invalid train.peak_allocated") and len(info.value.one_line()) < 250
+    assert parse_size(MAX_SIZE) == parse_size("65536 TiB") == MAX_SIZE
+
+
+@pytest.mark.parametrize("value", ["100.5%", "150%", "9" * 400 + "%", "1" + "0" * 300 + "%"])
+def test_a_share_past_the_whole_device_is_refused(value: str) -> None:
+    """float('9' * 400) is inf: a limit of more than the device's whole capacity can never fail."""
+    with pytest.raises(ConfigError) as info:
+        parse_share(value, what="train.peak_reserved")
+    assert info.value.expected == "a percentage above 0% and at most 100%" and len(info.value.one_line()) < 250
+
+
+@pytest.mark.parametrize(("text", "number"), [("3", 3), (" 0012 ", 12), ("-4", -4), ("9" * 18, int("9" * 18)),
+                                              ("9" * 19, None), ("²", None), ("３", None), ("\u0663", None),
+                                              ("1_0", None), ("+1", None), ("1.0", None), ("", None)])
+def test_int_text_is_ascii_digits(text: str, number: int | None) -> None:
+    assert int_text(text) == number

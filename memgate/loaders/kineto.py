@@ -174,7 +174,7 @@ def _capacities(path: Path, props: list[dict[str, Any]], devices: list[DeviceMod
     capacity = {}
     for device in devices:
         kind, _, number = device.device.partition(":")
-        if kind != "cpu" and number.isdigit() and int(number) in by_id:
+        if kind != "cpu" and number.isascii() and number.isdigit() and int(number) in by_id:
             capacity[device.device] = by_id[int(number)]
     return capacity
 
@@ -309,8 +309,8 @@ def _note_starts(path: Path, got: Collected, schema: dict[str, Any], base: int) 
     """The start (ns) of each ``memgate::note#k`` span by k (the earliest, were one written twice)."""
     if not got.notes:
         return {}
-    check_records(got.notes, schema["$defs"]["x_event"], file=path, where=lambda k: "traceEvents (memgate::note)",
-                  root=schema)
+    check_records(got.notes, schema["$defs"]["x_event"], file=path,
+                  where=lambda k: f"traceEvents[{got.note_index[k]}] (memgate::note)", root=schema)
     start = us_to_ns([e["ts"] for e in got.notes], base, path)
     out: dict[int, int] = {}
     for event, t in zip(got.notes, start.tolist()):

@@ -116,6 +116,7 @@ class Collected:
         self.steps: list[dict[str, Any]] = []
         self.step_index: list[int] = []
         self.notes: list[dict[str, Any]] = []  # memgate::note#k spans: a tracked recording's moments
+        self.note_index: list[int] = []  # each one's index in traceEvents, for an error to name
         self.mem = Kept()
         self.ops = Kept()
         self.op_names = Codes()
@@ -167,6 +168,7 @@ class Collected:
                         self.step_index.append(first + i)
                     else:
                         self.notes.append(with_decimals(event))
+                        self.note_index.append(first + i)
                 elif cat in OP_CATEGORIES:
                     op_index.append(first + i)
                     add_name(name)

@@ -47,8 +47,9 @@ Detection: a ``.csv`` whose first line is an msMemScope header (the tool's defau
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate.errors import InputError, cannot_read
+from memgate.errors import InputError, cannot_read, show
 from memgate.loaders import registry
 from memgate.model import (
     SERIES_COLUMNS,
@@ -240,8 +241,10 @@ def _db_form(db: Database) -> tuple[dict[str, Any], dict[str, str] | None]:
     ``memscope_dump`` wins; without it, ``leaks_dump`` under the CSV's names (the ``Timestamp(ns)`` column
     tells) or under camelCase names. A db with neither is reported as missing ``memscope_dump``.
     """
-    if TABLE in db.tables or TABLE in db.others or LEAKS_TABLE not in db.tables:
+    if TABLE in db.tables or TABLE in db.others or (LEAKS_TABLE not in db.tables and LEAKS_TABLE not in db.others):
         return load_schema("msmemscope.memscope_dump"), None
+    if LEAKS_TABLE in db.others:  # a view (or trigger) named leaks_dump: said as such, never run nor asked its columns
+        return load_schema("msmemscope.leaks_dump"), CAMEL_COLUMNS
     if "Timestamp(ns)" in db.columns(LEAKS_TABLE):
         schema = dict(load_schema("msmemscope.memscope_dump"))
         schema.update({"x-memgate-table": LEAKS_TABLE, "title": "msleaks leaks_dump_{ts}.db: table leaks_dump"})
@@ -411,7 +414,7 @@ def parse_attr(rows: Rows, mem_idx: np.ndarray, is_malloc: np.ndarray) -> Attr:
         row = int(mem_idx[i])
         value = rows.col("Attr")[row].as_py()
         return rows.error(row, message, "Attr", expected=expected,
-                          found=repr(value) if value is not None else "an empty cell")
+                          found=show(value) if value is not None else "an empty cell")
 
     if m and pc.any(pc.is_null(attr)).as_py():
         raise fail(int(pc.index(pc.is_null(attr), True).as_py()), "MALLOC/FREE row without Attr",
@@ -422,6 +425,7 @@ def parse_attr(rows: Rows, mem_idx: np.ndarray, is_malloc: np.ndarray) -> Attr:
     parts = pc.split_pattern(pc.utf8_slice_codeunits(attr, 1, -1), ",")
     flat = pc.utf8_trim_whitespace(pc.list_flatten(parts))
     parent = np.asarray(pc.list_parent_indices(parts).to_numpy(zero_copy_only=False), dtype=np.int64)
+    flat, parent = _json_attrs(rows.col("Attr").take(pa.array(mem_idx, type=pa.int64())), flat, parent, fail)
     nonempty = pc.not_equal(flat, "")
     kv = pc.split_pattern(pc.binary_join_element_wise(flat, ":", ""), ":", max_splits=1)  # always 2 items
     key = pc.utf8_trim_whitespace(pc.list_element(kv, 0))
@@ -475,6 +479,48 @@ def parse_attr(rows: Rows, mem_idx: np.ndarray, is_malloc: np.ndarray) -> Attr:
         total=integer("total", none),
         owner=text("owner"),
     )
+
+
+# An Attr in the db's JSON form whose quoted strings hold no comma (nor an escape): split on commas like
+# the CSV form. Any other JSON Attr (an owner "PTA@a,b@c") is read by json.loads, the form it is.
+_PLAIN_JSON = r'^[^"\\]*(?:"[^",\\]*"[^"\\]*)*$'
+
+
+def _json_attrs(raw: pa.Array, flat: pa.Array, parent: np.ndarray,
+                fail: Callable[[int, str, str], InputError]) -> tuple[pa.Array, np.ndarray]:
+    """``flat`` (``key:value`` texts) and ``parent`` (their rows) with the JSON-form Attrs that a split on
+    commas cuts apart read as JSON instead: a comma inside a quoted value is part of the value."""
+    trimmed = pc.utf8_ltrim_whitespace(raw)
+    json_form = pc.and_(pc.starts_with(trimmed, '{"'), pc.invert(pc.match_substring_regex(trimmed, _PLAIN_JSON)))
+    rows = np.flatnonzero(_np_bool(pc.fill_null(json_form, False)))
+    if not len(rows):
+        return flat, parent
+    texts: list[str] = []
+    owners: list[int] = []
+    for i in rows.tolist():
+        pairs = _json_pairs(str(raw[i].as_py()))
+        if pairs is None:
+            raise fail(i, "malformed Attr", '{"key":"value",...} (the JSON form) or {key:value,...}')
+        texts += [f"{key}:{value}" for key, value in pairs]
+        owners += [i] * len(pairs)
+    keep = ~np.isin(parent, rows)
+    joined = np.concatenate([parent[keep], np.asarray(owners, dtype=np.int64)])
+    order = np.argsort(joined, kind="stable")  # each row's keys in its own order (the last of a repeated key wins)
+    texts_array = pa.concat_arrays([flat.filter(pa.array(keep)), pa.array(texts, type=pa.string())])
+    return pc.utf8_trim_whitespace(texts_array.take(pa.array(order))), joined[order]
+
+
+def _json_pairs(text: str) -> list[tuple[str, str]] | None:
+    """The (key, value) pairs of a JSON-form Attr, values as text; None for what is not an object of
+    scalar values."""
+    try:
+        pairs = json.loads(text, object_pairs_hook=lambda items: items, parse_int=str, parse_float=str,
+                           parse_constant=str)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(pairs, list) or not all(type(p) is tuple and not isinstance(p[1], list) for p in pairs):
+        return None  # a nested object or array
+    return [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in pairs]  # true / false / null as written
 
 
 def enclosing_ops(group: np.ndarray, t: np.ndarray, seq: np.ndarray, delta: np.ndarray, names: pd.Series,

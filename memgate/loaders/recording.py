@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memgate.errors import InputError
+from memgate.errors import InputError, show
 from memgate.loaders import categories, kineto, registry, snapshot, snapshot_device
 from memgate.model import APP_COMPONENT, NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, Series
 from memgate.readers import limits
@@ -45,6 +46,8 @@ from memgate.table import Ints, Table
 FORMAT = "torch_recording"
 MANIFEST = "memgate_recording.json"  # memgate.record.RECORDING_MANIFEST (record imports torch lazily; kept apart)
 _MAX_MANIFEST_BYTES = 64 << 20  # a manifest holds a few samples per step: far below this
+_MAX_DIGITS = 40  # of an integer in a manifest: int64 needs 19
+_MESSAGE_CHARS = 160  # a schema message longer than this repeats a value: the value is shown bounded instead
 # Clock skew allowed between the snapshot's time_us and the trace's timestamps at the window's edges
 # (the two clocks of one process agree within tens of microseconds in every recording seen).
 _EDGE_NS = 2_000_000
@@ -86,8 +89,8 @@ def _tracks(path: Path) -> bool:
     try:
         if not file.is_file() or file.stat().st_size > _MAX_MANIFEST_BYTES:
             return False
-        doc = json.loads(file.read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        doc = _json(file.read_bytes())
+    except (OSError, ValueError):  # not UTF-8, not JSON, a number too long: the load names it
         return False
     return isinstance(doc, dict) and isinstance(doc.get("tracked"), dict)
 
@@ -99,20 +102,51 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         return None
     limits.check_file_size(file, limit=_MAX_MANIFEST_BYTES, why="a manifest holds a few samples per step")
     try:
-        doc = json.loads(file.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = _json(file.read_bytes())
+    except ValueError as exc:  # not UTF-8, not JSON, or a number longer than any the recorder writes
         line = getattr(exc, "lineno", None)
-        raise InputError(f"not valid JSON: {getattr(exc, 'msg', exc)}", file=file, line=line,
+        raise InputError(f"not valid JSON: {getattr(exc, 'msg', None) or str(exc)[:200]}", file=file, line=line,
                          column=None if line is None else f"column {getattr(exc, 'colno', 0)}",
                          expected="the JSON manifest memgate.record writes") from None
     import jsonschema  # here: only a manifest is checked with it
 
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(load_schema("recording")).iter_errors(doc))
+    while error is not None and error.validator in ("oneOf", "anyOf") and error.context:
+        # "is not valid under any of the given schemas" names no element and repeats the whole value
+        # (20,000 samples): the branch that is not null names the element itself
+        branches = [e for e in error.context if not (e.validator == "type" and e.validator_value == "null")]
+        error = jsonschema.exceptions.best_match(branches or error.context)
     if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise InputError(f"not a memgate recording manifest: {error.message}", file=file, column=where,
-                         expected="the manifest memgate.record writes (schemas/recording.schema.json)")
+        message = error.message if len(error.message) <= _MESSAGE_CHARS else f"fails the {error.validator!r} check"
+        raise InputError(f"not a memgate recording manifest: {message}", file=file,
+                         column=_element(error.absolute_path),
+                         expected="the manifest memgate.record writes (schemas/recording.schema.json)",
+                         found=error.instance)
     return dict(doc)
+
+
+def _json(raw: bytes) -> Any:
+    """The manifest's JSON value; ValueError for what is no JSON text (an integer of more digits than
+    any recorder writes is refused before ``int()`` spends quadratic time on it, or raises past 4300)."""
+    def integer(text: str) -> int:
+        if len(text) > _MAX_DIGITS:
+            raise ValueError(f"an integer of {len(text)} digits (a manifest's are {_MAX_DIGITS} at most)")
+        return int(text)
+
+    return json.loads(raw.decode("utf-8"), parse_int=integer)
+
+
+def _element(parts: Any) -> str:
+    """``device_memory.samples[12345].used_bytes``; ``(top level)`` for the document."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
+            out += ("." if out else "") + str(part)
+        else:
+            out += f"[{show(str(part), 40)}]"
+    return out or "(top level)"
 
 
 def load(path: Path) -> Profile:
