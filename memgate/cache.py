@@ -13,7 +13,8 @@ a hash of:
   not be served its old output), the cache layout version and pyarrow's version (which writes the
   feather files);
 - the loader's format name and the profile's path (the rank and the ``source`` strings are derived
-  from the path, so the same bytes elsewhere are a different profile).
+  from the path, so the same bytes elsewhere are a different profile), and the working directory
+  (an owner names its file relative to it, :mod:`memgate.owners`).
 
 Entries are written into a temporary directory inside ``cache_dir`` and renamed into place in one
 step, so a reader sees a whole entry or none; of two writers of the same key the second rename
@@ -181,6 +182,7 @@ def _key_of(found: Found, files: list[InputFile]) -> str:
     h = _new_hash()
     h.update(b"memgate-profile-cache\0" + code_fingerprint().encode() + b"\0")
     h.update(found.format.name.encode() + b"\0" + os.fsencode(os.path.abspath(found.path)) + b"\0")
+    h.update(os.fsencode(os.getcwd()) + b"\0")  # owners name their files relative to it (memgate.owners)
     for f in files:
         h.update(f.rel.encode() + b"\0" + f.size.to_bytes(8, "little"))
         hash_file(f.path, h)

@@ -75,6 +75,7 @@ from types import ModuleType, TracebackType
 from typing import Any, Self
 
 from memgate import __version__ as MEMGATE_VERSION
+from memgate.owners import KINETO_FRAME, OWNER_FRAME, frame_owner
 from memgate.readers.jsonstream import escape_names
 from memgate.tracking import StorageTracker
 
@@ -549,7 +550,6 @@ def record(directory: str | Path, **options: Any) -> Recorder:
 
 # ---- where the holders were allocated ---------------------------------------------------------
 
-_FRAME = re.compile(r"\A(?P<file>.+)\((?P<line>[0-9]+)\): (?P<function>.+)\Z")
 STACK_DEPTH = 4  # user frames kept per holder, innermost first
 
 
@@ -569,7 +569,7 @@ def _library_dirs() -> tuple[str, ...]:
 def user_frame(name: str, library: tuple[str, ...]) -> tuple[str, int, str] | None:
     """(file, line, function) of a ``python_function`` event name like ``model.py(12): forward``, when
     the file is the user's code (not the standard library, an installed package, torch or memgate)."""
-    match = _FRAME.match(name)
+    match = KINETO_FRAME.match(name)
     if match is None or match.group("file").startswith("<"):
         return None
     file = match.group("file")
@@ -591,13 +591,6 @@ def _resolve(file: str) -> Path:
             if candidate.is_file():
                 return candidate.resolve()
     return path.resolve()
-
-
-def _shown_path(file: str) -> str:
-    try:
-        return str(_resolve(file).relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return file
 
 
 def _ns(ts: Any, base: int) -> int:
@@ -632,7 +625,7 @@ def allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[list[s
             frame = user_frame(str(e.get("name", "")), library)
             if frame is not None:
                 start = _ns(e["ts"], base)
-                text = f"{frame[2]} ({_shown_path(frame[0])}:{frame[1]})"
+                text = frame_owner(*frame)
                 spans.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + _ns(e.get("dur", 0), 0), text))
     stacks: list[list[str]] = []
     for h in holders:
@@ -654,8 +647,8 @@ def with_allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[d
         entry = dict(holder)
         if stack:
             entry["stack"] = stack
-            # a raw frame owner (``file.py(7): make``) reads better as the stack shows it; a module path stays
+            # a frame owner becomes the stack's innermost frame (the same spelling); a module path stays
             owner = entry.get("owner")
-            entry["owner"] = stack[0] if not owner or _FRAME.match(str(owner)) else owner
+            entry["owner"] = stack[0] if not owner or OWNER_FRAME.match(str(owner)) else owner
         out.append(entry)
     return out
