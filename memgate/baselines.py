@@ -15,7 +15,7 @@ from typing import Any
 from memgate import __version__
 from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
 from memgate.metric_specs import keys_where
-from memgate.owners import normalize_owner
+from memgate.owners import FRAME_OWNER_FORMATS, normalize_owner
 
 BASELINE_FORMAT = 1
 RUN_LAYOUT = 1  # a saved run's memgate_run.layout (memgate.autosave.LAYOUT: .memgate/v1/)
@@ -152,11 +152,6 @@ def history_entry(entry: dict[str, Any], profiles_of_test: int = 1) -> dict[str,
     return {**entry, "path": path, "metadata": {**meta, "profile_dir": entry["path"]}}
 
 
-# The formats whose owners are Python frames (memgate.owners): their owners, read from a baseline,
-# saved run or report written before the one spelling, are spelled as a fresh load spells them.
-FRAME_OWNER_FORMATS = frozenset({"kineto", "torch_snapshot", "torch_recording"})
-
-
 def respelled_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """A device's metrics with its owners in this memgate's spelling (:func:`memgate.owners.normalize_owner`):
     the keys of ``owner_bytes_at_peak`` (two old owners of one new name are summed) and each holder's owner."""
@@ -176,7 +171,8 @@ def respelled_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def respelled_baseline(baseline: dict[str, Any]) -> dict[str, Any]:
-    """A baseline or saved run whose profiles' owners are spelled as this memgate spells them."""
+    """A baseline or saved run whose profiles' owners are spelled as this memgate spells them (those of
+    the formats whose owners are frames, read from a document written before the one spelling)."""
     profiles = {}
     for key, p in (baseline.get("profiles") or {}).items():
         if isinstance(p, dict) and (p.get("key") or {}).get("format") in FRAME_OWNER_FORMATS:

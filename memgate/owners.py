@@ -21,6 +21,9 @@ import re
 import sys
 from pathlib import Path
 
+# The formats whose owners can be Python frames (the files they name depend on the working directory).
+FRAME_OWNER_FORMATS = frozenset({"kineto", "torch_snapshot", "torch_recording"})
+
 # Kineto's python_function name: "train.py(12): step"
 KINETO_FRAME = re.compile(r"\A(?P<file>.+)\((?P<line>[0-9]+)\): (?P<function>.+)\Z", re.DOTALL)
 # the spelling memgate gave snapshot frames before 0.x: "/src/train.py:12:step" (the function may hold "::")
