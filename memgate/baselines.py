@@ -15,6 +15,7 @@ from typing import Any
 from memgate import __version__
 from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
 from memgate.metric_specs import keys_where
+from memgate.owners import FRAME_OWNER_FORMATS, normalize_owner
 
 BASELINE_FORMAT = 1
 RUN_LAYOUT = 1  # a saved run's memgate_run.layout (memgate.autosave.LAYOUT: .memgate/v1/)
@@ -155,3 +156,39 @@ def history_entry(entry: dict[str, Any], profiles_of_test: int = 1) -> dict[str,
     test = str(meta.get("test") or entry["path"])
     path = test if profiles_of_test <= 1 else f"{test}/{Path(str(entry['path'])).name}"
     return {**entry, "path": path, "metadata": {**meta, "profile_dir": entry["path"]}}
+
+
+def respelled_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A device's metrics with its owners in this memgate's spelling (:func:`memgate.owners.normalize_owner`):
+    the keys of ``owner_bytes_at_peak`` (two old owners of one new name are summed) and each holder's owner."""
+    out = dict(metrics)
+    owners = metrics.get("owner_bytes_at_peak")
+    if isinstance(owners, dict):
+        merged: dict[str, Any] = {}
+        for owner, size in owners.items():
+            name = normalize_owner(owner)
+            merged[name] = merged[name] + size if name in merged and isinstance(size, int) else size
+        out["owner_bytes_at_peak"] = merged
+    holders = metrics.get("top_at_peak")
+    if isinstance(holders, list):
+        out["top_at_peak"] = [{**h, "owner": normalize_owner(h["owner"])} if isinstance(h, dict)
+                              and isinstance(h.get("owner"), str) else h for h in holders]
+    return out
+
+
+def respelled_baseline(baseline: dict[str, Any]) -> dict[str, Any]:
+    """A baseline or saved run whose profiles' owners are spelled as this memgate spells them (those of
+    the formats whose owners are frames, read from a document written before the one spelling)."""
+    profiles = {}
+    for key, p in (baseline.get("profiles") or {}).items():
+        if isinstance(p, dict) and (p.get("key") or {}).get("format") in FRAME_OWNER_FORMATS:
+            p = {**p, "devices": {d: {**v, "metrics": respelled_metrics(v.get("metrics") or {})}
+                                  for d, v in (p.get("devices") or {}).items()}}
+        profiles[key] = p
+    return {**baseline, "profiles": profiles}
+
+
+def respelled_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A JSON report's profile entries with their owners spelled as this memgate spells them."""
+    return [{**e, "devices": [{**d, "metrics": respelled_metrics(d.get("metrics") or {})} for d in e.get("devices") or []]}
+            if e.get("format") in FRAME_OWNER_FORMATS else e for e in entries]

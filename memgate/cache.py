@@ -13,7 +13,9 @@ a hash of:
   not be served its old output), the cache layout version and pyarrow's version (which writes the
   feather files);
 - the loader's format name and the profile's path (the rank and the ``source`` strings are derived
-  from the path, so the same bytes elsewhere are a different profile).
+  from the path, so the same bytes elsewhere are a different profile), and, for the formats whose
+  owners are Python frames, the working directory (an owner names its file relative to it,
+  :mod:`memgate.owners`).
 
 Entries are written into a temporary directory inside ``cache_dir`` and renamed into place in one
 step, so a reader sees a whole entry or none; of two writers of the same key the second rename
@@ -45,6 +47,7 @@ from memgate.lazy import arrow_without_pandas, lazy_module
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, MetricOptions
 from memgate.model import MAX_BYTES, DeviceModel, PoolState, Profile, ProfileInfo, Series, check_byte_ranges
+from memgate.owners import FRAME_OWNER_FORMATS
 from memgate.table import Ints, Table, Texts
 
 if TYPE_CHECKING:
@@ -181,6 +184,8 @@ def _key_of(found: Found, files: list[InputFile]) -> str:
     h = _new_hash()
     h.update(b"memgate-profile-cache\0" + code_fingerprint().encode() + b"\0")
     h.update(found.format.name.encode() + b"\0" + os.fsencode(os.path.abspath(found.path)) + b"\0")
+    if found.format.name in FRAME_OWNER_FORMATS:  # their owners name files relative to it (memgate.owners)
+        h.update(os.fsencode(os.getcwd()) + b"\0")
     for f in files:
         h.update(f.rel.encode() + b"\0" + f.size.to_bytes(8, "little"))
         hash_file(f.path, h)

@@ -25,7 +25,7 @@ from typing import Any
 from memgate.baselines import baseline_entries, comparable_key, pair_entries
 from memgate.budgets import LIMITS
 from memgate.errors import ConfigError, printable, show
-from memgate.identity import pair_devices, profile_labels
+from memgate.identity import is_test_id, pair_devices, profile_labels
 from memgate.metric_specs import BUDGET_SPECS
 from memgate.sizes import format_size, parse_size
 
@@ -380,7 +380,8 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
 
     def head(item: dict[str, Any], device: str | None = None) -> str:
         text = f"rank {item['rank']}" + (f" {device}" if device else "")
-        return text + (f"  [{item['label']}]" if item["rank"] in shared and item.get("label") else "")
+        named = item["rank"] in shared or is_test_id(str(item.get("profile", "")))  # a test: always its node id
+        return text + (f"  [{item['label']}]" if named and item.get("label") else "")
 
     for rank in diff["ranks"]:
         if rank.get("status"):

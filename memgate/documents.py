@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from memgate import __version__
-from memgate.baselines import BASELINE_FORMAT, RUN_LAYOUT, baseline_entries, baseline_from_entries
+from memgate.baselines import (
+    BASELINE_FORMAT,
+    RUN_LAYOUT,
+    baseline_entries,
+    baseline_from_entries,
+    respelled_baseline,
+    respelled_entries,
+)
 from memgate.errors import InputError, show
 
 
@@ -318,7 +325,7 @@ def _is_report(doc: Any) -> bool:
 def _as_baseline(doc: Any, path: Path) -> dict[str, Any]:
     if _is_report(doc):
         _check_document(doc, path, "report", "JSON report")
-        return baseline_from_entries(doc["profiles"])  # a JSON report works as a baseline too
+        return baseline_from_entries(respelled_entries(doc["profiles"]))  # a JSON report works as a baseline too
     if not isinstance(doc, dict) or "memgate_baseline" not in doc:
         raise InputError("not a memgate baseline or JSON report", file=path,
                          expected=f'{{"memgate_baseline": {BASELINE_FORMAT}, "profiles": {{...}}}} or a JSON report',
@@ -330,7 +337,7 @@ def _as_baseline(doc: Any, path: Path) -> dict[str, Any]:
     _check_layout(doc, "memgate_baseline", BASELINE_FORMAT, path, "baseline")
     _check_layout(doc, "layout", RUN_LAYOUT, path, "saved-run", where="memgate_run")
     _check_document(doc, path, "baseline", what)
-    return dict(doc)
+    return respelled_baseline(dict(doc))  # owners written in an older spelling compare with today's
 
 
 def load_entries(path: str | Path) -> list[dict[str, Any]]:
@@ -339,5 +346,5 @@ def load_entries(path: str | Path) -> list[dict[str, Any]]:
     doc = read_json_document(path, "JSON report or baseline")
     if _is_report(doc):
         _check_document(doc, path, "report", "JSON report")
-        return list(doc["profiles"])
+        return respelled_entries(list(doc["profiles"]))
     return baseline_entries(_as_baseline(doc, path))

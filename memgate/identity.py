@@ -222,13 +222,22 @@ def _pair_group(base: Sequence[ProfileId], current: Sequence[ProfileId], rank: s
     )
 
 
+def is_test_id(path: str) -> bool:
+    """A pytest node id (``tests/test_train.py::test_step``): a marked test's history keys its profile so."""
+    return "::" in path
+
+
 def profile_labels(paths: Sequence[str]) -> list[str]:
     """Short labels: each path's fewest trailing components (at least its own name) that no other
-    path of ``paths`` ends with; the same path twice gets the same label."""
+    path of ``paths`` ends with; the same path twice gets the same label. A test is named by its whole
+    node id (``tests/test_train.py::test_step``), as pytest names it, never shortened."""
     split = [_split(p) for p in paths]
     distinct = set(split)
     labels = []
-    for parts in split:
+    for path, parts in zip(paths, split):
+        if is_test_id(path):
+            labels.append(path)
+            continue
         others = [o for o in distinct if o != parts]
         k = next((k for k in range(1, len(parts) + 1) if all(_tail(o, k) != _tail(parts, k) for o in others)),
                  len(parts))

@@ -22,6 +22,7 @@ from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, grown_blocks
 from memgate.model import ProfileInfo
+from memgate.owners import respelled_glob
 from memgate.rows import CheckRow, RankSpread
 from memgate.sizes import format_share, format_size
 from memgate.verdict import Blocks, Outcome, format_value, source_lines, verdict_line
@@ -165,8 +166,11 @@ def _owner_caps(devices: list[DeviceMetrics], metric: str, path: str) -> list[Ca
     candidates = _owner_cap(devices, glob)
     if not candidates:
         known = sorted({o for m in devices for o in (m.values.get("owner_bytes_at_peak") or {})})
+        respelled = respelled_glob(glob)
         raise NotMeasurable(f"{metric}: no owner of a block live at the peak matches {glob!r}"
-                            + (f" (owners: {', '.join(known[:10])})" if known else " (the profile records no owners)"),
+                            + (f" (owners: {', '.join(known[:10])})" if known else " (the profile records no owners)")
+                            + (f"; a Python frame owner is spelled 'function (file:line)': {respelled!r}?"
+                               if respelled is not None else ""),
                             file=path)
     return candidates
 

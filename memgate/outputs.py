@@ -150,12 +150,14 @@ class RunOutputs:
         self.late_errors: list[str] = []  # found at the session's end (an unreadable baseline to ratchet)
         self.saved: list[Path] = []
         self.save_failed = False  # --memgate-autosave could not write the run (said in late_errors)
+        self.profile_names: dict[str, str] = {}  # a marked test's temporary profile path → what the table calls it
 
     def add(self, payload: ReportPayload, word: str | None) -> None:
         """One report's payload; ``word``: what pytest's summary counts the report as (None: not counted)."""
         if word is not None and payload.test is not None:  # memgate's own items and marked tests
             self.counts[word] = self.counts.get(word, 0) + 1
         self.rows.extend(payload.rows)
+        self.profile_names.update(self._marked_names(payload))
         if payload.profile is not None:
             self.entries.setdefault(payload.profile["path"], payload.profile)
         for entry in payload.marker_profiles:
@@ -165,6 +167,34 @@ class RunOutputs:
         if payload.kept is not None:
             self.kept.append(payload.kept)
         self.left.extend(payload.left)
+
+    def _marked_names(self, payload: ReportPayload) -> dict[str, str]:
+        """A marked test's profiles outside the rootdir (the temporary folder memgate_record and
+        memgate_profile_dir write into, gone with pytest's temporary folders) by what outlives them: the
+        kept copy (``memgate-recordings/<test>/...``, relative to the rootdir), else the test's node id."""
+        if payload.test is None or not payload.marker_profiles and not any(  # a marker's row: budget "test (name)"
+                row.budget.startswith(payload.test) for row in payload.rows):
+            return {}  # not a marked test: a --memgate profile is named by its real path
+        paths = sorted({row.profile for row in payload.rows if row.profile and not self._in_rootdir(row.profile)})
+        names = {}
+        for path in paths:
+            name = Path(path).name
+            if payload.kept is not None:
+                kept = Path(payload.kept) / name  # the kept copy is flat: the recording's files by name
+                shown = kept if kept.exists() else Path(payload.kept)
+                names[path] = self._shown(shown)
+            else:
+                names[path] = payload.test if len(paths) == 1 else f"{payload.test}/{name}"
+        return names
+
+    def _in_rootdir(self, path: str) -> bool:
+        return Path(path).resolve().is_relative_to(self.rootdir.resolve())
+
+    def _shown(self, path: Path) -> str:
+        try:
+            return path.resolve().relative_to(self.rootdir.resolve()).as_posix()
+        except ValueError:
+            return str(path)
 
     def sorted_rows(self) -> list[CheckRow]:
         return sorted(self.rows, key=lambda r: (r.profile, r.budget, r.metric))
@@ -226,7 +256,7 @@ class RunOutputs:
         rows = self.sorted_rows()
         if rows:
             out.append(("section", "memgate"))
-            out += [("line", printable(line)) for line in summary_table(rows_json(rows))]
+            out += [("line", printable(line)) for line in summary_table(rows_json(rows), self.profile_names)]
         if s.compare_id is not None and (self.entries or self.marker_entries):
             lines = comparison_lines(self.history_entries(), s.storage, s.compare_id, self.saved)
             out += [("section", "memgate compare"), *(("line", printable(line)) for line in lines)]

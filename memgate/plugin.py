@@ -31,7 +31,6 @@ from memgate.ci import unit_of
 from memgate.compare import CompareRule, Regression, compare_entry
 from memgate.discover import Found, discover, rank_hint
 from memgate.errors import ConfigError, MemgateError, NotSelected, SelectsNothing, printable, remembered
-from memgate.identity import NO_TIMESTAMP, RAW, stable_name
 from memgate.judge import Offered, judge, judge_rank_imbalance, rank_values, selects_any, selects_nothing
 from memgate.marks import (
     MARKER,
@@ -364,23 +363,18 @@ def _selecting_no_rank(collector: pytest.Collector, settings: Settings, budgets:
 
 
 def _profile_labels(found: list[Found], root: Path) -> list[str]:
-    """Item-id labels: each profile's path from the --memgate root's parent (unique, readable in JUnit),
-    the run-varying parts of the writers' names starred as pairing stars them (``host_*.*.pt.trace.json``),
-    so a test keeps its id from run to run; profiles whose starred labels clash keep more of their names
-    (the pid, then everything)."""
-    base = root.resolve().parent
-    raw = []
+    """Item-id labels: each profile's real path relative to the --memgate root (``rank_0/host_1234.1700000000.pt.trace.json``;
+    the root's own name where the root is the profile), as ``memgate check`` and the reports name it:
+    unique under one root, and the same while the files keep their names."""
+    base = root.resolve()
+    labels = []
     for entry in found:
         try:
-            raw.append(entry.path.resolve().relative_to(base).as_posix())
+            relative = entry.path.resolve().relative_to(base).as_posix()
         except ValueError:
-            raw.append(entry.path.as_posix())
-    labels = ["/".join(stable_name(part) for part in label.split("/")) for label in raw]
-    for level in (NO_TIMESTAMP, RAW):
-        clashing = {label for label in labels if labels.count(label) > 1}
-        labels = ["/".join(stable_name(part, level) for part in r.split("/")) if label in clashing else label
-                  for r, label in zip(raw, labels)]
-    return labels if len(set(labels)) == len(labels) else raw
+            relative = entry.path.as_posix()
+        labels.append(relative if relative != "." else base.name or str(root))
+    return labels
 
 
 def _declared_at(item: pytest.Item) -> Declared:

@@ -76,6 +76,7 @@ from typing import Any, Self
 
 from memgate import __version__ as MEMGATE_VERSION
 from memgate.allocation_lines import make_mode, span_frames
+from memgate.owners import KINETO_FRAME, OWNER_FRAME, frame_owner
 from memgate.readers.jsonstream import escape_names
 from memgate.tracking import StorageTracker
 
@@ -176,7 +177,7 @@ class Recorder:
                 self._profiler.__enter__()
         if self.allocation_lines:
             library = _library_dirs()
-            self._lines = make_mode(torch, lambda file: _is_user_file(file, library), _shown_path)
+            self._lines = make_mode(torch, lambda file: _is_user_file(file, library))
             self._lines.__enter__()
         self._torch_version = str(torch.__version__)
         self._sampler = DeviceMemorySampler(torch)
@@ -568,7 +569,6 @@ def record(directory: str | Path, **options: Any) -> Recorder:
 
 # ---- where the holders were allocated ---------------------------------------------------------
 
-_FRAME = re.compile(r"\A(?P<file>.+)\((?P<line>[0-9]+)\): (?P<function>.+)\Z")
 STACK_DEPTH = 4  # user frames kept per holder, innermost first
 
 
@@ -597,7 +597,7 @@ def _is_user_file(file: str, library: tuple[str, ...]) -> bool:
 def user_frame(name: str, library: tuple[str, ...]) -> tuple[str, int, str] | None:
     """(file, line, function) of a ``python_function`` event name like ``model.py(12): forward``, when
     the file is the user's code (not the standard library, an installed package, torch or memgate)."""
-    match = _FRAME.match(name)
+    match = KINETO_FRAME.match(name)
     if match is None or match.group("file").startswith("<"):
         return None
     file = match.group("file")
@@ -619,13 +619,6 @@ def _resolve(file: str) -> Path:
             if candidate.is_file():
                 return candidate.resolve()
     return path.resolve()
-
-
-def _shown_path(file: str) -> str:
-    try:
-        return str(_resolve(file).relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return file
 
 
 def _ns(ts: Any, base: int) -> int:
@@ -668,7 +661,7 @@ def allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[list[s
             frame = user_frame(str(e.get("name", "")), library)
             if frame is not None:
                 start = _ns(e["ts"], base)
-                text = f"{frame[2]} ({_shown_path(frame[0])}:{frame[1]})"
+                text = frame_owner(*frame)
                 spans.setdefault((e.get("pid"), e.get("tid")), []).append((start, start + _ns(e.get("dur", 0), 0), text))
     stacks: list[list[str]] = []
     for h in holders:
@@ -694,8 +687,8 @@ def with_allocation_stacks(trace: Path, holders: list[dict[str, Any]]) -> list[d
         entry = dict(holder)
         if stack:
             entry["stack"] = stack
-            # a raw frame owner (``file.py(7): make``) reads better as the stack shows it; a module path stays
+            # a frame owner becomes the stack's innermost frame (the same spelling); a module path stays
             owner = entry.get("owner")
-            entry["owner"] = stack[0] if not owner or _FRAME.match(str(owner)) else owner
+            entry["owner"] = stack[0] if not owner or OWNER_FRAME.match(str(owner)) else owner
         out.append(entry)
     return out

@@ -110,11 +110,13 @@ def profile_label(outcome: dict[str, Any], labels: dict[str, str]) -> str:
     return labels.get(str(outcome.get("profile", "")), str(outcome.get("profile", "?")))
 
 
-def summary_table(outcomes: list[dict[str, Any]]) -> list[str]:
+def summary_table(outcomes: list[dict[str, Any]], names: dict[str, str] | None = None) -> list[str]:
     """Measured vs limit, one row per (profile, budget, metric), in :func:`outcome_order`; the
-    profile last (its label's width varies most)."""
+    profile last (its label's width varies most). ``names``: what a profile is called instead of its
+    path (a marked test's recording: its kept copy, else the test)."""
     header = ("rank", "budget", "metric", "measured", "limit", "result", "profile")
-    labels = outcome_labels(outcomes)
+    named = names or {}
+    labels = {**outcome_labels([o for o in outcomes if str(o.get("profile", "")) not in named]), **named}
     rows = []
     for o in sorted(outcomes, key=outcome_order):
         rows.append((

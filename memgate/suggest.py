@@ -96,21 +96,17 @@ def op_globs(ops: dict[str, int]) -> dict[str, int]:
 
 OWNER_CAPS_TOP = 10  # owner_caps suggested for at most this many owner globs, the largest at the peak
 
-# An owner's source line, which moves whenever code above it changes: "train.py(19): step" (Kineto's
-# Python stacks) and "/src/train.py:19:step" (snapshot frames).
-_OWNER_LINE = (re.compile(r"\A(?P<file>.*?\.[A-Za-z0-9_]+)\((?P<line>[0-9]+)\)(?P<rest>: .*)\Z", re.DOTALL),
-               re.compile(r"\A(?P<file>.*?\.[A-Za-z0-9_]+):(?P<line>[0-9]+)(?P<rest>:.*)\Z", re.DOTALL))
+# An owner's source line, which moves whenever code above it changes: "step (train.py:19)"
+# (a Python frame, memgate.owners).
+_OWNER_LINE = re.compile(r"\A(?P<head>.+ \(.*?\.[A-Za-z0-9_]+):(?P<line>[0-9]+)\)\Z", re.DOTALL)
 
 
 def owner_glob(owner: str) -> str:
-    """An owner as an owner_caps glob without its line number (``train.py(*): step``,
-    ``/src/train.py:*:step``), the rest matched literally; other owners as :func:`op_globs` groups
-    them. The glob always matches the owner it came from."""
-    for pattern in _OWNER_LINE:
-        m = pattern.match(owner)
-        if m:
-            star = "(*)" if pattern is _OWNER_LINE[0] else ":*"
-            return _glob_literal(m["file"]) + star + _glob_literal(m["rest"])
+    """An owner as an owner_caps glob without its line number (``step (train.py:*)``), the rest matched
+    literally; other owners as :func:`op_globs` groups them. The glob always matches the owner it came from."""
+    m = _OWNER_LINE.match(owner)
+    if m:
+        return _glob_literal(m["head"]) + ":*)"
     return next(iter(op_globs({owner: 0})))
 
 

@@ -59,16 +59,16 @@ def test_unchanged_run_passes_heavier_run_fails_everywhere(project: pytest.Pytes
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*peak_allocated 1.35 GiB exceeds baseline 1.23 GiB by 126.1? MiB (+10.0%), allowed +5% — rank 0 npu:0*",
-        ("::error title=memgate memgate%3A%3Aheavy/run_ascend_pt%3A%3Abaseline%3A%3Apeak_allocated::peak_allocated 1.35 "
+        ("::error title=memgate memgate%3A%3Arun_ascend_pt%3A%3Abaseline%3A%3Apeak_allocated::peak_allocated 1.35 "
         "GiB exceeds baseline*"),
     ])
     failures = ET.parse(project.path / "junit.xml").findall(".//testcase/failure")
     assert len(failures) == 1 and failures[0].get("message", "").startswith("peak_allocated 1.35 GiB exceeds baseline")
     table = summary.read_text()
     assert table.startswith("### memgate: 1 failed, 1 passed (2 checks)\n")
-    assert ("| ❌ FAIL | `memgate::heavy/run_ascend_pt::baseline::peak_allocated` | 0 | npu:0 | baseline | "
+    assert ("| ❌ FAIL | `memgate::run_ascend_pt::baseline::peak_allocated` | 0 | npu:0 | baseline | "
             "`peak_allocated` |") in table
-    assert "| ✅ pass | `memgate::heavy/run_ascend_pt::train::peak_allocated` | 0 | npu:0 | train | `peak_allocated` |" in table
+    assert "| ✅ pass | `memgate::run_ascend_pt::train::peak_allocated` | 0 | npu:0 | train | `peak_allocated` |" in table
 
 
 @pytest.mark.parametrize(
@@ -265,9 +265,9 @@ def test_junit_units_and_step_summary_for_ratio_metrics(project: pytest.Pytester
     assert props["memgate.external_fragmentation.unit"] == "ratio"
     assert props["memgate.external_fragmentation.measured"] == "0.0"
     table = summary.read_text()
-    assert ("| ✅ pass | `memgate::base/run_ascend_pt::train::external_fragmentation` | 0 | npu:0 | train | "
+    assert ("| ✅ pass | `memgate::run_ascend_pt::train::external_fragmentation` | 0 | npu:0 | train | "
             "`external_fragmentation` | 0.000 | 0.050 |") in table
-    assert ("| ✅ pass | `memgate::base/run_ascend_pt::train::fragmentation` | 0 | npu:0 | train | `fragmentation` | "
+    assert ("| ✅ pass | `memgate::run_ascend_pt::train::fragmentation` | 0 | npu:0 | train | `fragmentation` | "
             "0.182 | 0.500 |") in table
 
 

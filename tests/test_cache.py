@@ -487,3 +487,15 @@ def test_a_cache_inside_the_profile_directory_is_refused(tmp_path: Path) -> None
         with pytest.raises(ConfigError, match="inside the profile directory"):
             load_cached(found, ProfileCache(inside))
     assert tree_digest(root) == before
+
+
+def test_the_key_of_a_profile_with_frame_owners_holds_the_working_directory(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace's or snapshot's owners name their files relative to the working directory (memgate.owners):
+    an entry made in one directory is not served in another; other formats' keys do not depend on it."""
+    (trace,) = discover(SAMPLES / "torch" / "cpu_train_profile_memory.json")
+    (npu,) = discover(PTA271)
+    here = (profile_key(trace), profile_key(npu))
+    monkeypatch.chdir(tmp_path)
+    assert profile_key(trace) != here[0]
+    assert profile_key(npu) == here[1]

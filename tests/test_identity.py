@@ -138,3 +138,5 @@ def test_profile_labels() -> None:
     assert profile_labels(["/r/a/x", "/r/a/x"]) == ["x", "x"]  # one profile twice: one label
     assert profile_labels(["x", "/r/x"]) == ["x", "r/x"]
     assert profile_labels([]) == []
+    # a test by its whole node id, never shortened to its file's name
+    assert profile_labels(["tests/test_a.py::test_x", "/r/x"]) == ["tests/test_a.py::test_x", "x"]

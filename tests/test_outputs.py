@@ -102,3 +102,28 @@ def test_a_declared_file_is_named_from_the_workspace(tmp_path: Path, monkeypatch
 def test_a_comparison_with_no_saved_run_names_the_configuration(tmp_path: Path) -> None:
     [line] = comparison_lines([_entry("a")], tmp_path / ".memgate", "")
     assert line.startswith("memgate: no saved run for configuration kineto-cpu-") and "--memgate-autosave" in line
+
+
+def test_the_table_names_a_marked_tests_recording_by_its_kept_copy_else_by_the_test(tmp_path: Path) -> None:
+    """A marked test's profile lives in pytest's temporary folder (``memgate_profile0``): the table names
+    it by what outlives pytest, the kept copy under the rootdir, else the test's node id; a --memgate
+    profile keeps its real name."""
+    root = tmp_path / "project"
+    kept = root / "memgate-recordings" / "tests_test_a.py.test_a-1234"
+    kept.mkdir(parents=True)
+    (kept / "torch_trace.json").write_text("{}")
+    outputs = RunOutputs(Settings(), root)
+    test_a, test_b = "tests/test_a.py::test_a", "tests/test_b.py::test_b"
+    temp = tmp_path / "pytest-of-u" / "memgate_profile0"
+    a_row = CheckRow(str(temp / "torch_trace.json"), "0", test_a, "peak_allocated", 100, 50, True, "cpu",
+                     "within").of_test(test_a, None)  # a marker's row: its budget is the test
+    outputs.add(ReportPayload(test_a, [a_row], kept=str(kept)), "passed")
+    b_row = CheckRow(str(tmp_path / "pytest-of-u" / "memgate_profile1"), "0", test_b, "peak_allocated", 100, 50, True,
+                     "cpu", "within").of_test(test_b, None)
+    outputs.add(ReportPayload(test_b, [b_row]), "passed")
+    outputs.add(ReportPayload("memgate::run_ascend_pt::b::peak_allocated", [_row(str(root / "prof" / "run_ascend_pt"),
+                                                                                 True)]), "passed")
+    table = [text for kind, text in outputs.summary() if kind == "line" and text.startswith("0 cpu")]
+    assert [line.split()[-1] for line in table] == [
+        "run_ascend_pt", "memgate-recordings/tests_test_a.py.test_a-1234/torch_trace.json", test_b]
+    assert not any("memgate_profile" in line for line in table)

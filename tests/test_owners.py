@@ -70,7 +70,7 @@ def test_kineto_owners_modules_then_user_frames(tmp_path: Path) -> None:
     (device,) = profile.devices
     blocks = device.blocks.to_pandas().sort_values("t_alloc")
     assert blocks["owner"].tolist() == ["M_0/Encoder_0/Linear_0", "M_0/Encoder_0", pd.NA, "M_0",
-                                        "/home/u/train.py(5): step", pd.NA]
+                                        "step (/home/u/train.py:5)", pd.NA]
     assert blocks["op"].tolist()[0] == "aten::addmm"
 
 
@@ -123,7 +123,7 @@ def test_snapshot_owner_skips_torch_frames() -> None:
         {"filename": "/home/u/model.py", "line": 12, "name": "forward"},
         {"filename": "/home/u/train.py", "line": 40, "name": "main"},
     ]
-    assert op_owner(frames, None, "frames") == ("aten::mm", "/home/u/model.py:12:forward")
+    assert op_owner(frames, None, "frames") == ("aten::mm", "forward (/home/u/model.py:12)")
 
 
 @pytest.mark.parametrize(("filename", "torch_own"), [
@@ -167,4 +167,93 @@ def test_measured_takes_the_dicts_of_the_device_with_the_largest_peak(tmp_path: 
     assert [d.device for d in measured.devices] == ["cpu", "cuda:0"]
     assert measured.metrics["owner_bytes_at_peak"] == {"M_0/Encoder_0": 2000, "M_0/Encoder_0/Linear_0": 1000}
     assert measured.metrics["op_bytes_at_peak"] == {"aten::addmm": 1000}
-    assert measured.devices[0].values["owner_bytes_at_peak"] == {USER: 64}
+    assert measured.devices[0].values["owner_bytes_at_peak"] == {"step (/home/u/train.py:5)": 64}
+
+
+# ---- one spelling: memgate.owners ------------------------------------------------------------------
+
+
+def test_a_frame_is_one_owner_in_a_kineto_trace_and_a_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kineto's ``test_x.py(8): train`` (relative to the import path it came from) and a snapshot frame's
+    absolute ``.../tests/test_x.py`` are one spelling: ``train (tests/test_x.py:8)``, relative to the cwd."""
+    from memgate.owners import frame_owner, kineto_frame_owner
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "tests"))  # pytest's rootdir-based import path
+    assert kineto_frame_owner("test_x.py(8): train") == "train (tests/test_x.py:8)"
+    assert frame_owner(str(tmp_path / "tests" / "test_x.py"), 8, "train") == "train (tests/test_x.py:8)"
+    frames = [{"filename": str(tmp_path / "tests" / "test_x.py"), "line": 8, "name": "train"}]
+    assert op_owner(frames, None, "frames") == (None, "train (tests/test_x.py:8)")
+    # a file outside the cwd, and a relative name found nowhere under it, stay as written
+    assert frame_owner("/elsewhere/m.py", 3, "f") == "f (/elsewhere/m.py:3)"
+    assert kineto_frame_owner("lib/m.py(3): f") == "f (lib/m.py:3)"
+    assert kineto_frame_owner("nn.Module: Linear_0") is None
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("/home/u/train.py(5): step", "step (/home/u/train.py:5)"),  # Kineto's frame
+    ("/home/u/train.py:5:step", "step (/home/u/train.py:5)"),  # memgate's former snapshot spelling
+    ("/usr/lib/libc10.so:0:c10::cuda::f", "c10::cuda::f (/usr/lib/libc10.so:0)"),  # a C++ frame
+    ("step (/home/u/train.py:5)", "step (/home/u/train.py:5)"),  # already spelled so
+    ("Net_0/Encoder_0/Linear_0", "Net_0/Encoder_0/Linear_0"),  # a module path
+    ("PTA@model@step", "PTA@model@step"),  # msMemScope's owner
+    ("aten::mm", "aten::mm"),
+])
+def test_old_owner_spellings_are_read_as_todays(old: str, new: str) -> None:
+    from memgate.owners import normalize_owner
+
+    assert normalize_owner(old) == new
+
+
+def test_a_baseline_with_old_owner_spellings_compares_owner_by_owner(tmp_path: Path) -> None:
+    """A baseline saved before the one spelling: its owners read as a fresh load spells them, so a
+    comparison names what grew, not every owner as new (and other formats' owners stay as written)."""
+    from memgate.compare import grown_at_peak
+    from memgate.documents import load_baseline, load_entries
+
+    doc = {"memgate_baseline": 1, "memgate_version": "0.1.0", "profiles": {
+        "0": {"rank": "0", "path": "/r/trace.json", "key": {"format": "kineto"},
+              "devices": {"cpu": {"metrics": {"owner_bytes_at_peak": {"/home/u/train.py(5): step": 100,
+                                                                      "/home/u/train.py:5:step": 20, "M_0": 7}}}}},
+        "1": {"rank": "1", "path": "/r/dump.csv", "key": {"format": "msmemscope"},
+              "devices": {"npu:0": {"metrics": {"owner_bytes_at_peak": {"/x/a.py:1:b": 5}}}}}}}
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(doc))
+    profiles = load_baseline(path)["profiles"]
+    assert profiles["0"]["devices"]["cpu"]["metrics"]["owner_bytes_at_peak"] == {"step (/home/u/train.py:5)": 120,
+                                                                                 "M_0": 7}
+    assert profiles["1"]["devices"]["npu:0"]["metrics"]["owner_bytes_at_peak"] == {"/x/a.py:1:b": 5}
+    (before, _) = load_entries(path)
+    now = {"metrics": {"owner_bytes_at_peak": {"step (/home/u/train.py:5)": 150, "M_0": 7}}}
+    assert grown_at_peak(before["devices"][0], now)["owners"] == [
+        {"name": "step (/home/u/train.py:5)", "base": 120, "current": 150, "delta": 30}]
+
+
+@pytest.mark.parametrize(("glob", "meant"), [
+    ("train.py(*): step", "step (*train.py:*)"),
+    ("/src/train.py:*:step", "step (*/src/train.py:*)"),
+    ("*:custom_softmax", "custom_softmax (*)"),
+    ("*Encoder_0*", None),
+    ("step (*)", None),
+])
+def test_a_glob_on_a_former_spelling_is_named_with_todays(glob: str, meant: str | None) -> None:
+    from memgate.owners import respelled_glob
+
+    assert respelled_glob(glob) == meant
+
+
+def test_an_owner_cap_on_the_former_spelling_says_how_to_write_it() -> None:
+    from memgate.budgets import budget_from_mapping
+    from memgate.cache import open_profile
+    from memgate.discover import discover
+    from memgate.errors import NotMeasurable
+    from memgate.judge import judge
+
+    sample = Path(__file__).parent / "data/samples/torch/snapshot_modern_small_cs336.pickle"
+    budget = budget_from_mapping({"name": "b", "owner_caps": {"*:custom_softmax": "1 GiB"}}, origin="test")
+    with pytest.raises(NotMeasurable) as info:
+        judge(open_profile(discover(sample)[0], None), budget, "owner_caps[*:custom_softmax]")
+    assert str(info.value.message).endswith(
+        "; a Python frame owner is spelled 'function (file:line)': 'custom_softmax (*)'?")

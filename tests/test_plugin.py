@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -671,32 +672,34 @@ def test_identical_holders_are_one_line_with_count_and_total_under_the_real_live
     assert not any(line.strip().startswith("64.00 MiB  aten::mm") for line in result.stdout.lines)
 
 
-def test_budget_file_item_ids_star_the_trace_pid_and_timestamp(pytester: pytest.Pytester) -> None:
-    ids = []
-    for name in ("host_1234.1700000000000000001.pt.trace.json", "host_987.1700000000999999999.pt.trace.json"):
-        _trace_run(pytester, name)
-        result = pytester.runpytest("--memgate=prof", "--collect-only", "-q", "-p", "no:cacheprovider")
-        ids.append([line for line in result.stdout.lines if line.startswith("memgate::")])
-    assert ids[0] == ids[1] == ["memgate::prof/host_*.*.pt.trace.json::train::peak_allocated",
-                                "memgate::prof/host_*.*.pt.trace.json::train::leaked"]
-    # two ranks' traces (two pids) keep their pids: ids stay unique
+def test_budget_file_item_ids_name_the_profile_by_its_path_under_the_root(pytester: pytest.Pytester) -> None:
+    """An item is named by its profile's real path under the --memgate root, as `memgate check` names it
+    (never the starred identity pairing uses); two ranks' traces are two ids."""
+    name = "host_1234.1700000000000000001.pt.trace.json"
+    _trace_run(pytester, name)
+    result = pytester.runpytest("--memgate=prof", "--collect-only", "-q", "-p", "no:cacheprovider")
+    assert [line for line in result.stdout.lines if line.startswith("memgate::")] == [
+        f"memgate::{name}::train::peak_allocated", f"memgate::{name}::train::leaked"]
     _trace_run(pytester, "host_1.1700000000000000001.pt.trace.json", "host_2.1700000000000000002.pt.trace.json")
     result = pytester.runpytest("--memgate=prof", "--collect-only", "-q", "-p", "no:cacheprovider")
     two = [line for line in result.stdout.lines if line.startswith("memgate::")]
-    assert sorted(two) == sorted(f"memgate::prof/host_{pid}.*.pt.trace.json::train::{metric}"
+    assert sorted(two) == sorted(f"memgate::host_{pid}.170000000000000000{pid}.pt.trace.json::train::{metric}"
                                  for pid in (1, 2) for metric in ("peak_allocated", "leaked"))
+    check = pytester.run(sys.executable, "-m", "memgate", "check", "prof")
+    assert any("host_1.1700000000000000001.pt.trace.json" in line for line in check.outlines)
 
 
 def test_short_summary_line_of_a_budget_file_item_carries_its_message(pytester: pytest.Pytester,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # pytest trims the message to the terminal's width (and drops it where the id leaves no room): the
-    # trace's pid and 19-digit timestamp in the id used to fill a 100-column line
-    monkeypatch.setenv("COLUMNS", "100")
+    # pytest trims the message to the terminal's width (and drops it where the id leaves no room); the id
+    # is the trace's real name (pid and 19-digit timestamp), as `memgate check` names it: 120 columns show it
+    monkeypatch.setenv("COLUMNS", "120")
     for var in ("CI", "BUILD_NUMBER"):
         monkeypatch.delenv(var, raising=False)
     _trace_run(pytester, "fv-az1234-567_2048.1736412345678901234.pt.trace.json")
     result = pytester.runpytest("--memgate=prof", "-rf", "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["FAILED memgate::prof/fv-az1234-567_*.*.pt.trace.json::train::leaked - leaked 13.00 MiB*"])
+    result.stdout.fnmatch_lines([("FAILED memgate::fv-az1234-567_2048.1736412345678901234.pt.trace.json::train::leaked"
+                                  " - leaked 13.00 MiB*")])
 
 
 @pytest.mark.parametrize(("args", "kept"), [

@@ -180,3 +180,15 @@ def test_plugin_json_report_carries_the_attribution_and_the_commit(pytester: pyt
     assert row["baseline_commit"] == COMMIT
     assert row["attribution"] == {"ops": [{"name": "aten::mm", "base": MM_BASE, "current": MM_HEAVY,
                                            "delta": MM_HEAVY - MM_BASE}], "owners": []}
+
+
+def test_diff_names_a_marked_test_by_its_whole_node_id() -> None:
+    """A marked test's history entry is keyed by its node id: the diff names it so, ``tests/`` included,
+    even where it is the only profile of its rank."""
+    base = {**_entry(MIB, {"a": 1}), "path": "tests/test_train.py::test_step"}
+    now = {**_entry(2 * MIB, {"a": 1}), "path": "tests/test_train.py::test_step"}
+    lines = diff_text(diff_entries([base], [now]))
+    assert lines[0] == "rank 0 npu:0  [tests/test_train.py::test_step]"
+    two = [now, {**now, "path": "tests/unit/test_train.py::test_step"}]
+    assert [r["label"] for r in diff_entries([base], two)["ranks"]] == [
+        "tests/test_train.py::test_step", "tests/unit/test_train.py::test_step"]

@@ -674,7 +674,7 @@ def test_legacy_addresses_are_derived_from_the_segment(tmp_path: Path) -> None:
     assert frame["t_alloc"].isna().all() and frame["t_free"].isna().all()
     assert sorted(frame["size"].tolist()) == sorted(b["size"] for b in live)  # the allocator's blocks
     with_stack = [b for b in live if b.get("history") and b["history"][0].get("frames")]
-    owners = {f"{f['filename']}:{f['line']}:{f['name']}" for b in with_stack for f in b["history"][0]["frames"][:1]}
+    owners = {f"{f['name']} ({f['filename']}:{f['line']})" for b in with_stack for f in b["history"][0]["frames"][:1]}
     assert with_stack and set(frame["owner"].dropna()) <= owners
     assert frame["owner"].notna().sum() == len(with_stack)
 

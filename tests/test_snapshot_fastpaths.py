@@ -144,7 +144,7 @@ def test_each_frame_is_read_once_however_many_stacks_share_it(monkeypatch: pytes
     monkeypatch.setattr(snapshot_stacks, "_role", counted)
     _, owners = snapshot_stacks.op_owner_each(lists, None, lambda j: f"e[{j}]")
     assert sorted(read) == sorted(set(read)) and len(read) == 20 + 50
-    assert owners.tolist() == [f"/w/train.py:{k}:step" for k in range(50) for _ in range(3)]
+    assert owners.tolist() == [f"step (/w/train.py:{k})" for k in range(50) for _ in range(3)]
 
 
 # ---- check_records: optional keys proved absent by the key counts ----------------------------------

@@ -17,7 +17,8 @@ is read (:mod:`memgate.loaders.kineto_events` keeps it, batch by batch):
 - ``python_function`` complete events (``with_stack=True``; ``with_modules=True`` adds the
   ``nn.Module: Name_k`` spans): the module spans around a memory event on the same (pid, tid),
   outermost first, joined by ``/``, are its block's owner; where none encloses it, the innermost
-  frame in user code (``file.py(12): fn`` outside a ``torch``/``torch_npu`` package directory).
+  frame in user code (``file.py(12): fn`` outside a ``torch``/``torch_npu`` package directory), spelled
+  ``fn (file.py:12)`` as every frame owner is (:func:`memgate.owners.frame_owner`).
 - ``deviceProperties[]`` (header): ``totalGlobalMem`` of the GPU with that ``id`` becomes
   ``metadata["device_capacity_bytes"][label]``.
 
@@ -63,6 +64,7 @@ from memgate.model import (
     empty_steps,
     step_number,
 )
+from memgate.owners import kineto_frame_owner
 from memgate.readers import limits
 from memgate.readers.files import check_readable
 from memgate.readers.jsonstream import JsonLimitError, guard
@@ -529,7 +531,9 @@ def _owners(path: Path, got: Collected, t_mem: np.ndarray, mem_thread: np.ndarra
     if spans is None:
         return result
     start, end, thread, name = spans
-    names = np.array(got.py_names.values, dtype=object)
+    # a frame's owner in memgate's one spelling (memgate.owners), each distinct name spelled once
+    names = np.array([v if not isinstance(v, str) or v.startswith(MODULE_PREFIX) else (kineto_frame_owner(v) or v)
+                      for v in got.py_names.values], dtype=object)
     is_module = np.array([isinstance(v, str) and v.startswith(MODULE_PREFIX) for v in got.py_names.values] + [False],
                          dtype=bool)[name]
     for g in np.unique(mem_thread):

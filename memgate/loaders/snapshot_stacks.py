@@ -1,8 +1,8 @@
 """What a snapshot's stacks tell: the op and the owner of each allocation, and whether torch_npu wrote it.
 
 ``op`` is the innermost ``at::_ops::<name>`` C++ frame (``aten::<name>``, overload suffix kept),
-``owner`` the innermost Python frame in user code (``file:line:function``; torch's own files are
-skipped), else the innermost frame that is no allocator or interpreter internal. Each distinct stack
+``owner`` the innermost Python frame in user code (``function (file:line)``,
+:func:`memgate.owners.frame_owner`; torch's own files are skipped), else the innermost frame that is no allocator or interpreter internal. Each distinct stack
 is read once (:func:`op_owner_each`, over :mod:`memgate.loaders.stack_groups`), and each frame dict
 once however many stacks share it.
 """
@@ -22,6 +22,7 @@ from memgate.loaders.events import is_torch_file
 from memgate.loaders.snapshot_segments import Segments
 from memgate.loaders.snapshot_trace import Trace
 from memgate.loaders.stack_groups import first_equal, first_of_label
+from memgate.owners import frame_owner
 from memgate.table import Texts
 
 _OP_FRAME = re.compile(r"at::_ops::([A-Za-z0-9_]+)::(?:call|redispatch)\b")
@@ -67,11 +68,11 @@ def _role(frame: Any, path: Path | None, where: str) -> _Role:
     name, filename = frame["name"], frame["filename"]
     op = f"aten::{m.group(1)}" if (m := _OP_FRAME.search(name)) else None
     # the innermost frame in user code: torch's own Python files (under a torch/torch_npu package) are skipped
-    owner = f"{filename}:{frame.get('line')}:{name}" if filename.endswith(".py") and not is_torch_file(filename) \
+    owner = frame_owner(filename, frame["line"], name) if filename.endswith(".py") and not is_torch_file(filename) \
         else None
     fallback = None
     if filename not in ("??", "") and not any(s in name for s in _INTERNAL):
-        fallback = f"{filename}:{frame.get('line')}:{name}" if filename != "none" else name
+        fallback = frame_owner(filename, frame["line"], name) if filename != "none" else name
     return op, owner, fallback
 
 
