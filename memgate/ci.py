@@ -38,7 +38,7 @@ def github_annotations(outcomes: list[dict[str, Any]], errors: Iterable[dict[str
         if o.get("test"):  # a marker's checks share their test's id: the metric tells them apart
             title = f"memgate {o['test']}" + (f" {o['metric']}" if o.get("budget") == o["test"] else "")
         else:
-            title = f"memgate {o.get('budget', '?')}::{o.get('metric', '?')} (rank {o.get('rank', '?')})"
+            title = f"memgate {o.get('budget', '?')}::{o.get('metric', '?')} (rank {o.get('rank') or '-'})"
         lines.append(f"::error {where}title={_property(title)}::{_escape_annotation(o.get('error') or o['message'])}")
     return lines
 
@@ -120,7 +120,7 @@ def step_summary_markdown(outcomes: list[dict[str, Any]], errors: Iterable[dict[
         icon = {"error": "⚠️ error", "FAIL": "❌ FAIL", "pass": "✅ pass"}[result(o)]
         test = md_code(o["test"]) if o.get("test") else "–"
         budget = "marker" if o.get("test") and o["budget"] == o["test"] else o["budget"]
-        rows.append(f"| {icon} | {test} | {md_text(o.get('rank', '?'))} | {md_text(o.get('device') or '–')} | "
+        rows.append(f"| {icon} | {test} | {md_text(o.get('rank') or '–')} | {md_text(o.get('device') or '–')} | "
                     f"{md_text(budget)} | {md_code(o['metric'])} | {_cell(o['metric'], o.get('value'))} | "
                     f"{_cell(o['metric'], o.get('limit'))} |")
     for e in errors:

@@ -111,7 +111,7 @@ def read_json_document(path: str | Path, what: str) -> Any:
         raw = path.read_bytes()
     except FileNotFoundError:
         if path.is_symlink():  # a dangling link: the file it names is gone
-            raise InputError(f"{what} file is a symbolic link to {show(os.readlink(path))}, which does not exist",
+            raise InputError(f"{what} file is a symbolic link to {show(os.readlink(path), 4096)}, which does not exist",
                              file=path) from None
         raise InputError(f"{what} file not found", file=path) from None
     except IsADirectoryError:

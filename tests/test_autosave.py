@@ -300,7 +300,7 @@ def test_a_marked_tests_failed_comparison_is_the_same_failed_row_in_every_output
     """A marked test compared with its saved run: the comparison is one row, judged once, and the
     terminal table, the JSON report, JUnit, the HTML page, the annotations and the step summary all
     show it failed, with as many failed checks as pytest counts."""
-    project.makepyfile(test_model=MARKED)
+    project.makepyfile(test_marked_compare=MARKED)
     monkeypatch.setenv("RUN", "base/run_ascend_pt")
     project.runpytest("--memgate-autosave").assert_outcomes(passed=1)
     monkeypatch.setenv("RUN", "heavy/run_ascend_pt")
@@ -313,13 +313,13 @@ def test_a_marked_tests_failed_comparison_is_the_same_failed_row_in_every_output
     failure = "peak_allocated 1.35 GiB exceeds baseline 1.23 GiB by 126.1? MiB (+10.0%), allowed +5% — rank 0 npu:0"
     result.stdout.fnmatch_lines([
         f"*{failure}*",
-        "*0 npu:0  test_model.py::test_train (baseline)  peak_allocated  1.35 GiB*FAIL*",
-        ("::error file=test_model.py,line=*,title=memgate test_model.py%3A%3Atest_train::peak_allocated 1.35 GiB "
+        "*0 npu:0  test_marked_compare.py::test_train (baseline)  peak_allocated  1.35 GiB*FAIL*",
+        ("::error file=test_marked_compare.py,line=*,title=memgate test_marked_compare.py%3A%3Atest_train::peak_allocated 1.35 GiB "
          "exceeds baseline*"),
     ])
     report = json.loads((project.path / "r.json").read_text())
     compared = [b for b in report["budgets"] if "baseline_value" in b]
-    assert [(b["test"], b["metric"], b["passed"]) for b in compared] == [("test_model.py::test_train",
+    assert [(b["test"], b["metric"], b["passed"]) for b in compared] == [("test_marked_compare.py::test_train",
                                                                           "peak_allocated", False)]
     assert sum(1 for b in report["budgets"] if b["passed"] is False) == 1  # as many as pytest failed
     junit = (project.path / "j.xml").read_text()
@@ -328,10 +328,10 @@ def test_a_marked_tests_failed_comparison_is_the_same_failed_row_in_every_output
     page = (project.path / "r.html").read_text()
     assert "1 of 2 budget checks failed" in page and "<h2>Comparisons</h2>" in page
     comparisons = page[page.index("<h2>Comparisons</h2>"):]
-    assert "test_model.py::test_train" in comparisons and '<td class="result">FAIL</td>' in comparisons
+    assert "test_marked_compare.py::test_train" in comparisons and '<td class="result">FAIL</td>' in comparisons
     steps = summary.read_text()
     assert "### memgate: 1 failed (2 checks)" in steps
-    assert "| ❌ FAIL | `test_model.py::test_train` | 0 | npu:0 | test_model.py::test_train (baseline) |" in steps
+    assert "| ❌ FAIL | `test_marked_compare.py::test_train` | 0 | npu:0 | test_marked_compare.py::test_train (baseline) |" in steps
 # ---- the store as untrusted input: hostile run IDs, odd files, loops, files for folders -----------
 
 HOSTILE_RUN_IDS = ["²", "٣", "１２", "3²", "\u0663\u0660", "1_0", "+3", "-3", "3.0", "9" * 5000]
