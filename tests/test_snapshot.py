@@ -43,8 +43,8 @@ from writers.snapshot import (
 from memgate import cli
 from memgate.discover import discover, load
 from memgate.errors import InputError, MemgateError
-from memgate.loaders import snapshot, stack_groups
-from memgate.loaders.snapshot_trace import ACTIONS
+from memgate.loaders.snapshot import snapshot, stack_groups
+from memgate.loaders.snapshot.snapshot_trace import ACTIONS
 from memgate.metrics import profile_metrics
 from memgate.readers import safepickle
 from memgate.readers.pyrecords import check_records

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 
 from memgate.errors import InputError, cannot_read, show
 from memgate.loaders import registry
-from memgate.loaders.crossfile import cross_file_facts
-from memgate.loaders.trace_view import read_trace_view
+from memgate.loaders.ascend.crossfile import cross_file_facts
+from memgate.loaders.ascend.trace_view import read_trace_view
 from memgate.model import (
     MAX_RANK,
     STEP_COLUMNS,

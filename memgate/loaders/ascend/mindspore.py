@@ -61,9 +61,9 @@ import pandas as pd
 from memgate import hints
 from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders import registry
-from memgate.loaders.crossfile import cross_file_facts
-from memgate.loaders.torch_npu import info_rank, rank_notes, read_profiler_info
-from memgate.loaders.torch_npu import run_window as torch_npu_run_window
+from memgate.loaders.ascend.crossfile import cross_file_facts
+from memgate.loaders.ascend.torch_npu import info_rank, rank_notes, read_profiler_info
+from memgate.loaders.ascend.torch_npu import run_window as torch_npu_run_window
 from memgate.model import (
     SERIES_COLUMNS,
     STEP_COLUMNS,

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from memgate.errors import InputError, cannot_read
 from memgate.loaders import registry
-from memgate.loaders.crossfile import cross_file_facts
+from memgate.loaders.ascend.crossfile import cross_file_facts
 from memgate.model import (
     BLOCK_COLUMNS,
     SERIES_COLUMNS,
