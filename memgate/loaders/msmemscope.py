@@ -59,7 +59,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate.errors import InputError, cannot_read, show
+from memgate.errors import InputError, read_errors_named, show
 from memgate.loaders import registry
 from memgate.loaders.events import Pairs, pair_events, repair_notes, take
 from memgate.model import (
@@ -233,12 +233,13 @@ def _check_patterns(rows: Rows) -> None:
                          expected=describe(prop), found=repr(value) if value is not None else "an empty cell")
 
 
+@read_errors_named
+def _rows(path: Path) -> Rows:
+    return read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
+
+
 def load(path: Path) -> Profile:
-    try:
-        rows = read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
-    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise cannot_read(exc, path) from None
-    return build_profile(rows)
+    return build_profile(_rows(path))
 
 
 # --- normalization -------------------------------------------------------------------------------
