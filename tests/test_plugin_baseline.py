@@ -1,4 +1,5 @@
-"""Baselines, regression rules and CI outputs through pytest (pytester), and a baseline of an older memgate."""
+"""The plugin with a baseline (pytester): saving one, compare rules and CI outputs through pytest, and a baseline of
+an older memgate. (memgate.baselines, the baseline documents themselves: tests/test_baselines.py.)"""
 
 from __future__ import annotations
 
