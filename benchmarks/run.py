@@ -265,7 +265,7 @@ _SNAPSHOT_PHASES = """
 import json, sys, time
 from pathlib import Path
 from memgate import discover
-from memgate.loaders import snapshot
+from memgate.loaders.snapshot import snapshot
 from memgate.metrics import profile_metrics
 from memgate.readers import limits, safepickle
 from memgate.cli import as_command

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memgate.categories import CATEGORIES
 from memgate.errors import ConfigError
-from memgate.loaders.categories import CATEGORIES
 from memgate.metric_specs import LEFT_ALLOCATED, budget_limits
 from memgate.metrics import MetricOptions
 from memgate.schemas import load_schema

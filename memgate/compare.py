@@ -103,18 +103,18 @@ def parse_rule(text: str) -> CompareRule:
     return CompareRule(metric=metric, percent=percent, absolute=absolute, text=text.strip())
 
 
-class NotInBaseline(ConfigError, KeyError):
+class NotInBaseline(ConfigError):
     """No profile of the baseline pairs with this one: the missing-baseline policy applies."""
 
     def __str__(self) -> str:
         return self.one_line()
 
 
-class MetricNotInBaseline(ConfigError, KeyError):
+class MetricNotInBaseline(ConfigError):
     """A compare rule's metric is absent from a baseline saved before memgate measured it.
 
-    A KeyError like a rank missing from the baseline, so the plugin applies its missing-baseline
-    policy (skip, warn, fail); a ConfigError for the CLI (``memgate diff --fail``: exit 2).
+    Like a profile missing from the baseline, the plugin applies its missing-baseline policy (skip,
+    warn, fail); a ConfigError for the CLI (``memgate diff --fail``: exit 2).
     """
 
     def __str__(self) -> str:
@@ -198,7 +198,7 @@ def compare_entry(entry: dict[str, Any], baseline: dict[str, Any], rule: Compare
     """Judge one profile entry against its pair in the baseline under ``rule``; raise on
     incomparable input.
 
-    :class:`NotInBaseline` (a KeyError): no baseline profile pairs with it; :class:`MetricNotInBaseline`:
+    :class:`NotInBaseline`: no baseline profile pairs with it; :class:`MetricNotInBaseline`:
     the baseline predates the rule's metric; :class:`~memgate.errors.AmbiguousProfiles`: only pids or
     timestamps tell the baseline's profiles apart; ConfigError: the runs are not comparable or the
     metric is measured in neither run on a common device.

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     K = TypeVar("K", bound=Hashable)
     V = TypeVar("V")
+    P = TypeVar("P", bound=Path)
 
 
 class MemgateError(Exception):
@@ -235,6 +236,21 @@ def cannot_read(exc: OSError, path: str | Path, **fields: Any) -> InputError:
     """A read that failed although the file looked readable (ACLs, EIO, a file that vanished):
     the file the OS names, else ``path``."""
     return InputError(f"cannot read: {exc.strerror or exc}", file=exc.filename or path, **fields)
+
+
+def read_errors_named(load: Callable[[P], V]) -> Callable[[P], V]:
+    """A loader whose failed read (os.access said yes, but the read failed: ACLs, EIO, a file that
+    vanished) is the one input error :func:`cannot_read` names; the loader keeps its own name."""
+
+    def named(path: P) -> V:
+        try:
+            return load(path)
+        except OSError as exc:
+            raise cannot_read(exc, path) from None
+
+    named.__module__, named.__name__, named.__qualname__ = load.__module__, load.__name__, load.__qualname__
+    named.__doc__ = load.__doc__
+    return named
 
 
 def remembered(memo: dict[K, V | MemgateError], key: K, make: Callable[[], V]) -> V:

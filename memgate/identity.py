@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from memgate.errors import AmbiguousProfiles
@@ -242,4 +242,19 @@ def profile_labels(paths: Sequence[str]) -> list[str]:
         k = next((k for k in range(1, len(parts) + 1) if all(_tail(o, k) != _tail(parts, k) for o in others)),
                  len(parts))
         labels.append("/".join(_tail(parts, k)))
+    return labels
+
+
+def labels_under_root(paths: Sequence[Path], root: Path) -> list[str]:
+    """The plugin's item-id labels: each profile's real path relative to the --memgate root
+    (``rank_0/host_1234.1700000000.pt.trace.json``; the root's own name where the root is the profile), as
+    ``memgate check`` and the reports name it: unique under one root, and the same while the files keep their names."""
+    base = root.resolve()
+    labels = []
+    for path in paths:
+        try:
+            relative = path.resolve().relative_to(base).as_posix()
+        except ValueError:
+            relative = path.as_posix()
+        labels.append(relative if relative != "." else base.name or str(root))
     return labels

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memgate import hints, metric_specs
+from memgate.categories import COLUMN as CATEGORY
+from memgate.categories import bytes_by_category
 from memgate.lazy import lazy_module
-from memgate.loaders.categories import COLUMN as CATEGORY
-from memgate.loaders.categories import bytes_by_category
 from memgate.metric_specs import SPEC_OF, details_of
 from memgate.model import APP_COMPONENT, FRAMEWORK_COMPONENTS, DeviceModel, PoolState, Profile, steps_in_order
 from memgate.reconcile import DeviceFacts, reconcile
@@ -338,7 +338,7 @@ def _blocks_at_peak(device: DeviceModel, name: str | None, peak_t: int | None, f
     values["live_at_peak_count"] = len(at_peak) if at_peak is not None else None
     values["op_bytes_at_peak"] = bytes_at(blocks, at_peak, "op") if at_peak is not None else {}
     values["owner_bytes_at_peak"] = bytes_at(blocks, at_peak, "owner") if at_peak is not None else {}
-    if CATEGORY in blocks:  # a tracked recording's blocks (memgate.loaders.categories)
+    if CATEGORY in blocks:  # a tracked recording's blocks (memgate.categories)
         values["category_bytes_at_peak"] = bytes_by_category(blocks, at_peak) if at_peak is not None else {}
 
 

@@ -28,9 +28,10 @@ from memgate.autosave import BaselineFinder
 from memgate.budgets import Budget
 from memgate.cache import ProfileCache, open_profile
 from memgate.ci import unit_of
-from memgate.compare import CompareRule, Regression, compare_entry
+from memgate.compare import CompareRule, MetricNotInBaseline, NotInBaseline, Regression, compare_entry
 from memgate.discover import Found, discover, rank_hint
 from memgate.errors import ConfigError, MemgateError, NotSelected, SelectsNothing, printable, remembered
+from memgate.identity import labels_under_root
 from memgate.judge import Offered, judge, judge_rank_imbalance, rank_values, selects_any, selects_nothing
 from memgate.marks import (
     MARKER,
@@ -319,7 +320,7 @@ def _generated_items(collector: pytest.Collector, settings: Settings, budgets: t
         found = []
     collector.config.stash[STATE].found = found
     generated += _selecting_no_rank(collector, settings, budgets, found)
-    for entry, label in zip(found, _profile_labels(found, settings.root)):
+    for entry, label in zip(found, labels_under_root([f.path for f in found], settings.root)):
         rank = rank_hint(entry)
         for budget in budgets:
             if rank is not None and not budget.selects_rank(rank):
@@ -360,21 +361,6 @@ def _selecting_no_rank(collector: pytest.Collector, settings: Settings, budgets:
             items.append(MemgateErrorItem.from_parent(collector, name=f"{root_label}::{budget.name}::ranks",
                                                       error=error))
     return items
-
-
-def _profile_labels(found: list[Found], root: Path) -> list[str]:
-    """Item-id labels: each profile's real path relative to the --memgate root (``rank_0/host_1234.1700000000.pt.trace.json``;
-    the root's own name where the root is the profile), as ``memgate check`` and the reports name it:
-    unique under one root, and the same while the files keep their names."""
-    base = root.resolve()
-    labels = []
-    for entry in found:
-        try:
-            relative = entry.path.resolve().relative_to(base).as_posix()
-        except ValueError:
-            relative = entry.path.as_posix()
-        labels.append(relative if relative != "." else base.name or str(root))
-    return labels
 
 
 def _declared_at(item: pytest.Item) -> Declared:
@@ -528,9 +514,8 @@ class MemgateCompareItem(_GateItem):
             return
         try:
             regression = compare_entry(entry, baseline, self.rule)
-        except KeyError as exc:
-            _baseline_missing(self.config, exc.one_line() if isinstance(exc, MemgateError)
-                              else f"rank {cache.info.rank} is not in baseline {where}")
+        except (NotInBaseline, MetricNotInBaseline) as exc:  # the missing-baseline policy applies
+            _baseline_missing(self.config, exc.one_line())
             return
         self.stash[REGRESSION] = (regression, where)
         self.stash[ROWS] = [CheckRow.compared(regression, str(self.found.path), where)]

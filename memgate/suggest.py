@@ -15,9 +15,9 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from memgate.budgets import LIMITS
+from memgate.categories import CATEGORIES
 from memgate.compare import RATIO_DECIMALS, format_metric
 from memgate.errors import BIDI_CONTROLS, ConfigError, printable, show
-from memgate.loaders.categories import CATEGORIES
 from memgate.metric_specs import budget_keys_suggested, not_suggested
 from memgate.sizes import format_size, parse_size
 

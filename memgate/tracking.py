@@ -17,7 +17,7 @@ with the profiler's. :meth:`manifest` is the recording manifest's ``tracked`` re
 (schemas/recording.schema.json): the moments, and the storages as runs (a storage noted at
 consecutive moments is one row, ``first`` to ``last`` moment), so a model's parameters are one row
 each however many steps ran. The loader attributes the blocks by address and lifetime
-(:mod:`memgate.loaders.categories`).
+(:mod:`memgate.categories`).
 
 Modules and optimizers are held by weak references: tracking keeps nothing alive (a model a test
 drops is not memory the test left behind). torch is never imported here: the recorder passes it.
@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from memgate.loaders.categories import NOTE_PREFIX
+from memgate.categories import NOTE_PREFIX
 
 STORAGE_COLUMNS = ("category", "device", "data_ptr", "nbytes", "first", "last")
 

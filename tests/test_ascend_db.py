@@ -1,4 +1,4 @@
-"""memgate.loaders.ascend_db (reading through memgate.readers.sqlitetable, whose own tests are
+"""memgate.loaders.ascend.ascend_db (reading through memgate.readers.sqlitetable, whose own tests are
 tests/test_sqlitetable.py): the real torch_npu db sample, the real early msprof db (types in
 ENUM_MEMORY), the writers' round trip, and bad input.
 
@@ -25,7 +25,7 @@ from writers.ascend_db import app_peak, write_msprof_db, write_torch_db
 
 from memgate import discover
 from memgate.errors import InputError
-from memgate.loaders import ascend_db
+from memgate.loaders.ascend import ascend_db
 from memgate.metrics import device_metrics
 from memgate.readers.sqlitetable import open_db, referenced, validate_table
 from memgate.schemas import load_schema, schema_names

@@ -1,4 +1,4 @@
-"""The caching allocator's block sizes behind a snapshot's trace (memgate.loaders.block_sizes).
+"""The caching allocator's block sizes behind a snapshot's trace (memgate.loaders.snapshot.block_sizes).
 
 Expected blocks are worked out by hand here from the allocator's rules (c10/cuda/CUDACachingAllocator.cpp:
 round_size, should_split, free_block's merging), or read from what the allocator itself wrote: the final
@@ -17,9 +17,9 @@ import pytest
 from helpers import REPO, SAMPLES, sample_pickle
 
 from memgate.errors import InputError
-from memgate.loaders import block_sizes, snapshot
-from memgate.loaders.block_sizes import Settings, rounded
-from memgate.loaders.snapshot_trace import ACTIONS
+from memgate.loaders.snapshot import block_sizes, snapshot
+from memgate.loaders.snapshot.block_sizes import Settings, rounded
+from memgate.loaders.snapshot.snapshot_trace import ACTIONS
 from memgate.metrics import profile_metrics
 
 MIB = 1 << 20

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from helpers import NEEDS_TORCH
 
+from memgate import categories
 from memgate.budgets import budget_from_mapping
+from memgate.categories import CATEGORIES, Tracked, attribute
 from memgate.compare import attribution_lines, grown_at_peak
 from memgate.discover import discover, load
 from memgate.errors import ConfigError, InputError, NotMeasurable
 from memgate.judge import judge
-from memgate.loaders import categories
-from memgate.loaders.categories import CATEGORIES, Tracked, attribute
 from memgate.metric_cache import MetricCache
 from memgate.model import DeviceModel
 from memgate.record import RECORDING_MANIFEST, record

@@ -11,7 +11,8 @@ import pytest
 from helpers import SAMPLES, run_cli
 
 from memgate.errors import InputError
-from memgate.loaders import kineto, snapshot
+from memgate.loaders.kineto import kineto
+from memgate.loaders.snapshot import snapshot
 
 CUDA = SAMPLES / "torch_cuda"
 LEAK_SNAPSHOT = CUDA / "h200_record_leak" / "cuda_snapshot.pickle"

@@ -1,4 +1,4 @@
-"""memgate.loaders.crossfile: what each file of a profile directory covers (its devices, its time window),
+"""memgate.loaders.ascend.crossfile: what each file of a profile directory covers (its devices, its time window),
 and the files that cannot be one profile refused, on hand-made device models.
 
 The same refusals on a real torch_npu export with its operator rows moved to another window or device:
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from memgate.errors import InputError
-from memgate.loaders.crossfile import cross_file_facts
+from memgate.loaders.ascend.crossfile import cross_file_facts
 from memgate.model import BLOCK_COLUMNS, DeviceModel, Series, typed_blocks
 from memgate.table import Table
 

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memgate.errors import InputError
-from memgate.loaders import torch_npu
+from memgate.loaders.ascend import torch_npu
 from memgate.readers import convert, csvcheck, csvtable, numtext
 from memgate.readers.csvtable import CsvTable, read_csv
 from memgate.schemas import load_schema

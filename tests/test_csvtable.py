@@ -260,7 +260,7 @@ def test_twin_columns_are_checked_and_converted_as_each_alone(data: st.DataObjec
     """A column equal cell for cell to an earlier one under the same property takes that column's
     check and conversion (torch_npu writes allocated and active from one value): errors still name
     the leftmost bad cell, and a twin that differs in one cell is checked on its own."""
-    from memgate.loaders.torch_npu import MEMORY_RECORD_COLUMNS
+    from memgate.loaders.ascend.torch_npu import MEMORY_RECORD_COLUMNS
 
     name = "torch_npu.memory_record"
     schema = load_schema(name)

@@ -30,6 +30,7 @@ from memgate.errors import (
     NotSelected,
     cannot_read,
     printable,
+    read_errors_named,
     remembered,
     show,
 )
@@ -173,6 +174,21 @@ def test_cannot_read_names_the_file_the_os_names_else_the_path() -> None:
     err = cannot_read(PermissionError(13, "Permission denied", "/x/y"), "/x")
     assert isinstance(err, InputError) and err.one_line() == "/x/y: cannot read: Permission denied"
     assert cannot_read(OSError("boom"), "/x", expected="z").one_line() == "/x: cannot read: boom; expected z"
+
+
+def test_a_loader_s_failed_read_is_one_input_error_and_the_loader_keeps_its_name() -> None:
+    def load(path: Path) -> int:
+        """Read it."""
+        if path.name == "gone":
+            raise FileNotFoundError(2, "No such file or directory", str(path / "memory_record.csv"))
+        return 7
+
+    wrapped = read_errors_named(load)
+    assert wrapped(Path("/p/here")) == 7
+    with pytest.raises(InputError) as info:
+        wrapped(Path("/p/gone"))
+    assert info.value.one_line() == "/p/gone/memory_record.csv: cannot read: No such file or directory"
+    assert (wrapped.__name__, wrapped.__module__, wrapped.__doc__) == ("load", __name__, "Read it.")
 
 
 # ---- what a terminal shows --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Pairing allocs with frees at one address (snapshot traces, Kineto [memory] events): a record that
 repeats an address's last action is named, and events of one instant listed in another order
-than they happened (Kineto writes an instant's events by thread) are paired as they happened."""
+than they happened (Kineto writes an instant's events by thread) are paired as they happened.
+Pairing by key (msMemScope dumps, the Ascend .db): a record that lost events is mended as stated."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memgate.loaders.events import pair_allocs
+from memgate.loaders.events import pair_allocs, pair_events
 
 
 def pairs(addr: list[int], alloc: list[bool], t: list[int] | None = None) -> tuple[list[int], int | None]:
@@ -90,3 +91,23 @@ def test_shuffled_instants_pair_as_they_happened(history: tuple[list[int], list[
     assert got == truth
     assert sum(1 for i, j in enumerate(partner) if alloc[i] and j < 0) == open_allocs
     assert all(j >= 0 for i, j in enumerate(partner) if not alloc[i])  # every free has its alloc
+
+
+def test_pair_events_in_time_order_with_reuse_and_window_edges() -> None:
+    # one address: a free from before the window, then alloc/free, alloc/free reusing it, an open alloc;
+    # rows shuffled as in the file
+    t = np.array([50, 10, 40, 30, 20, 5, 60])
+    is_alloc = np.array([True, True, False, True, False, False, True])
+    key = np.array([0, 0, 0, 0, 0, 0, 1])
+    pairs = pair_events([key], t, np.arange(7), is_alloc)
+    got = sorted(zip(pairs.alloc_rows.tolist(), pairs.free_rows.tolist()))
+    assert got == [(-1, 5), (0, -1), (1, 4), (3, 2), (6, -1)]
+    assert pairs.reused == 0
+    # an alloc of a live address: the earlier block ends where the next begins (never two live at once)
+    twice = pair_events([np.array([0, 0])], np.array([1, 2]), np.array([0, 1]), np.array([True, True]))
+    assert twice.reused == 1 and sorted(zip(twice.alloc_rows.tolist(), twice.free_rows.tolist())) == [(0, 1), (1, -1)]
+    # a free of a freed address is dropped, not taken for a block from before the window
+    freed = pair_events([np.zeros(4, dtype=np.int64)], np.array([1, 2, 3, 4]), np.arange(4),
+                        np.array([False, False, True, False]))
+    assert freed.repeated_frees == 1 and sorted(zip(freed.alloc_rows.tolist(), freed.free_rows.tolist())) == [
+        (-1, 0), (2, 3)]

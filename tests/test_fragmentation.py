@@ -355,7 +355,7 @@ def snapshot_reference(data: dict[str, Any], dev: int) -> tuple[float, float]:
     level minus every change the trace made. Then forward in time order (``time_us``, stable), a growth
     of reserved is judged against the state just before it.
     """
-    from test_snapshot import block_replay  # the block-size reference written there, independent of memgate
+    from snapshot_reference import block_replay  # the block-size reference written there, independent of memgate
 
     entries = [(e, block) for e, block in block_replay(data, dev)
                if e["action"] in _ALLOC_SIGN or e["action"] in _RESERVE_SIGN]

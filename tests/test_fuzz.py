@@ -555,7 +555,7 @@ import pickle
 
 from helpers import SAMPLES, sample_pickle
 
-from memgate.loaders import snapshot as snapshot_loader
+from memgate.loaders.snapshot import snapshot as snapshot_loader
 from memgate.metrics import profile_metrics
 
 SNAPSHOT_OBJECTS = {

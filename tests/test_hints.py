@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from memgate.hints import RECORDED_BY_FIXTURE, no_memory_data, record_more_steps
-from memgate.loaders import kineto
+from memgate.loaders.kineto import kineto
 from memgate.metrics import profile_metrics
 
 SAMPLES = Path(__file__).parent / "data" / "samples"

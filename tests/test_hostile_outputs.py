@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 
 from memgate.autosave import save_run
 from memgate.budgets import budget_from_mapping, load_budget_file
+from memgate.categories import CATEGORIES
 from memgate.ci import github_annotations, md_code, md_text, step_summary_markdown
 from memgate.cli import main
 from memgate.errors import printable
 from memgate.judge import judge
-from memgate.loaders.categories import CATEGORIES
 from memgate.metrics import DeviceMetrics
 from memgate.suggest import FORMS, Suggested, suggest_toml, suggestions
 

@@ -6,6 +6,8 @@ by construction.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from memgate.errors import AmbiguousProfiles
@@ -14,6 +16,7 @@ from memgate.identity import (
     STABLE,
     ProfileId,
     device_key,
+    labels_under_root,
     pair_devices,
     pair_profiles,
     profile_labels,
@@ -140,3 +143,13 @@ def test_profile_labels() -> None:
     assert profile_labels([]) == []
     # a test by its whole node id, never shortened to its file's name
     assert profile_labels(["tests/test_a.py::test_x", "/r/x"]) == ["tests/test_a.py::test_x", "x"]
+
+
+def test_labels_under_root_are_real_paths_below_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "profiles"
+    (root / "rank_0").mkdir(parents=True)
+    (root / "link").symlink_to(root / "rank_0")
+    inside = [root / "rank_0" / "a.pt.trace.json", root / "link" / "b.pickle"]
+    assert labels_under_root(inside, root) == ["rank_0/a.pt.trace.json", "rank_0/b.pickle"]
+    assert labels_under_root([root], root) == ["profiles"]  # the root is the profile: its own name
+    assert labels_under_root([Path("elsewhere/x.pickle")], root) == ["elsewhere/x.pickle"]

@@ -94,16 +94,16 @@ def test_help_is_as_wide_as_shutil_would_make_it(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize(("sample", "loader", "also_not"), [
-    (TORCH / "snapshot_modern_small_cs336.pickle", "memgate.loaders.snapshot",
+    (TORCH / "snapshot_modern_small_cs336.pickle", "memgate.loaders.snapshot.snapshot",
      ("pandas", "memgate.readers.csvtable", "multiprocessing")),
-    (TORCH / "cpu_train_profile_memory.json", "memgate.loaders.kineto", ("memgate.readers.csvtable",)),
+    (TORCH / "cpu_train_profile_memory.json", "memgate.loaders.kineto.kineto", ("memgate.readers.csvtable",)),
 ], ids=["snapshot", "kineto"])
 def test_inspect_imports_its_loader_only(sample: Path, loader: str, also_not: tuple[str, ...]) -> None:
     modules = imported_by("inspect", "--json", sample)
     assert loader in modules
     assert {m for m in LOADERS if m in modules} == {loader}
     # a budget file is what jsonschema checks; the Ascend readers and the outputs stay out
-    for name in ("jsonschema", "memgate.readers.sqlitetable", "memgate.loaders.trace_view", "memgate.compare",
+    for name in ("jsonschema", "memgate.readers.sqlitetable", "memgate.loaders.ascend.trace_view", "memgate.compare",
                  "memgate.html_report", "memgate.plot", "memgate.cache", *also_not):
         assert name not in modules, name
 
@@ -112,7 +112,7 @@ def test_a_folder_of_snapshots_imports_no_ascend_loader(tmp_path: Path) -> None:
     for name in ("a.pickle", "b.pickle"):
         (tmp_path / name).write_bytes((TORCH / "snapshot_modern_small_cs336.pickle").read_bytes())
     modules = imported_by("inspect", tmp_path)
-    assert {m for m in LOADERS if m in modules} == {"memgate.loaders.snapshot"}
+    assert {m for m in LOADERS if m in modules} == {"memgate.loaders.snapshot.snapshot"}
 
 
 def _paths(root: Path) -> Iterator[Path]:
@@ -142,7 +142,7 @@ def _recording(tmp: Path) -> Path:
 
 def test_every_claimed_path_passes_its_loaders_name_test(tmp_path: Path) -> None:
     registry.import_loaders()
-    module_of = {fmt.name: fmt.load.__module__.rsplit(".", 1)[-1] for fmt in registry.FORMATS}
+    module_of = {fmt.name: fmt.load.__module__.removeprefix("memgate.loaders.") for fmt in registry.FORMATS}
     assert set(module_of.values()) == {entry.module for entry in registry.LOADERS}  # every format from a listed loader
     claimed: dict[str, int] = {}
     for root in [SAMPLES, _recording(tmp_path), *_corpus_inputs(tmp_path)]:

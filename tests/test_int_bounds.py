@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from helpers import edited_db, run_cli
-from test_snapshot import MODERN, raw
+from snapshot_reference import MODERN, raw
 
 from memgate import discover
 from memgate.errors import InputError

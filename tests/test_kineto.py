@@ -32,7 +32,7 @@ from writers.kineto import KinetoOptions, device_label, write_trace, writes_ops
 from memgate import cli
 from memgate.discover import discover, load
 from memgate.errors import InputError
-from memgate.loaders import kineto, memory_timeline
+from memgate.loaders.kineto import kineto, memory_timeline
 from memgate.metrics import profile_metrics
 from memgate.readers import limits, traceevents
 from memgate.schemas import load_schema

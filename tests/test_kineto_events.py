@@ -1,4 +1,4 @@
-"""What a Kineto load keeps of the events (memgate.loaders.kineto_events): exact µs to ns.
+"""What a Kineto load keeps of the events (memgate.loaders.kineto.kineto_events): exact µs to ns.
 
 The shortcut for timestamps that plainly meet the schema (``plain_us_ns``) must give what the full
 check (``check_column``, as ijson reads the values) and ``us_to_ns`` give, whichever reader read them.
@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from memgate.loaders import kineto_events
+from memgate.loaders.kineto import kineto_events
 from memgate.readers.jsonstream import NumberText
 from memgate.readers.pyrecords import check_column, resolve
 from memgate.readers.traceevents import as_decimal

@@ -17,7 +17,7 @@ import pytest
 
 from memgate.discover import discover, load
 from memgate.errors import InputError
-from memgate.loaders import memory_timeline
+from memgate.loaders.kineto import memory_timeline
 from memgate.metrics import profile_metrics
 from memgate.schemas import load_schema
 

@@ -219,7 +219,7 @@ def test_what_memgate_derives_from_the_table() -> None:
 
 # Constants other modules keep, derived from the table (module, name, what the table gives).
 _DERIVED = [
-    ("memgate.loaders.snapshot", "HISTORY_METRICS", lambda: keys_where(needs_history=True)),
+    ("memgate.loaders.snapshot.snapshot", "HISTORY_METRICS", lambda: keys_where(needs_history=True)),
     ("memgate.baselines", "_NOT_BASELINED", lambda: keys_where(baselined=False)),
     ("memgate.suggest", "GROWTH_KEYS", lambda: metric_specs.budget_keys_suggested("least")),
     ("memgate.suggest", "NO_FLOOR_KEYS", lambda: metric_specs.budget_keys_suggested("least", "worst, no floor")),
@@ -237,7 +237,7 @@ def test_lists_kept_elsewhere_agree_with_the_table(module: str, name: str, deriv
 def test_every_metric_is_computed() -> None:
     """device_metrics fills every key of the table (and its details) on any device, measured or not; an
     optional metric (a tracked recording's categories) only where measured, so other profiles report as before."""
-    from memgate.loaders.categories import COLUMN
+    from memgate.categories import COLUMN
     from memgate.metrics import device_metrics
     from memgate.model import DeviceModel, Profile
     from memgate.table import Texts

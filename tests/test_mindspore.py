@@ -41,7 +41,7 @@ from writers.mindspore import MsOptions, app_samples, write_memory_block, write_
 
 from memgate.discover import discover, load
 from memgate.errors import InputError
-from memgate.loaders import mindspore
+from memgate.loaders.ascend import mindspore
 from memgate.metrics import TOP_HOLDERS, profile_metrics
 from memgate.model import Profile
 from memgate.readers.csvtable import read_csv, rows_as_dicts
@@ -669,7 +669,7 @@ def _npu_snapshot(tmp_path: Path, entries: int, npu_at: int, shared: bool) -> Pa
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_torch_npu_frames_past_the_first_thousand_entries_label_npu(tmp_path: Path, shared: bool) -> None:
-    from memgate.loaders import snapshot
+    from memgate.loaders.snapshot import snapshot
 
     path = _npu_snapshot(tmp_path, 3000, 2500, shared)
     assert [d.device for d in snapshot.load(path).devices] == ["npu:0"]

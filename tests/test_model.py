@@ -157,7 +157,7 @@ MANY_ROWS = st.lists(st.tuples(st.sampled_from([f"npu:{i}" for i in range(8)] + 
 def test_split_of_arrow_chunks_is_groupby_then_stable_time_sort(rows: list[tuple], cuts: list[int]) -> None:
     """memory_record's split: dictionary chunks (each with its own dictionary) and int64 chunks with
     nulls, cut anywhere; 24 pairs take the sorting path, a few the comparison path."""
-    from memgate.loaders.torch_npu import _pair_codes
+    from memgate.loaders.ascend.torch_npu import _pair_codes
     from memgate.model import split_chunks
 
     bounds = sorted({0, len(rows), *(c for c in cuts if c < len(rows))})

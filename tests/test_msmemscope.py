@@ -262,26 +262,6 @@ def test_old_layout_round_trip(tmp_path_factory: pytest.TempPathFactory, trace: 
 
 # --- vectorized helpers ---------------------------------------------------------------------------------
 
-def test_pair_events_in_time_order_with_reuse_and_window_edges() -> None:
-    # one address: a free from before the window, then alloc/free, alloc/free reusing it, an open alloc;
-    # rows shuffled as in the file
-    t = np.array([50, 10, 40, 30, 20, 5, 60])
-    is_alloc = np.array([True, True, False, True, False, False, True])
-    key = np.array([0, 0, 0, 0, 0, 0, 1])
-    pairs = msmemscope.pair_events([key], t, np.arange(7), is_alloc)
-    got = sorted(zip(pairs.alloc_rows.tolist(), pairs.free_rows.tolist()))
-    assert got == [(-1, 5), (0, -1), (1, 4), (3, 2), (6, -1)]
-    assert pairs.reused == 0
-    # an alloc of a live address: the earlier block ends where the next begins (never two live at once)
-    twice = msmemscope.pair_events([np.array([0, 0])], np.array([1, 2]), np.array([0, 1]), np.array([True, True]))
-    assert twice.reused == 1 and sorted(zip(twice.alloc_rows.tolist(), twice.free_rows.tolist())) == [(0, 1), (1, -1)]
-    # a free of a freed address is dropped, not taken for a block from before the window
-    freed = msmemscope.pair_events([np.zeros(4, dtype=np.int64)], np.array([1, 2, 3, 4]), np.arange(4),
-                                   np.array([False, False, True, False]))
-    assert freed.repeated_frees == 1 and sorted(zip(freed.alloc_rows.tolist(), freed.free_rows.tolist())) == [
-        (-1, 0), (2, 3)]
-
-
 def test_enclosing_ops_nested_and_unbalanced() -> None:
     # thread 0: A( B( m1 ) m2 ) m3 ; thread 1: END(unmatched) C( m4 )
     group = np.array([0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1])

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 from jsonschema import Draft202012Validator
 
-from memgate.loaders import kineto, msmemscope
+from memgate.loaders import msmemscope
 from memgate.loaders.events import is_torch_file
-from memgate.loaders.snapshot_stacks import op_owner
+from memgate.loaders.kineto import kineto
+from memgate.loaders.snapshot.snapshot_stacks import op_owner
 from memgate.metrics import METRIC_KEYS, profile_metrics
 from memgate.report import inspect_text
 from memgate.schemas import load_schema

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 import torch
 
-from memgate.loaders import kineto
+from memgate.loaders.kineto import kineto
 from memgate.metrics import profile_metrics
 from memgate.record import TRACE_NAME, Recorder
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import NEEDS_TORCH, skip_without_torch
 
 from memgate.discover import discover, load
-from memgate.loaders import kineto
+from memgate.loaders.kineto import kineto
 from memgate.metrics import profile_metrics
 from memgate.record import RECORDING_MANIFEST, TRACE_NAME, drop_step, record
 

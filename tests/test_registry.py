@@ -14,7 +14,8 @@ import pytest
 from helpers import SAMPLES
 
 from memgate.discover import discover, load
-from memgate.loaders import registry, torch_npu
+from memgate.loaders import registry
+from memgate.loaders.ascend import torch_npu
 from memgate.model import MAX_RANK
 
 RANK_CASES = [  # (the names a loader asks, nearest first) -> the rank they state
@@ -71,16 +72,16 @@ def test_a_file_name_states_the_rank_its_stem_does() -> None:
 
 
 LOADER_CASES = {  # a file name -> the loader modules that may claim it (by name alone)
-    "snapshot_modern_small_cs336.pickle": {"snapshot"},
-    "x.PKL": {"snapshot"},
-    "train.1795846944832606968.pt.trace.json": {"kineto"},
-    "worker0.1234.pt.trace.json.gz": {"kineto"},
-    "cpu_memory_timeline.json": {"kineto", "memory_timeline"},
-    "run_rank2.raw.json.gz": {"kineto", "memory_timeline"},
-    "memory_timeline.raw.gz": {"memory_timeline"},
-    "smoke_memscope_dump_20250428113810.csv": {"msmemscope", "mindspore"},
-    "ascend_pytorch_profiler_0.db": {"msmemscope", "ascend_db"},
-    "cpu_ms_memory_record_0.txt": {"mindspore"},
+    "snapshot_modern_small_cs336.pickle": {"snapshot.snapshot"},
+    "x.PKL": {"snapshot.snapshot"},
+    "train.1795846944832606968.pt.trace.json": {"kineto.kineto"},
+    "worker0.1234.pt.trace.json.gz": {"kineto.kineto"},
+    "cpu_memory_timeline.json": {"kineto.kineto", "kineto.memory_timeline"},
+    "run_rank2.raw.json.gz": {"kineto.kineto", "kineto.memory_timeline"},
+    "memory_timeline.raw.gz": {"kineto.memory_timeline"},
+    "smoke_memscope_dump_20250428113810.csv": {"msmemscope", "ascend.mindspore"},
+    "ascend_pytorch_profiler_0.db": {"msmemscope", "ascend.ascend_db"},
+    "cpu_ms_memory_record_0.txt": {"ascend.mindspore"},
     "notes.md": set(),
 }
 
@@ -92,7 +93,7 @@ def test_a_file_imports_the_loaders_whose_names_it_bears(name: str, tmp_path: Pa
 
 
 def test_folders_import_the_ascend_loaders_or_the_recording_loader(tmp_path: Path) -> None:
-    ascend = {"torch_npu", "ascend_db", "mindspore", "cann"}
+    ascend = {"ascend.torch_npu", "ascend.ascend_db", "ascend.mindspore", "ascend.cann"}
     for name in ("host_1_2_ascend_pt", "host_1_2_ascend_ms", "PROF_000001_x", "ASCEND_PROFILER_OUTPUT"):
         (tmp_path / name).mkdir()
         assert {loader.module for loader in registry.LOADERS if registry.may_claim(loader.module, tmp_path / name)} \

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memgate.errors import InputError
-from memgate.loaders import snapshot_stacks, stack_groups
+from memgate.loaders.snapshot import snapshot_stacks, stack_groups
 from memgate.readers import pyrecords
 from memgate.readers.pyrecords import check_records, gather, gather_columns
 from memgate.schemas import load_schema

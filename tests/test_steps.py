@@ -12,7 +12,8 @@ from helpers import ASCEND, PTA271, SAMPLES, copy_sample, edited_db, read_lines,
 
 from memgate.discover import discover, load
 from memgate.errors import InputError
-from memgate.loaders import ascend_db, msmemscope
+from memgate.loaders import msmemscope
+from memgate.loaders.ascend import ascend_db
 
 # ---- through the loaders ------------------------------------------------------------------------------
 
@@ -77,7 +78,9 @@ def test_a_step_name_is_ascii_digits_to_its_end(name: str) -> None:
     digits (int() reads them) and a trailing newline."""
     import re
 
-    from memgate.loaders import kineto, snapshot_steps, trace_view
+    from memgate.loaders.ascend import trace_view
+    from memgate.loaders.kineto import kineto
+    from memgate.loaders.snapshot import snapshot_steps
 
     for pattern in (kineto.STEP_NAME, trace_view.STEP_NAME):
         assert pattern.match(name) is None

@@ -1,4 +1,4 @@
-"""memgate.loaders.torch_npu on the real torch_npu samples: memgate's metrics equal the values derived
+"""memgate.loaders.ascend.torch_npu on the real torch_npu samples: memgate's metrics equal the values derived
 here from the raw files. (Generated profiles, read back to their ground truth: tests/test_property_torch_npu.py.)
 
 The expected values are computed with the ``csv``/``json`` modules and ``Decimal`` only, straight
@@ -589,7 +589,7 @@ def test_two_profiles_of_one_rank_in_one_window_are_stated(tmp_path: Path) -> No
     assert "notes" not in load(found[c]).metadata
     assert pickle.loads(pickle.dumps(found[a])).notes == (note(b),)  # travels to --jobs / xdist workers
     # the window profiler_info states: collectionTimeEnd minus the monotonic time it ran
-    from memgate.loaders.torch_npu import run_window
+    from memgate.loaders.ascend.torch_npu import run_window
 
     info = json.loads((PTA21_L1 / "profiler_info_0.json").read_text())
     end, mono_end = int(info["end_info"]["collectionTimeEnd"]), int(info["end_info"]["MonotonicTimeEnd"])

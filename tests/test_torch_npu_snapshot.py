@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import SAMPLES, sample_pickle
 
-from memgate.loaders import block_sizes, snapshot
+from memgate.loaders.snapshot import block_sizes, snapshot
 from memgate.metrics import profile_metrics
 
 NPU = SAMPLES / "torch_npu_snapshot"

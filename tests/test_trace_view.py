@@ -19,8 +19,8 @@ import pytest
 from helpers import PTA21_L0, in_process
 
 from memgate.errors import InputError
-from memgate.loaders import torch_npu
-from memgate.loaders.trace_view import device_of_pid, read_trace_view
+from memgate.loaders.ascend import torch_npu
+from memgate.loaders.ascend.trace_view import device_of_pid, read_trace_view
 
 HOST_PID = 3016828  # the sample's Python process
 NPU_MEM_SORT = 19  # the sample's NPU MEM process_sort_index

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memgate.errors import InputError
-from memgate.loaders import kineto
+from memgate.loaders.kineto import kineto
 from memgate.metrics import profile_metrics
 from memgate.readers import traceevents
 from memgate.readers.jsonstream import NumberText, guard, same_json

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +59,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate.errors import InputError, cannot_read, show
+from memgate.errors import InputError, read_errors_named, show
 from memgate.loaders import registry
+from memgate.loaders.events import Pairs, pair_events, repair_notes, take
 from memgate.model import (
     SERIES_COLUMNS,
     STEP_COLUMNS,
@@ -103,76 +104,6 @@ US_LOW, US_HIGH, NS_LOW = 10**15, 10**16, 10**17  # 16-digit µs epoch vs 19-dig
 I64_MAX = (1 << 63) - 1
 CSV_NAME = re.compile(r"(?:^|_)(?:memscope|leaks)_dump_[0-9]+.*\.csv$")  # the tool's default names
 
-
-
-# --- pairing (shared with the CANN NPU_OP_MEM reader) --------------------------------------------
-
-@dataclass(frozen=True)
-class Pairs:
-    """Blocks made of alloc/free events: row indices into the event arrays, -1 where absent."""
-
-    alloc_rows: np.ndarray  # -1 = allocated before the window (a free without an alloc)
-    free_rows: np.ndarray  # -1 = still live at the window's end; a reused block: the next alloc's row
-    reused: int  # allocs followed by another alloc of the same key (a free the file does not show)
-    repeated_frees: int  # frees right after a free of the same key (no alloc between): dropped
-
-
-def pair_events(keys: Sequence[np.ndarray], t: np.ndarray, seq: np.ndarray, is_alloc: np.ndarray) -> Pairs:
-    """Match every free to the latest earlier alloc with the same ``keys`` in (t, seq) order, vectorized.
-
-    ``keys`` are parallel arrays (e.g. process, pool, address). Events of one key alternate alloc,
-    free, alloc, … in a complete record; a free right after an alloc closes it, the first event of
-    its key being a free is a block from before the window, an alloc not followed by anything is
-    still live. A record that breaks the turn lost an event: an alloc followed by another alloc
-    ends where the next one begins (one address holds one live block: counting it live on would
-    put memory in the curve that was not there), and a free after a free is dropped (the memory was
-    counted free already; taken as a block from before the window, it would raise every level).
-    """
-    n = len(t)
-    if n == 0:
-        empty = np.array([], dtype=np.int64)
-        return Pairs(empty, empty, 0, 0)
-    order = np.lexsort((seq, t, *reversed([np.asarray(k) for k in keys])))
-    al = np.asarray(is_alloc, dtype=bool)[order]
-    same_next = np.zeros(n, dtype=bool)
-    same_next[:-1] = True
-    for key in keys:
-        k = np.asarray(key)[order]
-        same_next[:-1] &= k[1:] == k[:-1]
-    next_is_free = np.zeros(n, dtype=bool)
-    next_is_free[:-1] = ~al[1:]
-    ends = al & same_next  # closed by the next event of its key: its free, or (reused) the next alloc
-    same_prev = np.zeros(n, dtype=bool)
-    same_prev[1:] = same_next[:-1]
-    prev_is_alloc = np.zeros(n, dtype=bool)
-    prev_is_alloc[1:] = al[:-1]
-    repeated_free = ~al & same_prev & ~prev_is_alloc
-    alloc_pos = np.flatnonzero(al)
-    lone_free_pos = np.flatnonzero(~al & ~same_prev)
-    end_pos = np.where(ends[alloc_pos], alloc_pos + 1, 0)
-    alloc_rows = np.concatenate([order[alloc_pos], np.full(len(lone_free_pos), -1)]).astype(np.int64)
-    free_rows = np.concatenate([np.where(ends[alloc_pos], order[end_pos], -1), order[lone_free_pos]]).astype(np.int64)
-    reused = int((al & same_next & ~next_is_free).sum())
-    return Pairs(alloc_rows, free_rows, reused, int(repeated_free.sum()))
-
-
-def repair_notes(pairs: Pairs, alloc: str, free: str) -> list[str]:
-    """What :func:`pair_events` did with a record that lost events, for ``metadata.notes``
-    (``alloc`` / ``free``: the record's names of the two events)."""
-    notes = []
-    if pairs.reused:
-        notes.append(f"{pairs.reused} {alloc}(s) reuse a live address without a {free} in between: the earlier "
-                     "block is counted as freed when the address is allocated again")
-    if pairs.repeated_frees:
-        notes.append(f"{pairs.repeated_frees} {free}(s) of an address already freed, with no {alloc} in between: "
-                     "dropped")
-    return notes
-
-
-def take(values: pd.Series, rows: np.ndarray) -> pd.Series:
-    """``values`` at ``rows`` (positional), NA where a row is -1; keeps the dtype."""
-    picked = values.iloc[np.maximum(rows, 0)].reset_index(drop=True)
-    return picked.where(pd.Series(rows >= 0))
 
 
 # --- detection -----------------------------------------------------------------------------------
@@ -302,12 +233,13 @@ def _check_patterns(rows: Rows) -> None:
                          expected=describe(prop), found=repr(value) if value is not None else "an empty cell")
 
 
+@read_errors_named
+def _rows(path: Path) -> Rows:
+    return read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
+
+
 def load(path: Path) -> Profile:
-    try:
-        rows = read_db_rows(path) if path.suffix.lower() == ".db" else read_csv_rows(path)
-    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise cannot_read(exc, path) from None
-    return build_profile(rows)
+    return build_profile(_rows(path))
 
 
 # --- normalization -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ profile, each figure taken from the file that records it exactly:
 - the process's device memory the recorder sampled (NVML): the device's ``APP`` series;
 - where the recorder tracked models and optimizers (the manifest's ``tracked``): each device's blocks
   attributed to parameters, buffers, gradients, optimizer state, activations and other, by address and
-  lifetime (:mod:`memgate.loaders.categories`), in the clock of the file its blocks come from. Such a
+  lifetime (:mod:`memgate.categories`), in the clock of the file its blocks come from. Such a
   recording is one even without a snapshot (a CPU run: the trace and the manifest).
 
 The figures both files record are cross-checked: over the trace's window, the snapshot's peak
@@ -36,8 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from memgate import categories
 from memgate.errors import InputError, show
-from memgate.loaders import categories, kineto, registry, snapshot, snapshot_device
+from memgate.loaders import registry
+from memgate.loaders.kineto import kineto
+from memgate.loaders.snapshot import snapshot, snapshot_device
 from memgate.model import APP_COMPONENT, NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, Series
 from memgate.readers import limits
 from memgate.schemas import load_schema
@@ -307,7 +310,7 @@ def _with_device_memory(devices: dict[str, DeviceModel], manifest: dict[str, Any
 
 def _with_categories(devices: dict[str, DeviceModel], tracked: categories.Tracked, moments: dict[int, int],
                      moments_of: dict[str, dict[int, int]], steps: Table) -> tuple[dict[str, DeviceModel], list[str]]:
-    """Each device's blocks attributed to the tracked categories (:mod:`memgate.loaders.categories`), in
+    """Each device's blocks attributed to the tracked categories (:mod:`memgate.categories`), in
     the clock its blocks are in (a snapshot's own annotations, else the trace's); and what to note."""
     out, notes = {}, []
     for label, device in devices.items():

@@ -138,7 +138,8 @@ def _timeline_name(name: str) -> bool:
 
 
 class Loader(NamedTuple):
-    """A loader module (``memgate.loaders.<module>``) and the paths its formats may claim."""
+    """A loader module (``memgate.loaders.<module>``, ``<module>`` dotted within a family's folder) and the
+    paths its formats may claim."""
 
     module: str
     files: Callable[[str], bool] | None = None  # the file names (lower case) it may claim
@@ -147,14 +148,14 @@ class Loader(NamedTuple):
 
 # In the order they register (a format registered with ``before`` is asked earlier).
 LOADERS: tuple[Loader, ...] = (
-    Loader("torch_npu", folders=_ascend_dir),
-    Loader("snapshot", _ending(*_SNAPSHOT_NAMES)),
-    Loader("kineto", _ending(*_TRACE_NAMES)),
-    Loader("memory_timeline", _timeline_name),
+    Loader("ascend.torch_npu", folders=_ascend_dir),
+    Loader("snapshot.snapshot", _ending(*_SNAPSHOT_NAMES)),
+    Loader("kineto.kineto", _ending(*_TRACE_NAMES)),
+    Loader("kineto.memory_timeline", _timeline_name),
     Loader("msmemscope", _ending(".csv", ".db")),
-    Loader("ascend_db", _ending(".db"), _ascend_dir),
-    Loader("mindspore", _ending(".csv", ".txt"), _ascend_dir),
-    Loader("cann", folders=_ascend_dir),
+    Loader("ascend.ascend_db", _ending(".db"), _ascend_dir),
+    Loader("ascend.mindspore", _ending(".csv", ".txt"), _ascend_dir),
+    Loader("ascend.cann", folders=_ascend_dir),
     Loader("recording", folders=_recording_dir),  # a snapshot (or a tracked manifest) beside a trace
 )
 

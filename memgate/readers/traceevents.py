@@ -16,7 +16,7 @@ One writer defect is tolerated: torch (2.13, ``with_stack=True``) can write a ``
 whose text holds raw quotes; after a syntax error, and only if such a line comes before it, the file
 is streamed again through :class:`memgate.readers.jsonstream.NameRepair`, which reads that name as
 its text (:func:`read_events` returns that stream, which counts the lines it repaired). Valid files
-never take that path. What the events mean is the loader's (:mod:`memgate.loaders.kineto`).
+never take that path. What the events mean is the loader's (:mod:`memgate.loaders.kineto.kineto`).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def _no_constant(name: str) -> Any:
 
 # A JSON number with a fraction or exponent, as the json reader keeps it: its text (NumberText). ijson
 # reads one as a ``Decimal``. Text is cheaper to build, and Arrow turns a column of it into exact ns 7x
-# faster than a column of Decimals (memgate.loaders.kineto_events.plain_us_ns); any other use takes
+# faster than a column of Decimals (memgate.loaders.kineto.kineto_events.plain_us_ns); any other use takes
 # :func:`as_decimal`, the Decimal, so both readers' events check and fail alike.
 # Each object through unique_pairs: a key repeated with another value raises DuplicateKey, and the
 # ijson reader names it (about +10 % on a whole load, measured on the benchmark trace).

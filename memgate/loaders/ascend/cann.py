@@ -39,9 +39,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate.errors import InputError, cannot_read
+from memgate.errors import InputError, read_errors_named
 from memgate.loaders import registry
-from memgate.loaders.crossfile import cross_file_facts
+from memgate.loaders.ascend.crossfile import cross_file_facts
 from memgate.model import (
     BLOCK_COLUMNS,
     SERIES_COLUMNS,
@@ -254,13 +254,6 @@ READERS = {"memory_record": read_memory_record, "npu_mem": read_npu_mem, "npu_mo
 # ---- the profile ----------------------------------------------------------------------------------------
 
 
-def load(path: Path) -> Profile:
-    try:
-        return _load(path)
-    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise cannot_read(exc, path) from None
-
-
 def _check_entries(folder: Path) -> None:
     """An export file's name on something that is not a file (a directory, a symlink loop): an error,
     not a silently missing part of the export."""
@@ -270,7 +263,8 @@ def _check_entries(folder: Path) -> None:
                              found="a broken symlink or a symlink loop" if entry.is_symlink() else "a directory")
 
 
-def _load(path: Path) -> Profile:
+@read_errors_named
+def load(path: Path) -> Profile:
     folders = source_dirs(path)
     files: dict[str, list[Path]] = defaultdict(list)
     ignored: list[str] = []

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memgate.categories import NOTE_PREFIX
 from memgate.errors import InputError, show
-from memgate.loaders.categories import NOTE_PREFIX
 from memgate.loaders.events import is_torch_file
 from memgate.readers import convert
 from memgate.readers.jsonstream import NumberText

@@ -3,7 +3,7 @@
 ``op`` is the innermost ``at::_ops::<name>`` C++ frame (``aten::<name>``, overload suffix kept),
 ``owner`` the innermost Python frame in user code (``function (file:line)``,
 :func:`memgate.owners.frame_owner`; torch's own files are skipped), else the innermost frame that is no allocator or interpreter internal. Each distinct stack
-is read once (:func:`op_owner_each`, over :mod:`memgate.loaders.stack_groups`), and each frame dict
+is read once (:func:`op_owner_each`, over :mod:`memgate.loaders.snapshot.stack_groups`), and each frame dict
 once however many stacks share it.
 """
 
@@ -19,9 +19,9 @@ import numpy as np
 
 from memgate.errors import InputError
 from memgate.loaders.events import is_torch_file
-from memgate.loaders.snapshot_segments import Segments
-from memgate.loaders.snapshot_trace import Trace
-from memgate.loaders.stack_groups import first_equal, first_of_label
+from memgate.loaders.snapshot.snapshot_segments import Segments
+from memgate.loaders.snapshot.snapshot_trace import Trace
+from memgate.loaders.snapshot.stack_groups import first_equal, first_of_label
 from memgate.owners import frame_owner
 from memgate.table import Texts
 
@@ -81,7 +81,7 @@ def op_owner_each(frames: Sequence[Any], path: Path | None, where: Callable[[int
 
     torch gives every trace entry a list of its own but shares the frame dicts among them (a real
     snapshot: ~8k lists, ~170 distinct stacks; the benchmark's 1M entries: 335k allocations over 187
-    stacks): :func:`~memgate.loaders.stack_groups.first_equal` groups the lists by content in C.
+    stacks): :func:`~memgate.loaders.snapshot.stack_groups.first_equal` groups the lists by content in C.
     """
     return _op_owner_of_groups(frames.__getitem__, first_equal(frames), path, where)
 
@@ -147,7 +147,7 @@ def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace], *, padded: bool = 
     and no torch_npu release (2.0.1 to 2.12) writes ``allocator_settings`` at all. Else its signs: an
     allocator conf named PYTORCH_NPU_ALLOC_CONF, workspace entries (in the first entries of a trace),
     final blocks sized as torch_npu rounds a request (``padded``: 32 B added first; see
-    :func:`~memgate.loaders.block_sizes.pad_shown`), or a stack frame from a file inside a ``torch_npu``
+    :func:`~memgate.loaders.snapshot.block_sizes.pad_shown`), or a stack frame from a file inside a ``torch_npu``
     directory (its Python package, its C++ sources). ``parsed``: the device traces.
     """
     settings = snapshot.get("allocator_settings")

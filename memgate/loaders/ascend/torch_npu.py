@@ -19,10 +19,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memgate.errors import InputError, cannot_read, show
+from memgate.errors import InputError, read_errors_named, show
 from memgate.loaders import registry
-from memgate.loaders.crossfile import cross_file_facts
-from memgate.loaders.trace_view import read_trace_view
+from memgate.loaders.ascend.crossfile import cross_file_facts
+from memgate.loaders.ascend.trace_view import read_trace_view
 from memgate.model import (
     MAX_RANK,
     STEP_COLUMNS,
@@ -76,13 +76,11 @@ def is_profile_dir(path: Path) -> bool:
     return path.name.endswith("_ascend_pt") and ((path / OUTPUT_DIR).is_dir() or any(path.glob("profiler_info*.json")))
 
 
+@read_errors_named
 def load(profile_dir: Path) -> Profile:
-    try:
-        profile = _load(profile_dir)
-        release_free_memory()  # what reading and checking the files left behind
-        return profile
-    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise cannot_read(exc, profile_dir) from None
+    profile = _load(profile_dir)
+    release_free_memory()  # what reading and checking the files left behind
+    return profile
 
 
 def _load(profile_dir: Path) -> Profile:

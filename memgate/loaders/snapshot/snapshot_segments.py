@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memgate.errors import InputError
-from memgate.loaders import block_sizes
+from memgate.loaders.snapshot import block_sizes
 from memgate.model import PoolState, check_bytes
 from memgate.readers.pyrecords import check_records, int_column
 

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memgate.categories import note_starts
 from memgate.errors import InputError
-from memgate.loaders.categories import note_starts
 from memgate.model import empty_steps, step_number
 from memgate.readers.pyrecords import int_column
 from memgate.table import Ints, Table

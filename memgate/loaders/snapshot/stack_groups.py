@@ -33,7 +33,7 @@ def first_equal(lists: Sequence[Any]) -> np.ndarray:
     """For each frames list, the index of the first list equal to it (``==``: the same frames).
 
     None and empty lists (no frames) are one group; a tuple groups as the list of its frames; a
-    value that is no list or tuple is a group of its own (:func:`~memgate.loaders.snapshot_stacks.op_owner`
+    value that is no list or tuple is a group of its own (:func:`~memgate.loaders.snapshot.snapshot_stacks.op_owner`
     reports the first such value). A list is compared with a candidate: the first list not yet placed
     with its length and its innermost frame (the same object). A list equal to its candidate is placed;
     the others meet the next candidate of their kind in the next round. What eight rounds leave (a

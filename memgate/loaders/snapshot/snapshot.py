@@ -5,23 +5,23 @@ the address is derived from the segment address and the sizes before the block);
 without ``time_us`` (< 2.2); ``time_us`` entries; ``allocator_settings`` / ``external_annotations``;
 ``compile_context``; several devices; expandable segments; snapshots recorded without history
 (empty ``device_traces``); torch_npu files (workspace entries inserted at the *front* of a trace;
-labelled ``npu:N``, see :func:`~memgate.loaders.snapshot_stacks.is_npu`).
+labelled ``npu:N``, see :func:`~memgate.loaders.snapshot.snapshot_stacks.is_npu`).
 
 This module tells a snapshot by its first bytes, loads it and assembles the profile from its parts:
 
-- :mod:`~memgate.loaders.snapshot_segments`: the final ``segments``, one row per block, and the pool
+- :mod:`~memgate.loaders.snapshot.snapshot_segments`: the final ``segments``, one row per block, and the pool
   they hold at the dump (**dump_state**, with or without history; a snapshot without history
   measures only this: HISTORY_METRICS are not measurable);
-- :mod:`~memgate.loaders.snapshot_trace`: each device trace, checked and put in time order;
-- :mod:`~memgate.loaders.snapshot_stacks` (over :mod:`~memgate.loaders.stack_groups`): the op and
+- :mod:`~memgate.loaders.snapshot.snapshot_trace`: each device trace, checked and put in time order;
+- :mod:`~memgate.loaders.snapshot.snapshot_stacks` (over :mod:`~memgate.loaders.snapshot.stack_groups`): the op and
   owner of each allocation from its stack, and the torch_npu scan;
-- :mod:`~memgate.loaders.snapshot_device`: what one device becomes: **blocks** (trace allocations,
+- :mod:`~memgate.loaders.snapshot.snapshot_device`: what one device becomes: **blocks** (trace allocations,
   frees of earlier ones, blocks live all along) and the **series** ``allocator`` (allocated, active,
   reserved), rebuilt backwards from the final segments;
-- :mod:`~memgate.loaders.snapshot_steps`: **steps** from the ``external_annotations`` named
+- :mod:`~memgate.loaders.snapshot.snapshot_steps`: **steps** from the ``external_annotations`` named
   ``ProfilerStep#N`` (START/END), else the optimizer's.
 
-Sizes are the caching allocator's *block* sizes (:mod:`memgate.loaders.block_sizes`: the 512 B
+Sizes are the caching allocator's *block* sizes (:mod:`memgate.loaders.snapshot.block_sizes`: the 512 B
 rounding, ``roundup_power2_divisions``, a large-pool remainder it does not split), what
 ``torch.cuda.memory_allocated()`` and ``max_memory_allocated()`` count; the requested sizes the trace
 records are kept for ``peak_requested_bytes``. A snapshot of a non-caching allocator (or one whose
@@ -43,14 +43,15 @@ from typing import Any
 from memgate import fastexit
 from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
-from memgate.loaders import block_sizes, registry
+from memgate.loaders import registry
 from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
-from memgate.loaders.snapshot_device import SIZE_BASIS, device_model
-from memgate.loaders.snapshot_segments import Segments, iter_blocks, read_segments
-from memgate.loaders.snapshot_stacks import is_npu
-from memgate.loaders.snapshot_steps import note_start_times
-from memgate.loaders.snapshot_steps import steps as annotated_steps
-from memgate.loaders.snapshot_trace import Trace, empty_trace, parse_trace
+from memgate.loaders.snapshot import block_sizes
+from memgate.loaders.snapshot.snapshot_device import SIZE_BASIS, device_model
+from memgate.loaders.snapshot.snapshot_segments import Segments, iter_blocks, read_segments
+from memgate.loaders.snapshot.snapshot_stacks import is_npu
+from memgate.loaders.snapshot.snapshot_steps import note_start_times
+from memgate.loaders.snapshot.snapshot_steps import steps as annotated_steps
+from memgate.loaders.snapshot.snapshot_trace import Trace, empty_trace, parse_trace
 from memgate.metric_specs import HISTORY_KEYS
 from memgate.model import NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, empty_steps
 from memgate.readers import limits, safepickle

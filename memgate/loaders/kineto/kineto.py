@@ -1,7 +1,7 @@
 """Kineto / torch.profiler Chrome traces recorded with ``profile_memory=True``. docs/formats-reference.md §5.
 
 ``*.json`` or ``*.json.gz``, streamed (:mod:`memgate.readers.traceevents`; never loaded whole). What
-is read (:mod:`memgate.loaders.kineto_events` keeps it, batch by batch):
+is read (:mod:`memgate.loaders.kineto.kineto_events` keeps it, batch by batch):
 - ``[memory]`` instant events: one per allocation (``Bytes`` > 0) or free (``Bytes`` < 0), with the
   allocator's ``Total Allocated`` / ``Total Reserved`` after the event. ``Total Allocated`` includes
   memory allocated before profiling started; it becomes each block's ``alloc_total`` so the
@@ -29,7 +29,7 @@ Time: ``ts`` is µs with 3 decimals, relative to ``baseTimeNanoseconds`` when th
 ``t_ns = baseTimeNanoseconds + ts * 1000``, exact. Events are unsorted in the file; they are ordered
 by ts, ties in file order.
 
-The JSON of ``prof.export_memory_timeline`` is :mod:`memgate.loaders.memory_timeline`'s.
+The JSON of ``prof.export_memory_timeline`` is :mod:`memgate.loaders.kineto.memory_timeline`'s.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ import ijson
 import numpy as np
 
 from memgate import hints
+from memgate.categories import ADDRESS, moment_of
 from memgate.errors import InputError, show
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders import registry
-from memgate.loaders.categories import ADDRESS, moment_of
 from memgate.loaders.events import pair_allocs, repeated_action
-from memgate.loaders.kineto_events import I64_MAX, MODULE_PREFIX, Collected, Kept, us_to_ns
+from memgate.loaders.kineto.kineto_events import I64_MAX, MODULE_PREFIX, Collected, Kept, us_to_ns
 from memgate.metric_specs import keys_where
 from memgate.model import (
     MAX_BYTES,
@@ -193,7 +193,7 @@ def load(path: Path) -> Profile:
 
 def load_tracked(path: Path) -> tuple[Profile, dict[int, int]]:
     """A tracked recording's trace: the profile with each block's address (column
-    :data:`~memgate.loaders.categories.ADDRESS`), and the start (ns) of each ``memgate::note#k`` span by k."""
+    :data:`~memgate.categories.ADDRESS`), and the start (ns) of each ``memgate::note#k`` span by k."""
     with arrow_without_pandas():
         return _load(path, addresses=True)
 

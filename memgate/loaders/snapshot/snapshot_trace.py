@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from memgate.errors import InputError
 from memgate.loaders.events import repeated_action
-from memgate.loaders.stack_groups import first_equal
+from memgate.loaders.snapshot.stack_groups import first_equal
 from memgate.readers.pyrecords import check_records, int_column
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free", "segment_map",
@@ -57,7 +57,7 @@ class Trace:
     @cached_property
     def first_equal(self) -> np.ndarray:
         """Per entry in the file's order, the first entry whose frames list equals its own
-        (:func:`~memgate.loaders.stack_groups.first_equal`): the distinct stacks, found once for the
+        (:func:`~memgate.loaders.snapshot.stack_groups.first_equal`): the distinct stacks, found once for the
         torch_npu scan and the attribution."""
         return first_equal(self.frames)
 

@@ -37,8 +37,8 @@ import pandas as pd
 
 from memgate.errors import InputError
 from memgate.loaders import registry
-from memgate.loaders.crossfile import cross_file_facts
-from memgate.loaders.msmemscope import pair_events, repair_notes, take
+from memgate.loaders.ascend.crossfile import cross_file_facts
+from memgate.loaders.events import pair_events, repair_notes, take
 from memgate.model import (
     APP_COMPONENT,
     STEP_COLUMNS,

@@ -59,11 +59,11 @@ import numpy as np
 import pandas as pd
 
 from memgate import hints
-from memgate.errors import InputError, MemgateError, cannot_read
+from memgate.errors import InputError, MemgateError, read_errors_named
 from memgate.loaders import registry
-from memgate.loaders.crossfile import cross_file_facts
-from memgate.loaders.torch_npu import info_rank, rank_notes, read_profiler_info
-from memgate.loaders.torch_npu import run_window as torch_npu_run_window
+from memgate.loaders.ascend.crossfile import cross_file_facts
+from memgate.loaders.ascend.torch_npu import info_rank, rank_notes, read_profiler_info
+from memgate.loaders.ascend.torch_npu import run_window as torch_npu_run_window
 from memgate.model import (
     SERIES_COLUMNS,
     STEP_COLUMNS,
@@ -158,14 +158,8 @@ def claims(path: Path) -> bool:
 # ---- entry point ---------------------------------------------------------------------------------
 
 
+@read_errors_named
 def load(path: Path) -> Profile:
-    try:
-        return _load(path)
-    except OSError as exc:  # os.access said yes, but the read failed (ACLs, EIO, a file that vanished)
-        raise cannot_read(exc, path) from None
-
-
-def _load(path: Path) -> Profile:
     if path.is_dir():
         return _load_dir(path)
     if _TRACKER_OP.match(path.name) or _CPU_RECORD.match(path.name):

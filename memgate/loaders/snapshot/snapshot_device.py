@@ -4,14 +4,14 @@
   ``free_requested`` without an ``alloc`` in the trace (allocated before the window: the trace is a
   ring buffer), and one per ``active_allocated`` block of the final ``segments`` that no trace
   ``alloc`` accounts for (live for the whole window). That is the baseline torch's memory viewer
-  reconstructs. Their sizes are the allocator's blocks (:mod:`memgate.loaders.block_sizes`), their
-  op and owner from their stacks (:mod:`memgate.loaders.snapshot_stacks`).
+  reconstructs. Their sizes are the allocator's blocks (:mod:`memgate.loaders.snapshot.block_sizes`), their
+  op and owner from their stacks (:mod:`memgate.loaders.snapshot.snapshot_stacks`).
 - **series** ``allocator``: ``allocated`` (drops at ``free_requested``, like
   ``torch.cuda.memory_allocated``), ``active`` (drops at ``free_completed``) and ``reserved``
   (``segment_alloc``/``segment_map`` up, ``segment_free``/``segment_unmap`` down), each rebuilt
   backwards from the final ``segments`` so the level at the window start is exact; a trace that
   allocates more than its segments reserve is an error.
-- **dump_state**: the pool the final segments record (:func:`~memgate.loaders.snapshot_segments.pool_state`).
+- **dump_state**: the pool the final segments record (:func:`~memgate.loaders.snapshot.snapshot_segments.pool_state`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from memgate.categories import ADDRESS
 from memgate.errors import InputError
-from memgate.loaders import block_sizes
-from memgate.loaders.categories import ADDRESS
 from memgate.loaders.events import pair_allocs
-from memgate.loaders.snapshot_segments import Segments, pool_state
-from memgate.loaders.snapshot_stacks import segment_op_owner, trace_op_owner
-from memgate.loaders.snapshot_trace import CODE, Trace, action_table, lost_free_requests, repeated_error
+from memgate.loaders.snapshot import block_sizes
+from memgate.loaders.snapshot.snapshot_segments import Segments, pool_state
+from memgate.loaders.snapshot.snapshot_stacks import segment_op_owner, trace_op_owner
+from memgate.loaders.snapshot.snapshot_trace import CODE, Trace, action_table, lost_free_requests, repeated_error
 from memgate.model import DeviceModel, Series, check_bytes
 from memgate.table import Ints, Table, Texts
 
