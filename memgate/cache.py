@@ -46,8 +46,16 @@ from memgate.errors import ConfigError, InputError
 from memgate.lazy import arrow_without_pandas, lazy_module
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, MetricOptions
-from memgate.model import (MAX_BYTES, DeviceModel, OutOfMemory, PoolState, Profile, ProfileInfo, Series,
-                           check_byte_ranges)
+from memgate.model import (
+    MAX_BYTES,
+    DeviceModel,
+    OutOfMemory,
+    PoolState,
+    Profile,
+    ProfileInfo,
+    Series,
+    check_byte_ranges,
+)
 from memgate.owners import FRAME_OWNER_FORMATS
 from memgate.table import Ints, Table, Texts
 

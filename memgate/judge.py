@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from memgate.budgets import CROSS_RANK, LEFT, LIMITS, Budget
-from memgate.metric_specs import OOM, OOM_KEY
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, SelectsNothing, printable
 from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
+from memgate.metric_specs import OOM, OOM_KEY
 from memgate.metrics import DeviceMetrics, grown_blocks
 from memgate.model import ProfileInfo
 from memgate.owners import respelled_glob

@@ -364,7 +364,7 @@ def _out_of_memory(device: DeviceModel, name: str | None, steps: Table, figures:
             "size": oom.requested, "device_free": oom.device_free,
             "allocated": oom.allocated if oom.allocated is not None else _level_at(device, name, "allocated", oom.t_ns),
             "reserved": oom.reserved if oom.reserved is not None else _level_at(device, name, "reserved", oom.t_ns),
-            "capacity": oom.capacity, "t_ns": oom.t_ns, "step": _step_of(steps, oom.t_ns), "stream": oom.stream,
+            "capacity": oom.capacity, "t_ns": oom.t_ns, "step": oom.step if oom.step is not None else _step_of(steps, oom.t_ns), "stream": oom.stream,
             "op": oom.op, "owner": oom.owner, "source": oom.source, "message": oom.message,
             "live_count": len(rows), "live_bytes": int(blocks.ints("size").values[rows].sum()),
             "holders": top_at(blocks, rows) if len(rows) else [],
@@ -374,10 +374,10 @@ def _out_of_memory(device: DeviceModel, name: str | None, steps: Table, figures:
     figures.values["ooms"] = details
     if not details:
         return
-    last = details[-1]
+    last = device.ooms[-1]
     t_alloc = device.blocks.ints("t_alloc")
-    ended = not (t_alloc.present() & (t_alloc.values > last["t_ns"])).any()  # nothing allocated after it
-    request = f" (a request of {format_size(last['size'])} did not fit)" if last["size"] is not None else ""
+    ended = not (t_alloc.present() & (t_alloc.values > last.t_ns)).any()  # nothing allocated after it
+    request = f" (a request of {format_size(last.requested)} did not fit)" if last.requested is not None else ""
     note = (f"the window {'ended in' if ended else 'holds'} an out-of-memory error{request}: {OOM_PEAK_NOTE}"
             if len(details) == 1 else
             f"the window holds {len(details)} out-of-memory errors: {OOM_PEAK_NOTE}")

@@ -282,6 +282,7 @@ class OutOfMemory:
     owner: str | None = None
     source: str = "snapshot"  # "snapshot" (an oom entry), "observer" (torch's OOM observer), "exception"
     message: str | None = None  # the error's first line, where the recording caught it
+    step: int | None = None  # the step the recording was in (None: the steps' times say)
 
 
 @dataclass(frozen=True)

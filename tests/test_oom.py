@@ -164,8 +164,8 @@ def test_budget_oom_zero_fails_naming_request_free_memory_and_holders(pytester: 
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*oom 1 exceeds budget 0 by 1 — rank 0 cuda:0, step 3, a request of 4.00 GiB did not fit",
-        "*out of memory: a request of 4.00 GiB by aten::cat did not fit, 1.50 GiB free on cuda:0 "
-        "(allocated 5.00 GiB, reserved 5.00 GiB) in step 3",
+        ("*out of memory: a request of 4.00 GiB by aten::cat did not fit, 1.50 GiB free on cuda:0 "
+        "(allocated 5.00 GiB, reserved 5.00 GiB) in step 3"),
         "*live at the out-of-memory error (cuda:0): 2 block(s) = 5.00 GiB:",
         "*3.00 GiB  aten::empty_strided  owner forward (model.py:5)*",
         "*2.00 GiB  aten::mm  owner forward (train.py:10)*",
@@ -199,3 +199,107 @@ def test_oom_budget_alone_is_a_limit() -> None:
     budget = budget_from_mapping({"name": "b", "oom": 0}, origin="memgate.toml")
     assert budget.checks() == ["oom"]
     assert budget.declared_limit("oom") == 0
+
+
+# ---- a recording an out-of-memory error stops ----------------------------------------------------
+
+# torch's message for a CUDA out-of-memory error (c10/cuda/CUDACachingAllocator.cpp), raised here by a
+# patched allocation: the recorder on CPU sees what it would see on a GPU without its observer
+CUDA_MESSAGE = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 80.00 GiB of which "
+                "1.10 GiB is free. Of the allocated memory 76.20 GiB is allocated by PyTorch, and 2.70 GiB is "
+                "reserved by PyTorch but unallocated.")
+
+INJECTED = """
+import pytest
+import torch
+
+MESSAGE = {message!r}
+
+
+def test_train(memgate_record, monkeypatch):
+    held = []
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        if args and args[0] == 1 << 28:  # the allocation that does not fit
+            raise torch.OutOfMemoryError(MESSAGE)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    for _ in range(3):
+        held.append(real_empty(1 << 20, dtype=torch.uint8))  # 1 MiB held per step
+        memgate_record.step()
+    torch.empty(1 << 28, dtype=torch.uint8)
+"""
+
+
+def test_parse_out_of_memory_reads_torchs_messages() -> None:
+    from memgate.record import parse_out_of_memory
+
+    assert parse_out_of_memory(CUDA_MESSAGE) == {"requested": 2 * GiB, "device": "cuda:0", "capacity": 80 * GiB,
+                                                 "device_free": round(1.10 * GiB)}
+    npu = ("NPU out of memory. Tried to allocate 512.00 MiB (NPU 3; 60.97 GiB total capacity; 58.36 GiB already "
+           "allocated; 58.36 GiB current active; 200.00 MiB free; 59.26 GiB reserved in total by PyTorch)")
+    assert parse_out_of_memory(npu) == {"requested": 512 * MiB, "device": "npu:3",
+                                        "capacity": round(60.97 * GiB), "device_free": 200 * MiB}
+
+
+def test_an_out_of_memory_error_is_recognised() -> None:
+    torch = pytest.importorskip("torch")
+    from memgate.record import is_out_of_memory
+
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory."))
+    assert is_out_of_memory(RuntimeError("NPU out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_an_injected_oom_in_memgate_record_fails_as_memgate_with_the_recording_kept(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("torch")
+    pytester.makepyfile(test_oom_run=INJECTED.format(message=CUDA_MESSAGE))
+    kept = pytester.path / "kept"
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--memgate-keep-traces={kept}",
+                                           f"--memgate-json={report}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*out of memory: a request of 2.00 GiB did not fit, 1.10 GiB free of 80.00 GiB on cuda:0 in step 3",
+        "*recording kept in *kept*",
+        "*the error: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB*",
+    ])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    (folder,) = [p for p in kept.rglob("memgate_recording.json")]
+    manifest = json.loads(folder.read_text("utf-8"))
+    oom = manifest["out_of_memory"]
+    assert (oom["source"], oom["device"], oom["requested"], oom["step"]) == ("exception", "cuda:0", 2 * GiB, 3)
+    assert oom["message"].startswith("OutOfMemoryError: CUDA out of memory.")
+    (row,) = [o for o in json.loads(report.read_text("utf-8"))["budgets"] if o["metric"] == "oom"]
+    assert (row["value"], row["limit"], row["passed"], row["device"]) == (1, 0, False, "cuda:0")
+    # the kept recording reads back with the error on it
+    (measured,) = measure(folder.parent)
+    devices = {m.device: m for m in measured.devices}
+    assert devices["cuda:0"].values["oom_count"] == 1
+    assert devices["cpu"].values["oom_count"] == 0
+
+
+def test_record_context_manager_keeps_the_recording_and_reraises(tmp_path: Path) -> None:
+    """An error naming no device is the recording's one device's (here the CPU's): its holders are the blocks
+    live when the error reached the recorder."""
+    torch = pytest.importorskip("torch")
+    from memgate.record import RECORDING_MANIFEST, record
+
+    held = []
+    with pytest.raises(torch.OutOfMemoryError) as info, record(tmp_path / "prof") as rec:
+        for _ in range(2):
+            held.append(torch.empty(1 << 20, dtype=torch.uint8))
+            rec.step()
+        raise torch.OutOfMemoryError("out of memory. Tried to allocate 2.00 GiB")
+    assert info.value.memgate_recording == str(tmp_path / "prof")  # type: ignore[attr-defined]
+    assert f"memgate: the recording up to this out-of-memory error is kept in {tmp_path / 'prof'}" in (
+        info.value.__notes__)
+    manifest = json.loads((tmp_path / "prof" / RECORDING_MANIFEST).read_text("utf-8"))
+    assert (manifest["out_of_memory"]["step"], manifest["out_of_memory"]["device"]) == (2, None)
+    (measured,) = measure(tmp_path / "prof")
+    (device,) = measured.devices
+    oom = device.values["ooms"][0]
+    assert (device.device, oom["size"], oom["step"]) == ("cpu", 2 * GiB, 2)
+    assert [(h["size"], h["op"]) for h in oom["holders"]] == [(1 << 20, "aten::empty")] * 2
