@@ -21,7 +21,7 @@ from typing import Any
 
 from memgate.categories import CATEGORIES
 from memgate.errors import ConfigError
-from memgate.metric_specs import LEFT_ALLOCATED, budget_limits
+from memgate.metric_specs import LEFT_ALLOCATED, OOM, budget_limits
 from memgate.metrics import MetricOptions
 from memgate.schemas import load_schema
 from memgate.sizes import format_share, parse_share, parse_size
@@ -33,7 +33,7 @@ SELECTORS = ("name", "ranks", "devices", "component", "warmup_steps", "leak_hori
 CROSS_RANK = "rank_imbalance"  # judged over every profile a budget selects, not per profile
 CAP_KEYS = ("op_caps", "owner_caps", "category_caps")  # a table of name (glob, category) = size
 LEFT = LEFT_ALLOCATED  # bytes allocated in the window and still allocated at its end (memgate.leftover)
-MARKER_KEYS = frozenset(LIMITS) | {*CAP_KEYS, LEFT, "device_capacity", *SELECTORS}
+MARKER_KEYS = frozenset(LIMITS) | {*CAP_KEYS, LEFT, OOM, "device_capacity", *SELECTORS}
 BUDGET_KEYS = MARKER_KEYS | {CROSS_RANK}
 
 
@@ -54,6 +54,7 @@ class Budget:
     shares: dict[str, float] = field(default_factory=dict)  # check → limit as a share of the capacity
     category_caps: dict[str, int] = field(default_factory=dict)  # category → bytes live at the peak
     left_allocated: int | None = None  # bytes left allocated at the end of the window, per device
+    oom: int | None = None  # out-of-memory errors the window may hold, per device (oom_count)
 
     @property
     def options(self) -> MetricOptions:
@@ -62,6 +63,7 @@ class Budget:
     def checks(self) -> list[str]:
         """The metric names this budget produces items for, in a stable order."""
         return ([k for k in LIMITS if k in self.limits or k in self.shares] + ([LEFT] if self.left_allocated is not None else [])
+                + ([OOM] if self.oom is not None else [])
                 + [f"op_caps[{g}]" for g in self.op_caps]
                 + [f"owner_caps[{g}]" for g in self.owner_caps] + [f"category_caps[{c}]" for c in self.category_caps])
 
@@ -77,6 +79,8 @@ class Budget:
             return self.rank_imbalance[check[len(CROSS_RANK) + 1:-1]]
         if check == LEFT and self.left_allocated is not None:
             return self.left_allocated
+        if check == OOM and self.oom is not None:
+            return self.oom
         for prefix, caps in (("op_caps[", self.op_caps), ("owner_caps[", self.owner_caps),
                              ("category_caps[", self.category_caps)):
             if check.startswith(prefix):
@@ -156,8 +160,14 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
     owner_caps = _caps(raw, "owner_caps", name, origin, shares, problems)
     category_caps = _caps(raw, "category_caps", name, origin, shares, problems)
     imbalance = _imbalance(raw, name, origin, problems)
-    capacity = left = None
+    capacity = left = oom = None
     warmup, horizon = 1, default_leak_horizon
+    if OOM in raw:
+        if isinstance(raw[OOM], bool) or not isinstance(raw[OOM], int) or raw[OOM] < 0:
+            problems.append(BudgetKeyError(f"invalid {name}.{OOM} {raw[OOM]!r}", key=OOM, file=origin,
+                                           expected="a count of out-of-memory errors, an integer >= 0 (oom = 0)"))
+        else:
+            oom = raw[OOM]
     with problems.kept():
         left = _parse_size_in(origin, raw[LEFT], f"{name}.{LEFT}", LEFT) if LEFT in raw else None
     with problems.kept():
@@ -172,9 +182,11 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
             problems.append(BudgetKeyError(f"invalid {name}.{key} {raw[key]!r}", key=key, file=origin,
                                            expected="a string"))
     # Said of an entry that is otherwise valid: with another error, a limit may be what is misspelled.
-    if not (limits or caps or shares or owner_caps or category_caps or imbalance or left is not None or problems):
+    if not (limits or caps or shares or owner_caps or category_caps or imbalance or left is not None or oom is not None
+            or problems):
         problems.append(BudgetKeyError(f"budget {name!r} sets no limit", file=origin,
-                                       expected="at least one of " + ", ".join([*LIMITS, LEFT, *CAP_KEYS, CROSS_RANK])))
+                                       expected="at least one of " + ", ".join([*LIMITS, LEFT, OOM, *CAP_KEYS,
+                                                                                CROSS_RANK])))
     problems.raise_first()
     return Budget(
         name=name,
@@ -192,6 +204,7 @@ def budget_from_mapping(raw: dict[str, Any], *, origin: str, default_name: str |
         shares=shares,
         category_caps=category_caps,
         left_allocated=left,
+        oom=oom,
     )
 
 

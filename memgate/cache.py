@@ -46,7 +46,16 @@ from memgate.errors import ConfigError, InputError
 from memgate.lazy import arrow_without_pandas, lazy_module
 from memgate.metric_cache import MetricCache
 from memgate.metrics import DeviceMetrics, MetricOptions
-from memgate.model import MAX_BYTES, DeviceModel, PoolState, Profile, ProfileInfo, Series, check_byte_ranges
+from memgate.model import (
+    MAX_BYTES,
+    DeviceModel,
+    OutOfMemory,
+    PoolState,
+    Profile,
+    ProfileInfo,
+    Series,
+    check_byte_ranges,
+)
 from memgate.owners import FRAME_OWNER_FORMATS
 from memgate.table import Ints, Table, Texts
 
@@ -64,7 +73,7 @@ except ModuleNotFoundError:  # pragma: no cover - xxhash is a dependency
     HASH_NAME = "blake2b-128"
     _new_hash = functools.partial(hashlib.blake2b, digest_size=16)
 
-CACHE_LAYOUT = 5  # bump when the entry layout changes (4: Tables as Arrow; 5: device steps, requested peak)
+CACHE_LAYOUT = 6  # bump when the entry layout changes (4: Tables as Arrow; 5: device steps, requested peak; 6: ooms)
 MANIFEST = "manifest.json"
 _CHUNK = 8 << 20
 _TMP_PREFIX = ".tmp-"
@@ -73,7 +82,7 @@ _STALE_TMP_S = 3600.0  # a temp dir this old belongs to a writer that died
 # The model fields this module stores; a model with other fields is not cached (it would lose them).
 _PROFILE_FIELDS = ("path", "format", "rank", "devices", "steps", "steps_source", "metadata")
 _DEVICE_FIELDS = ("device", "series", "blocks", "blocks_source", "sum_components", "dump_state", "window_relative",
-                  "requested_peak", "steps")
+                  "requested_peak", "steps", "ooms")
 _SERIES_FIELDS = ("component", "frame", "source")
 
 
@@ -343,6 +352,7 @@ def _serialize(profile: Profile, into: Path, compression: str | None = None) -> 
             "window_relative": device.window_relative,
             "requested_peak": device.requested_peak,
             "steps": None if device.steps is None else stored(device.steps, f"d{d}-steps"),
+            "ooms": None if device.ooms is None else [asdict(oom) for oom in device.ooms],
         })
     head = {"path": profile.path, "format": profile.format, "rank": profile.rank,
             "steps_source": profile.steps_source}
@@ -371,6 +381,7 @@ def _deserialize(entry: Path, doc: dict[str, Any]) -> Profile:
             window_relative=bool(d["window_relative"]),
             requested_peak=d.get("requested_peak"),
             steps=None if d.get("steps") is None else _read_table(entry, d["steps"]),
+            ooms=None if d.get("ooms") is None else tuple(OutOfMemory(**oom) for oom in d["ooms"]),
         ))
     for name in ("path", "format", "rank"):
         if not isinstance(doc[name], str):

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from memgate.errors import printable
-from memgate.metric_specs import BUDGET_SPECS
+from memgate.metric_specs import BUDGET_SPECS, OOM
 from memgate.sizes import format_size
 
 
@@ -44,17 +44,20 @@ def github_annotations(outcomes: list[dict[str, Any]], errors: Iterable[dict[str
 
 
 def check_kind(check: str) -> str:
-    """``"size"`` or ``"ratio"`` for what a check measures: a budget key by the metric table,
-    ``op_caps[glob]`` / ``owner_caps[glob]`` a size, ``rank_imbalance[metric]`` a ratio."""
+    """``"size"``, ``"ratio"`` or ``"count"`` for what a check measures: a budget key by the metric table,
+    ``op_caps[glob]`` / ``owner_caps[glob]`` a size, ``rank_imbalance[metric]`` a ratio, ``oom`` a count."""
     base = check.split("[")[0]
     if base == "rank_imbalance":
         return "ratio"
+    if base == OOM:
+        return "count"
     return BUDGET_SPECS[base].kind if base in BUDGET_SPECS else "size"
 
 
 def unit_of(metric: str) -> str:
     """The unit word of a metric's values in JUnit properties and benchmark records."""
-    return "ratio" if check_kind(metric) == "ratio" else "bytes"
+    kind = check_kind(metric)
+    return "ratio" if kind == "ratio" else "count" if kind == "count" else "bytes"
 
 
 # Inline Markdown a name could use to format, link, show an image or write HTML in the step summary, and the
@@ -81,7 +84,8 @@ def md_code(text: Any) -> str:
 def _cell(metric: str, value: Any) -> str:
     if value is None:
         return "–"
-    return f"{value:.3f}" if check_kind(metric) == "ratio" else format_size(value)
+    kind = check_kind(metric)
+    return f"{value:.3f}" if kind == "ratio" else str(value) if kind == "count" else format_size(value)
 
 
 PYTEST_ORDER = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")

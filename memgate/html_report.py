@@ -22,7 +22,7 @@ from memgate.chart_data import budget_lines, device_curves, step_spans
 from memgate.html_chart import chart
 from memgate.html_text import escape as _e  # short: the markup calls it on every value
 from memgate.html_text import exact_text, size_text, when_html
-from memgate.metric_specs import BUDGET_SPECS, SPEC_OF, SPECS, keys_where
+from memgate.metric_specs import BUDGET_SPECS, OOM, OOM_KEY, SPEC_OF, SPECS, keys_where
 from memgate.model import DeviceModel, Profile
 from memgate.sizes import format_size
 
@@ -48,6 +48,8 @@ def _metric_text(metric: str, value: float | None) -> str:
         return "-"
     if _is_ratio(metric):
         return f"{value:.4f} ({value:.2%})"
+    if metric in (OOM, OOM_KEY):  # a count of out-of-memory errors
+        return str(value)
     return format_size(value)
 
 
@@ -199,6 +201,8 @@ def _budget_rows(outcomes: list[dict[str, Any]], anchors: dict[str, str],
         headroom = "-"
         if o.get("limit_text"):
             pass  # the share's capacity is unknown: no limit to measure room against
+        elif value is not None and limit is not None and metric == OOM:
+            headroom = str(limit - value)
         elif value is not None and limit is not None and not _is_ratio(metric):
             headroom = format_size(limit - value)
         elif value is not None and limit is not None:

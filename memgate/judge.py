@@ -20,12 +20,13 @@ from memgate.budgets import CROSS_RANK, LEFT, LIMITS, Budget
 from memgate.errors import ConfigError, MemgateError, NotMeasurable, NotSelected, SelectsNothing, printable
 from memgate.leftover import LeftOn, left_on
 from memgate.metric_cache import MetricCache
+from memgate.metric_specs import OOM, OOM_KEY
 from memgate.metrics import DeviceMetrics, grown_blocks
 from memgate.model import ProfileInfo
 from memgate.owners import respelled_glob
 from memgate.rows import CheckRow, RankSpread
 from memgate.sizes import format_share, format_size
-from memgate.verdict import Blocks, Outcome, format_value, source_lines, verdict_line
+from memgate.verdict import Blocks, Outcome, format_value, oom_cause, source_lines, verdict_line
 
 # A device's value of a check, the device, and what the verdict line adds after the device
 Candidate = tuple[int | float, DeviceMetrics, str]
@@ -208,6 +209,27 @@ def _left_allocated(cache: MetricCache, devices: list[DeviceMetrics], path: str)
     return candidates, left
 
 
+def _out_of_memory(devices: list[DeviceMetrics], path: str) -> list[Candidate]:
+    """``oom``: per device, how many out-of-memory errors its window holds, the last one in words."""
+    candidates: list[Candidate] = []
+    for m in devices:
+        count = m.values.get(OOM_KEY)
+        if count is None:
+            continue
+        ooms = m.values.get("ooms") or []
+        last = ooms[-1] if ooms else {}
+        extra = []
+        if last.get("step") is not None:
+            extra.append(f"step {last['step']}")
+        if isinstance(last.get("size"), int):
+            extra.append(f"a request of {format_size(last['size'])} did not fit")
+        candidates.append((int(count), m, ", ".join(extra)))
+    if not candidates:
+        why = "; ".join(f"{m.device}: {m.missing.get(OOM_KEY, 'no data')}" for m in devices)
+        raise NotMeasurable(f"{OOM} is not measurable: {why}", file=path)
+    return candidates
+
+
 def _measured(devices: list[DeviceMetrics], metric: str, path: str) -> list[Candidate]:
     """A budget key of LIMITS: per device its value, with the step, pool and note the verdict names."""
     key = LIMITS[metric][0]
@@ -244,6 +266,8 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         candidates, kind = _category_caps(devices, metric, profile.path), "size"
     elif metric == LEFT:
         (candidates, left), kind = _left_allocated(cache, devices, profile.path), "size"
+    elif metric == OOM:
+        candidates, kind = _out_of_memory(devices, profile.path), "count"
     else:
         candidates, kind = _measured(devices, metric, profile.path), LIMITS[metric][1]
     # The worst device: the most over (or least under) its limit; with one limit for all, the largest value.
@@ -263,21 +287,33 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         value=value,
         passed=passed,
         device=worst.device,
-        step=None if metric == LEFT else worst.peak_step,
+        step=None if metric == LEFT else _oom_step(worst) if metric == OOM else worst.peak_step,
         message=verdict_line(metric, kind, value, limit, where),
         holders=tuple(worst.values.get("top_at_peak") or ()),
         where=source_lines(worst, profile),
         share=budget.shares.get(metric),
         live_count=worst.values.get("live_at_peak_count"),
         categories=dict(worst.values.get("category_bytes_at_peak") or {}) if _at_the_peak(metric) else {},
-        cause=None if passed else _cause(cache, budget, metric, worst.device, left),
+        cause=None if passed else _cause(cache, budget, metric, worst, left),
     )
 
 
-def _cause(cache: MetricCache, budget: Budget, metric: str, device: str, left: dict[str, LeftOn]) -> Blocks | None:
-    """What a failed left_allocated, step_growth or leaked check is about: the blocks left at the end
-    of the window, or those allocated in the counted steps and still live when they ended
-    (:func:`memgate.metrics.grown_blocks`); None for checks measured at the peak."""
+def _oom_step(metrics: DeviceMetrics) -> int | None:
+    """The step of the device's last out-of-memory error."""
+    ooms = metrics.values.get("ooms") or []
+    return ooms[-1].get("step") if ooms else None
+
+
+def _cause(cache: MetricCache, budget: Budget, metric: str, worst: DeviceMetrics,
+           left: dict[str, LeftOn]) -> Blocks | None:
+    """What a failed left_allocated, step_growth, leaked or oom check is about: the blocks left at the end
+    of the window, those allocated in the counted steps and still live when they ended
+    (:func:`memgate.metrics.grown_blocks`), or the out-of-memory error and the blocks live at it; None for
+    checks measured at the peak."""
+    device = worst.device
+    if metric == OOM:
+        ooms = worst.values.get("ooms") or []
+        return oom_cause(ooms[-1], device) if ooms else None
     if metric == LEFT:
         gone = left[device]
         return Blocks(f"left allocated at the end of the window ({device})", tuple(gone.holders), gone.count,

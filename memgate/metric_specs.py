@@ -26,6 +26,7 @@ Source = Literal[
     "requested sizes",  # the sizes the program requested, before the allocator's rounding
     "blocks",  # per-block rows or allocation events (with steps, for leaks)
     "pool at the dump",  # a snapshot's segments and their free blocks when it was dumped
+    "out-of-memory events",  # a snapshot's oom trace entries, a recording's out-of-memory error
 ]
 # How `memgate suggest` proposes a limit for a budget key:
 #   "worst": the worst profile's value plus headroom, never below the smallest suggested peak or ratio
@@ -176,6 +177,16 @@ SPECS: tuple[MetricSpec, ...] = (
         "live_at_peak_count", "count", "blocks",
         "how many blocks are live at the peak (top_at_peak lists only the largest of them)",
         at_peak=True, baselined=False, detail_of="top_at_peak"),
+    MetricSpec(
+        "oom_count", "count", "out-of-memory events",
+        "out-of-memory errors in the window (a snapshot's oom entries, a recording stopped by one); the oom budget "
+        "key limits them (oom = 0)",
+        baselined=False, formats=_SNAPSHOTS),
+    MetricSpec(
+        "ooms", "bytes", "out-of-memory events",
+        "each out-of-memory error: the request that did not fit, the device's free memory, allocated and reserved "
+        "then, its step, and the blocks live at that moment (the holders)",
+        shape="blocks", baselined=False, nullable=False, detail_of="oom_count"),
 )
 
 SPEC_OF: dict[str, MetricSpec] = {spec.key: spec for spec in SPECS}
@@ -187,6 +198,9 @@ HISTORY_KEYS: tuple[str, ...] = tuple(spec.key for spec in SPECS if spec.needs_h
 # left_allocated reads what leaked_bytes reads: blocks allocated in the window, paired with their frees.
 LEFT_ALLOCATED = "left_allocated"  # bytes allocated in the window and still allocated at its end (memgate.leftover)
 HISTORY_OF: dict[str, str] = {LEFT_ALLOCATED: "leaked_bytes"}
+# The budget key judged beside the metrics on oom_count: how many out-of-memory errors the window may hold.
+OOM = "oom"
+OOM_KEY = "oom_count"
 # The metrics of a device, in report order (DeviceMetrics.values holds these, then their details).
 METRIC_KEYS: tuple[str, ...] = tuple(spec.key for spec in SPECS if spec.detail_of is None)
 # The metrics absent from a device's metrics where not measured (MetricSpec.optional).

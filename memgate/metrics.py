@@ -161,6 +161,7 @@ def device_metrics(profile: Profile, device: DeviceModel, options: MetricOptions
     _steps_and_leaks(profile, device, options, curve, steps, figures)
     _dump_values(device.dump_state, figures)
     _blocks_at_peak(device, curve.name, peak_t, figures)
+    _out_of_memory(device, curve.name, steps, figures)
     pools = _loader_not_measurable(unmeasured, figures, pools)
     for key in metric_specs.OPTIONAL_KEYS:  # absent where not measured: other profiles report as before
         if figures.values.get(key) is None:
@@ -340,6 +341,73 @@ def _blocks_at_peak(device: DeviceModel, name: str | None, peak_t: int | None, f
     values["owner_bytes_at_peak"] = bytes_at(blocks, at_peak, "owner") if at_peak is not None else {}
     if CATEGORY in blocks:  # a tracked recording's blocks (memgate.categories)
         values["category_bytes_at_peak"] = bytes_by_category(blocks, at_peak) if at_peak is not None else {}
+
+
+OOM_PEAK_NOTE = "the peak is a lower bound of what the run needed"
+_PEAK_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes")
+
+
+def _out_of_memory(device: DeviceModel, name: str | None, steps: Table, figures: _Figures) -> None:
+    """oom_count and its detail ooms (each error: the request, free memory, allocated and reserved then,
+    its step, the blocks live at it); a peak of a window with an out-of-memory error says it is a lower bound."""
+    if device.ooms is None:
+        figures.missing["oom_count"] = ("only a memory snapshot with history (its oom entries) or a memgate "
+                                        "recording records out-of-memory errors")
+        figures.values["ooms"] = []
+        return
+    components = block_components(device, name) or ()
+    details = []
+    for oom in device.ooms:
+        rows = live_rows(device.blocks, oom.t_ns, components)
+        blocks = device.blocks
+        details.append({
+            "size": oom.requested, "device_free": oom.device_free,
+            "allocated": oom.allocated if oom.allocated is not None else _level_at(device, name, "allocated", oom.t_ns),
+            "reserved": oom.reserved if oom.reserved is not None else _level_at(device, name, "reserved", oom.t_ns),
+            "capacity": oom.capacity, "t_ns": oom.t_ns, "step": oom.step if oom.step is not None else _step_of(steps, oom.t_ns), "stream": oom.stream,
+            "op": oom.op, "owner": oom.owner, "source": oom.source, "message": oom.message,
+            "live_count": len(rows), "live_bytes": int(blocks.ints("size").values[rows].sum()),
+            "holders": top_at(blocks, rows) if len(rows) else [],
+            **({"categories": bytes_by_category(blocks, rows)} if CATEGORY in blocks else {}),
+        })
+    figures.values["oom_count"] = len(details)
+    figures.values["ooms"] = details
+    if not details:
+        return
+    last = device.ooms[-1]
+    t_alloc = device.blocks.ints("t_alloc")
+    ended = not (t_alloc.present() & (t_alloc.values > last.t_ns)).any()  # nothing allocated after it
+    request = f" (a request of {format_size(last.requested)} did not fit)" if last.requested is not None else ""
+    note = (f"the window {'ended in' if ended else 'holds'} an out-of-memory error{request}: {OOM_PEAK_NOTE}"
+            if len(details) == 1 else
+            f"the window holds {len(details)} out-of-memory errors: {OOM_PEAK_NOTE}")
+    for key in _PEAK_KEYS:
+        if figures.values.get(key) is not None:
+            figures.notes[key] = "; ".join(filter(None, [note, figures.notes.get(key)]))
+
+
+def _step_of(steps: Table, t_ns: int) -> int | None:
+    """The step running at ``t_ns``: the timed step around it, else the last step that started before it and
+    never ended (an out-of-memory error ends a step before its END is written)."""
+    around = step_at(steps, t_ns)
+    if around is not None:
+        return around
+    start, end, number = steps.ints("t_start"), steps.ints("t_end"), steps.ints("step")
+    open_rows = np.flatnonzero(start.present() & end.isna() & number.present() & (start.values <= t_ns))
+    if not len(open_rows):
+        return None
+    return int(number.values[open_rows[np.argmax(start.values[open_rows])]])
+
+
+def _level_at(device: DeviceModel, name: str | None, column: str, t_ns: int) -> int | None:
+    """The framework series' ``column`` at ``t_ns`` (its last sample at or before it), where it has one."""
+    series = device.series.get(name) if name is not None else None
+    if series is None:
+        return None
+    times, values = series.frame.ints("t_ns"), series.frame.ints(column)
+    known = times.present() & values.present() & (times.values <= t_ns)
+    rows = np.flatnonzero(known)
+    return int(values.values[rows[-1]]) if len(rows) else None
 
 
 def _loader_not_measurable(unmeasured: dict[str, str], figures: _Figures,

@@ -267,6 +267,25 @@ class PoolState:
 
 
 @dataclass(frozen=True)
+class OutOfMemory:
+    """One out-of-memory error on a device: a request the allocator could not serve (a snapshot's ``oom``
+    trace entry, or what a recording noted when the error reached it)."""
+
+    t_ns: int
+    requested: int | None  # bytes of the request that did not fit (the allocator's rounded size)
+    device_free: int | None  # bytes the device reported free at that moment
+    allocated: int | None = None  # the allocator's allocated and reserved bytes then (None: from the series)
+    reserved: int | None = None
+    capacity: int | None = None  # the device's memory, or what set_per_process_memory_fraction allows
+    stream: int | None = None
+    op: str | None = None  # the operator and owner of the failed request, from its frames
+    owner: str | None = None
+    source: str = "snapshot"  # "snapshot" (an oom entry), "observer" (torch's OOM observer), "exception"
+    message: str | None = None  # the error's first line, where the recording caught it
+    step: int | None = None  # the step the recording was in (None: the steps' times say)
+
+
+@dataclass(frozen=True)
 class DeviceModel:
     device: str
     series: dict[str, Series] = field(default_factory=dict)
@@ -285,6 +304,9 @@ class DeviceModel:
     # The steps in this device's own clock, where its file keeps one of its own (a recording's snapshot:
     # its ProfilerStep annotations, the steps the trace also has); None: the profile's steps.
     steps: Table | None = None
+    # The out-of-memory errors of the window, in time order; None: the writer records none (only a snapshot's
+    # history and a memgate recording do), so their absence says nothing.
+    ooms: tuple[OutOfMemory, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_table(self.blocks, "blocks")

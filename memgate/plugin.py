@@ -47,7 +47,7 @@ from memgate.report import profile_entry
 from memgate.rows import CheckRow, Declared, ErrorRow, ReportPayload
 from memgate.session import Measured, measure
 from memgate.settings import Settings, Where, read_settings
-from memgate.verdict import Outcome
+from memgate.verdict import Outcome, oom_cause, oom_sentence
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,12 @@ class BudgetExceeded(Exception):
         super().__init__(line)
         self.line = line
         self.detail = detail
+
+
+class OutOfMemoryFailure(BudgetExceeded):
+    """A CUDA or NPU out-of-memory error inside a recorded test: the failure line names the request, the
+    device's memory then and the step; the detail the holders at the error and where the recording is kept.
+    Raised from the error itself (its cause), which pytest shows with it."""
 
 
 class _State:
@@ -646,6 +652,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     try:
         result = yield  # re-raises when the test body failed: no gating then
+    except BaseException as exc:
+        recorder = _recorder(item)
+        from memgate.record import is_out_of_memory
+
+        if recorder is None or not is_out_of_memory(exc):
+            raise
+        recorder.note_out_of_memory(exc)  # before the stop: the step, the levels, the snapshot stays
+        _finish_recording(item)
+        raise _out_of_memory_failure(item, recorder, exc) from exc
     finally:
         _finish_recording(item)
     marker = item.get_closest_marker(MARKER)
@@ -653,6 +668,38 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         return result
     _gate_marked_test(item, marker, item.stash[MARKER_BUDGET])
     return result
+
+
+def _out_of_memory_failure(item: pytest.Item, recorder: Any, exc: BaseException) -> OutOfMemoryFailure:
+    """The failure of a recorded test an out-of-memory error stopped: the error in words (from the recording:
+    the snapshot's oom entry, else what the recorder noted), the holders at it, where the recording is kept;
+    its row (``oom``, limit 0) goes into the report."""
+    kept = item.stash.get(KEPT_TRACES, None) or str(recorder.directory)
+    oom: dict[str, Any] = {**(recorder.out_of_memory or {}), "size": (recorder.out_of_memory or {}).get("requested")}
+    device: str | None = oom.get("device")
+    count, rank, profile = 1, "", str(recorder.directory)
+    try:
+        for measured in measure(Path(recorder.directory)):
+            for metrics in measured.devices:
+                if metrics.values.get("ooms"):
+                    oom, device, count = metrics.values["ooms"][-1], metrics.device, int(metrics.values["oom_count"])
+                    rank, profile = measured.rank, measured.path
+    except MemgateError as error:  # a recording memgate cannot read: the error's own words stand
+        oom = {**oom, "unread": error.one_line()}
+    line = oom_sentence(oom, device)
+    cause = oom_cause(oom, device)
+    detail = cause.lines(_detail_top(item.config))[1:]
+    if oom.get("unread"):
+        detail.append(f"(the recording could not be read: {oom['unread']})")
+    detail.append(f"recording kept in {kept}")
+    detail.append(f"the error: {_one_line(exc)}")
+    item.stash[ROWS] = [CheckRow(profile, rank, "memgate_record", "oom", 0, count, False, device, line)]
+    return OutOfMemoryFailure(line, "\n".join(detail))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return printable(f"{type(exc).__name__}: {text[0] if text else ''}")
 
 
 def _gate_marked_test(item: pytest.Item, marker: pytest.Mark, budget: Budget) -> None:
@@ -692,7 +739,7 @@ def _compare_marked(item: pytest.Item, entry: dict[str, Any]) -> tuple[list[tupl
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if (call.excinfo is not None and isinstance(call.excinfo.value, (BudgetExceeded, MemgateError))
-            and (isinstance(item, _GateItem) or _is_marked(item))):
+            and (isinstance(item, _GateItem) or _is_marked(item) or isinstance(call.excinfo.value, OutOfMemoryFailure))):
         # pytest renders setup errors with the traceback renderer, not repr_failure: replace both.
         report.longrepr = _short_repr(item, call.excinfo)
         if call.when == "call" and not isinstance(call.excinfo.value, BudgetExceeded):
@@ -721,9 +768,12 @@ def _payload(item: pytest.Item, call: pytest.CallInfo[None]) -> ReportPayload | 
     metrics of each profile. Only memgate's own items and marked tests carry one (an unmarked test
     whose recording was kept: where)."""
     if not isinstance(item, _GateItem) and not _is_marked(item):
-        if call.when != "call" or (KEPT_TRACES not in item.stash and LEFT_BEHIND not in item.stash):
+        oom_rows = item.stash.get(ROWS, []) if call.when == "call" else []  # an out-of-memory error's row
+        if call.when != "call" or (KEPT_TRACES not in item.stash and LEFT_BEHIND not in item.stash and not oom_rows):
             return None
-        return ReportPayload(kept=item.stash.get(KEPT_TRACES, None), left=item.stash.get(LEFT_BEHIND, []))
+        return ReportPayload(test=item.nodeid if oom_rows else None,
+                             rows=[row.of_test(item.nodeid, _declared_at(item)) for row in oom_rows],
+                             kept=item.stash.get(KEPT_TRACES, None), left=item.stash.get(LEFT_BEHIND, []))
     state = item.config.stash[STATE]
     payload = ReportPayload(test=item.nodeid)
     declared = item.declared_in() if isinstance(item, _GateItem) else _declared_at(item)

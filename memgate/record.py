@@ -125,6 +125,10 @@ class Recorder:
         self._stopped = False
         self._to_track: list[Any] = list(track) if isinstance(track, (list, tuple, set)) else [track]
         self._tracker: StorageTracker | None = None
+        # The out-of-memory error that stopped the recording (the manifest's "out_of_memory"), and the
+        # snapshots dumped at it by torch's out-of-memory observer (kept: not dumped again at the stop)
+        self.out_of_memory: dict[str, Any] | None = None
+        self._dumped_at_oom: set[Path] = set()
 
     def track(self, *objects: Any) -> Self:
         """Note the storages of these models (``nn.Module``) and optimizers at every step end, around
@@ -183,6 +187,7 @@ class Recorder:
         self._sampler = DeviceMemorySampler(torch)
         self._sampler.sample()
         self._tracker.active = True
+        _RECORDING.append(self)
         return self
 
     def step(self) -> None:
@@ -202,6 +207,8 @@ class Recorder:
         if self._profiler is None or self._stopped:
             return list(self.files)
         self._stopped = True
+        if self in _RECORDING:
+            _RECORDING.remove(self)
         try:
             self._stop_lines()
             gc.collect()  # what only a reference cycle held is freed while the profiler sees it (left_allocated)
@@ -237,7 +244,44 @@ class Recorder:
         return self.start()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is not None and is_out_of_memory(exc):
+            self.note_out_of_memory(exc)
+            self.stop()
+            # re-raised as it was, with where its evidence is
+            exc.memgate_recording = str(self.directory)  # type: ignore[attr-defined]
+            exc.add_note(f"memgate: the recording up to this out-of-memory error is kept in {self.directory}")
+            return
         self.stop()
+
+    # -- out of memory -----------------------------------------------------------------------------
+
+    def note_out_of_memory(self, exc: BaseException) -> dict[str, Any]:
+        """What an out-of-memory error that reached the recording says (its manifest's ``out_of_memory``):
+        torch's out-of-memory observer's figures where it ran, else the error's message; the step it
+        happened in, the allocator's levels where the device can still be asked. Call before :meth:`stop`."""
+        parsed = parse_out_of_memory(str(exc))
+        oom = self.out_of_memory or {"source": "exception", "t_ns": time.time_ns(), **parsed}
+        oom.setdefault("device", parsed.get("device"))
+        for key, value in parsed.items():
+            oom.setdefault(key, value)
+        oom["message"] = _first_line(exc)
+        oom["step"] = self.steps  # ProfilerStep#<steps>: the step the last step() call opened
+        if oom.get("allocated") is None:
+            oom.update(_levels(oom.get("device")))
+        self.out_of_memory = oom
+        return oom
+
+    def _observed(self, kind: str, device: int, alloc: int, capacity: int, free: int) -> None:
+        """torch's out-of-memory observer: the figures, and the snapshot at this very moment."""
+        if self._stopped or self.out_of_memory is not None:
+            return
+        label = f"{kind}:{device}"
+        self.out_of_memory = {"source": "observer", "t_ns": time.time_ns(), "device": label, "requested": int(alloc),
+                              "device_free": int(free), "capacity": int(capacity), **_levels(label)}
+        for memory, path in self._memory:
+            if _SNAPSHOT_DEVICE[path.name] == kind:
+                memory._dump_snapshot(str(path))
+                self._dumped_at_oom.add(path)
 
     def manifest(self) -> dict[str, Any]:
         """What this recording wrote (the content of :data:`RECORDING_MANIFEST`, see the module docstring)."""
@@ -249,6 +293,7 @@ class Recorder:
             "trace": TRACE_NAME if self.directory / TRACE_NAME in self.files else None,
             "snapshots": list(self._snapshots),
             "device_memory": self._sampler.manifest() if self._sampler is not None else None,
+            "out_of_memory": self.out_of_memory,
         }
         tracked = self._tracker.manifest() if self._tracker is not None else None
         if tracked is not None:
@@ -274,17 +319,110 @@ class Recorder:
                 self._memory.append((torch_npu.npu.memory, self.directory / NPU_SNAPSHOT))
         for memory, _ in self._memory:
             memory._record_memory_history(max_entries=self.max_entries)
+        _attach_observers(torch)
 
     def _dump_snapshots(self) -> None:
         for memory, path in self._memory:
             try:
-                memory._dump_snapshot(str(path))
+                if path not in self._dumped_at_oom:  # the snapshot at the out-of-memory error stays
+                    memory._dump_snapshot(str(path))
                 self.files.append(path)
                 self._snapshots.append({"file": path.name, "device_type": _SNAPSHOT_DEVICE[path.name],
                                         "max_entries": self.max_entries})
             finally:
                 memory._record_memory_history(enabled=None)
         self._memory = []
+
+
+# ---- out of memory ------------------------------------------------------------------------------
+
+_RECORDING: list[Recorder] = []  # the recorders running in this process, told of an out-of-memory error
+_ATTACHED: set[str] = set()  # the device kinds whose allocator calls _on_oom (an observer cannot be removed)
+
+
+def _attach_observers(torch: ModuleType) -> None:
+    """torch's out-of-memory observer (``torch._C._cuda_attach_out_of_memory_observer``, torch_npu's
+    ``_npu_attach_out_of_memory_observer``), once per process: the allocator calls it with (device, request,
+    capacity or the allowed fraction, free) before it raises, where the snapshot at the error can be dumped."""
+    attach = {"cuda": getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)}
+    if "torch_npu" in sys.modules:
+        attach["npu"] = getattr(getattr(sys.modules["torch_npu"], "_C", None), "_npu_attach_out_of_memory_observer",
+                                None)
+    for kind, hook in attach.items():
+        if kind in _ATTACHED or hook is None or (kind == "cuda" and not torch.cuda.is_available()):
+            continue
+        try:
+            hook(_observer(kind))
+        except Exception:  # noqa: BLE001, S112 - no observer: the error itself is the evidence then
+            continue
+        _ATTACHED.add(kind)
+
+
+def _observer(kind: str) -> Any:
+    def observe(device: int, alloc: int, capacity: int, free: int) -> None:
+        for recorder in _RECORDING:
+            try:
+                recorder._observed(kind, device, alloc, capacity, free)
+            except Exception:  # noqa: BLE001, S110 - inside the allocator: never raise, the error follows
+                pass
+    return observe
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA or NPU out-of-memory error: ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``), or a
+    RuntimeError saying "out of memory" (torch_npu before it raised torch's class)."""
+    torch = sys.modules.get("torch")
+    kind = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if isinstance(kind, type) and isinstance(exc, kind):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+_SIZE = r"([0-9]+(?:\.[0-9]+)?) ?([KMGTP]i?B|bytes|B)"
+_UNITS = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50,
+          "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
+_TRIED = re.compile(r"Tried to allocate " + _SIZE)
+_CUDA = re.compile(r"GPU ([0-9]+) has a total capacity of " + _SIZE + r" of which " + _SIZE + r" is free")
+_NPU = re.compile(r"\(NPU ([0-9]+); " + _SIZE + r" total capacity; .*?" + _SIZE + r" free")
+
+
+def _bytes(number: str, unit: str) -> int:
+    return round(float(number) * _UNITS[unit])
+
+
+def parse_out_of_memory(message: str) -> dict[str, Any]:
+    """What torch's out-of-memory message says: the request, the device, its capacity and free memory (to the
+    2 decimals it prints)."""
+    out: dict[str, Any] = {}
+    if (tried := _TRIED.search(message)) is not None:
+        out["requested"] = _bytes(*tried.groups())
+    if (cuda := _CUDA.search(message)) is not None:
+        out.update(device=f"cuda:{cuda.group(1)}", capacity=_bytes(cuda.group(2), cuda.group(3)),
+                   device_free=_bytes(cuda.group(4), cuda.group(5)))
+    elif (npu := _NPU.search(message)) is not None:
+        out.update(device=f"npu:{npu.group(1)}", capacity=_bytes(npu.group(2), npu.group(3)),
+                   device_free=_bytes(npu.group(4), npu.group(5)))
+    return out
+
+
+def _levels(device: str | None) -> dict[str, Any]:
+    """The allocator's allocated and reserved bytes on ``device`` now, where its torch module can say."""
+    torch = sys.modules.get("torch")
+    if torch is None or device is None or ":" not in device:
+        return {}
+    kind, index = device.split(":", 1)
+    module = getattr(torch, kind, None) if kind == "cuda" else getattr(sys.modules.get("torch_npu"), "npu", None)
+    try:
+        if module is None or not module.is_initialized():
+            return {}
+        return {"allocated": int(module.memory_allocated(int(index))), "reserved": int(module.memory_reserved(int(index)))}
+    except Exception:  # noqa: BLE001 - a device that cannot be asked: the snapshot or the series says it
+        return {}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
 def manifest_text(manifest: dict[str, Any]) -> str:

@@ -12,11 +12,11 @@ from typing import Any
 from memgate import __version__
 from memgate.budgets import CROSS_RANK
 from memgate.identity import profile_labels
-from memgate.metric_specs import BUDGET_SPECS, keys_where
+from memgate.metric_specs import BUDGET_SPECS, OOM, keys_where
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
 from memgate.sizes import format_size
-from memgate.verdict import Outcome
+from memgate.verdict import Outcome, oom_sentence
 
 
 def profile_entry(info: ProfileInfo, metrics: list[DeviceMetrics]) -> dict[str, Any]:
@@ -71,9 +71,11 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 
 
 def _cell(metric: str, value: Any) -> str:
-    """A summary-table value of a budget key (``metric``): a ratio with 3 decimals, else a size."""
+    """A summary-table value of a budget key (``metric``): a ratio with 3 decimals, a count, else a size."""
     if value is None:
         return "-"
+    if metric == OOM:
+        return str(value)
     if metric == CROSS_RANK or (metric in BUDGET_SPECS and BUDGET_SPECS[metric].kind == "ratio"):
         return f"{value:.3f}"
     return format_size(value)
@@ -192,6 +194,14 @@ def inspect_text(entry: dict[str, Any]) -> list[str]:
         for block in (m.get("top_at_peak") or [])[:5]:
             lines.append(f"    at peak: {format_size(block['size']):>12}  {block['op'] or block['owner'] or '(no op)'}"
                          + (f"  ({block['category']})" if block.get("category") else ""))
+        if m.get("oom_count") is not None:
+            lines.append(f"    {'oom_count':<24} {m['oom_count']}")
+        for oom in m.get("ooms") or []:  # each out-of-memory error, then the blocks live at it
+            lines.append(f"    {oom_sentence(oom, dev['device'])}")
+            for block in (oom.get("holders") or [])[:5]:
+                lines.append(f"    at the OOM: {format_size(block['size']):>12}  "
+                             f"{block.get('op') or block.get('owner') or '(no op)'}"
+                             + (f"  ({block['category']})" if block.get("category") else ""))
         for name, facts in dev["reconciliation"]["components"].items():
             if facts["consistency"] is not None:
                 lines.append(

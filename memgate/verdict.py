@@ -28,14 +28,22 @@ class Blocks:
     holders: tuple[dict[str, Any], ...]
     count: int
     total: int | None = None  # bytes of all ``count`` blocks, where known
+    intro: tuple[str, ...] = ()  # lines before the heading (an out-of-memory error: what did not fit)
+    categories: dict[str, int] = field(default_factory=dict)  # bytes of all of them by category (a tracked recording)
 
     def lines(self, top: int) -> list[str]:
         groups = holder_groups(self.holders, by_size=True)[:top]  # count × size: a leak per step reads as one
         shown = sum(len(g) for g in groups)
         count = max(self.count, len(self.holders))
         total = f" = {format_size(self.total)}" if self.total is not None else ""
-        out = [f"{self.heading}: {count} block(s){total}, the largest {shown} grouped:" if shown < count
-               else f"{self.heading}: {count} block(s){total}:"]
+        out = list(self.intro)
+        if not count and self.intro:
+            return out
+        out.append(f"{self.heading}: {count} block(s){total}, the largest {shown} grouped:" if shown < count
+                   else f"{self.heading}: {count} block(s){total}:")
+        if self.categories:
+            out.append("  by category: " + ", ".join(f"{name} {format_size(size)}"
+                                                     for name, size in self.categories.items()))
         for group in groups:
             out.extend(_group_lines(group))
         return out
@@ -120,8 +128,36 @@ def holder_groups(holders: Sequence[dict[str, Any]], *, by_size: bool = False) -
 
 
 def format_value(value: float, kind: str) -> str:
-    """A measured value or limit as a verdict prints it: IEC size text, or a ratio with 3 decimals."""
+    """A measured value or limit as a verdict prints it: IEC size text, a count, or a ratio with 3 decimals."""
+    if kind == "count":
+        return str(int(value))
     return format_size(value) if kind == "size" else f"{value:.3f}"
+
+
+def oom_sentence(oom: dict[str, Any], device: str | None) -> str:
+    """``out of memory: a request of 2.00 GiB did not fit, 1.10 GiB free of 80.00 GiB on cuda:0 (allocated
+    76.20 GiB, reserved 78.90 GiB) in step 3``: one out-of-memory error (an entry of ``ooms``) in words."""
+    def size(key: str) -> str | None:
+        value = oom.get(key)
+        return format_size(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    request = f"a request of {size('size')}" if size("size") else "a request"
+    free = size("device_free")
+    capacity = f" of {size('capacity')}" if size("capacity") else ""
+    where = f" on {device}" if device else ""
+    room = f", {free} free{capacity}{where}" if free else where
+    levels = [f"{word} {size(key)}" for word, key in (("allocated", "allocated"), ("reserved", "reserved")) if size(key)]
+    held = f" ({', '.join(levels)})" if levels else ""
+    step = f" in step {oom['step']}" if oom.get("step") is not None else ""
+    op = f" by {oom['op']}" if oom.get("op") else ""
+    return printable(f"out of memory: {request}{op} did not fit{room}{held}{step}")
+
+
+def oom_cause(oom: dict[str, Any], device: str | None) -> Blocks:
+    """An out-of-memory error as a failure's cause: what did not fit, then the blocks live at that moment."""
+    return Blocks(f"live at the out-of-memory error ({device})", tuple(oom.get("holders") or ()),
+                  int(oom.get("live_count") or 0), oom.get("live_bytes"), intro=(oom_sentence(oom, device),),
+                  categories=dict(oom.get("categories") or {}))
 
 
 def verdict_line(metric: str, kind: str, value: float, limit: float, where: str) -> str:

@@ -207,9 +207,9 @@ def test_what_memgate_derives_from_the_table() -> None:
     from memgate import html_report, metrics, report
 
     assert metrics.METRIC_KEYS == tuple(s.key for s in SPECS if s.detail_of is None)
-    # memgate inspect: every single number but the count, sizes first
+    # memgate inspect: every single number but the counts (oom_count has its own lines), sizes first
     assert set(report._SIZE_ROWS + report._RATIO_ROWS) == {s.key for s in SPECS if s.shape == "value"} - {
-        "live_at_peak_count"}
+        "live_at_peak_count", "oom_count"}
     assert report._RATIO_ROWS == ("fragmentation", "external_fragmentation", "free_block_fragmentation")
     assert html_report._METRIC_ROWS == tuple(key for key, _ in LIMITS.values())
     assert html_report.RATIO_METRICS == {k for b, (key, kind) in LIMITS.items() if kind == "ratio" for k in (b, key)}

@@ -73,6 +73,7 @@ def test_cpu_recording_writes_its_manifest(tmp_path: Path) -> None:
         "trace": TRACE_NAME,
         "snapshots": [],  # no CUDA: no snapshot
         "device_memory": None,  # CUDA never initialized: nothing sampled
+        "out_of_memory": None,  # no out-of-memory error stopped it
     }
     assert sorted(p.name for p in directory.iterdir()) == [RECORDING_MANIFEST, TRACE_NAME]  # no .tmp left
     assert not_a_profile(directory)

@@ -41,7 +41,7 @@ from memgate.errors import InputError, show
 from memgate.loaders import registry
 from memgate.loaders.kineto import kineto
 from memgate.loaders.snapshot import snapshot, snapshot_device
-from memgate.model import APP_COMPONENT, NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, Series
+from memgate.model import APP_COMPONENT, NOT_MEASURABLE_BY_DEVICE, DeviceModel, OutOfMemory, Profile, Series
 from memgate.readers import limits
 from memgate.schemas import load_schema
 from memgate.table import Ints, Table
@@ -74,7 +74,8 @@ def _members(path: Path) -> tuple[list[Path], list[Path]]:
 
 def claims(path: Path) -> bool:
     """A directory holding one Kineto trace and one or two snapshots (a CUDA and an NPU one) side by
-    side, or one trace and a manifest that tracked models (``tracked``; a CPU recording has no snapshot)."""
+    side, or one trace and a manifest that tracked models (``tracked``; a CPU recording has no snapshot) or
+    noted an out-of-memory error (``out_of_memory``)."""
     if not path.is_dir():
         return False
     try:
@@ -95,7 +96,8 @@ def _tracks(path: Path) -> bool:
         doc = _json(file.read_bytes())
     except (OSError, ValueError):  # not UTF-8, not JSON, a number too long: the load names it
         return False
-    return isinstance(doc, dict) and isinstance(doc.get("tracked"), dict)
+    # a tracked recording, or one an out-of-memory error stopped (its evidence is the manifest's)
+    return isinstance(doc, dict) and (isinstance(doc.get("tracked"), dict) or isinstance(doc.get("out_of_memory"), dict))
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
@@ -156,7 +158,8 @@ def load(path: Path) -> Profile:
     traces, snapshots = _members(path)
     manifest = read_manifest(path)
     tracked = (manifest or {}).get("tracked")
-    if len(traces) != 1 or not (1 <= len(snapshots) <= 2 or (not snapshots and tracked is not None)):
+    stopped = isinstance((manifest or {}).get("out_of_memory"), dict)
+    if len(traces) != 1 or not (1 <= len(snapshots) <= 2 or (not snapshots and (tracked is not None or stopped))):
         raise InputError("not one recording: expected one Kineto trace and its snapshot side by side", file=path,
                          expected="one *.json trace and one or two snapshot pickles (or a manifest that tracked "
                                   "models)", found=f"{len(traces)} trace(s), {len(snapshots)} snapshot(s)")
@@ -202,7 +205,7 @@ def load(path: Path) -> Profile:
                     truncated[device.device] = snapshot.truncated_window(f"{file.name} {device.device}: {cut}")
                     devices[device.device] = device
                 else:  # the trace records the whole window: its figures, and the snapshot's pool at the dump
-                    devices[device.device] = replace(before, dump_state=device.dump_state)
+                    devices[device.device] = replace(before, dump_state=device.dump_state, ooms=device.ooms)
                     notes.append(f"{device.device}: {file.name} kept only the last part of its history ({cut}): "
                                  f"the figures come from {trace_file.name}, the pool at the dump from the snapshot; "
                                  "record with a larger max_entries for the snapshot's blocks and frames")
@@ -217,6 +220,8 @@ def load(path: Path) -> Profile:
             moments_of[device.device] = snap_moments
     if manifest is not None:
         devices = _with_device_memory(devices, manifest, path / MANIFEST)
+        if "out_of_memory" in manifest:  # a recorder that notes an out-of-memory error: none noted is none
+            devices = _with_out_of_memory(devices, manifest["out_of_memory"])
     if tracked is not None:
         devices, found = _with_categories(devices, categories.Tracked.of(tracked), moments, moments_of, trace.steps)
         notes += found
@@ -242,6 +247,31 @@ def load(path: Path) -> Profile:
             metadata["not_measurable"] = why
     return Profile(path=str(path), format=FORMAT, rank=trace.rank, devices=tuple(devices.values()),
                    steps=trace.steps, steps_source=trace.steps_source, metadata=metadata)
+
+
+def _with_out_of_memory(devices: dict[str, DeviceModel], noted: dict[str, Any] | None) -> dict[str, DeviceModel]:
+    """The out-of-memory error the recorder noted, on the device it names (naming none: the recording's one device):
+    a snapshot's own ``oom`` entry for it wins, given what only the recorder knew (capacity, step, message)."""
+    out = {label: device if device.ooms is not None else replace(device, ooms=()) for label, device in devices.items()}
+    if noted is None:
+        return out
+    label = noted.get("device")  # the device the error names; naming none, the recording's one device
+    if label is None:
+        label = next(iter(out)) if len(out) == 1 else "unknown"
+    known = ("requested", "device_free", "allocated", "reserved", "capacity")
+    oom = OutOfMemory(t_ns=int(noted["t_ns"]), **{key: noted.get(key) for key in known},
+                      source=str(noted.get("source") or "exception"), message=noted.get("message"),
+                      step=noted.get("step"))
+    device = out.get(label) or DeviceModel(device=label, ooms=())
+    assert device.ooms is not None
+    if device.ooms:  # the snapshot's entry: the allocator's own figures, with the recorder's words
+        last = device.ooms[-1]
+        merged = replace(last, capacity=last.capacity if last.capacity is not None else oom.capacity,
+                         message=oom.message, step=oom.step, source=last.source)
+        out[label] = replace(device, ooms=(*device.ooms[:-1], merged))
+    else:
+        out[label] = replace(device, ooms=(oom,))
+    return out
 
 
 def _levels(device: DeviceModel, column: str) -> tuple[np.ndarray, np.ndarray]:

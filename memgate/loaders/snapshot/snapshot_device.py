@@ -12,6 +12,8 @@
   backwards from the final ``segments`` so the level at the window start is exact; a trace that
   allocates more than its segments reserve is an error.
 - **dump_state**: the pool the final segments record (:func:`~memgate.loaders.snapshot.snapshot_segments.pool_state`).
+- **ooms**: one per ``oom`` entry (a request the allocator could not serve): its size, the ``device_free``
+  torch recorded, the allocated and reserved levels just before it (replayed), its op and owner.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from memgate.loaders.snapshot import block_sizes
 from memgate.loaders.snapshot.snapshot_segments import Segments, pool_state
 from memgate.loaders.snapshot.snapshot_stacks import segment_op_owner, trace_op_owner
 from memgate.loaders.snapshot.snapshot_trace import CODE, Trace, action_table, lost_free_requests, repeated_error
-from memgate.model import DeviceModel, Series, check_bytes
+from memgate.model import DeviceModel, OutOfMemory, Series, check_bytes
 from memgate.table import Ints, Table, Texts
 
 COMPONENT = "allocator"
@@ -90,6 +92,7 @@ def device_model(
         blocks_source=str(path),
         dump_state=pool_state(segs, dev, path, SIZE_BASIS if settings.caching else "requested"),
         requested_peak=_requested_peak(trace, segs, rows) if trace.n else None,
+        ooms=_ooms(path, trace, rows, replay.block, starts) if trace.n else None,
     )
     return model, facts
 
@@ -209,6 +212,26 @@ def _series(path: Path, dev: int, trace: Trace, segs: Segments, rows: _Entries, 
     if starts["reserved"] >= 0:
         _check_within_reserved(path, trace, series, changed, every, starts["allocated"])
     return series, starts
+
+
+def _ooms(path: Path, trace: Trace, rows: _Entries, block: np.ndarray, starts: dict[str, int]) -> tuple[OutOfMemory, ...]:
+    """The trace's ``oom`` entries, each with the allocated and reserved levels the entries before it leave."""
+    at = np.flatnonzero(trace.code == CODE["oom"])
+    if not len(at):
+        return ()
+    code = trace.code
+    d_alloc = np.where(rows.is_alloc, block, 0) - np.where(rows.is_free, block, 0)
+    d_reserved = np.where(_GROWS[code], trace.size, 0) - np.where(_SHRINKS[code], trace.size, 0)
+    allocated = starts["allocated"] + np.cumsum(d_alloc)[at]  # an oom entry moves nothing: the level before it
+    reserved = starts["reserved"] + np.cumsum(d_reserved)[at]
+    ops, owners = trace_op_owner(path, trace, at)
+    free = trace.device_free if trace.device_free is not None else np.full(trace.n, -1, dtype=np.int64)
+    return tuple(
+        OutOfMemory(t_ns=int(trace.t_ns[k]), requested=int(trace.size[k]),
+                    device_free=int(free[k]) if free[k] >= 0 else None, allocated=int(allocated[i]),
+                    reserved=int(reserved[i]) if starts["reserved"] >= 0 else None, stream=int(trace.stream[k]),
+                    op=ops.item(i), owner=owners.item(i))
+        for i, k in enumerate(at.tolist()))
 
 
 def _requested_peak(trace: Trace, segs: Segments, rows: _Entries) -> int:

@@ -53,6 +53,7 @@ class Trace:
     t_ns: np.ndarray  # per sorted entry
     order: np.ndarray  # sorted position -> index in the file's list
     frames: Sequence[Any]  # per entry in the file's order, its frames list (None without one)
+    device_free: np.ndarray | None = None  # per sorted entry: an oom entry's device_free (-1: none recorded)
 
     @cached_property
     def first_equal(self) -> np.ndarray:
@@ -109,6 +110,7 @@ def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, 
         device=dev, n=n, time_base=base, code=sort(code), addr=sort(int_column(cols.get("addr"), n, fill=0)),
         size=sort(int_column(cols.get("size"), n, fill=0)), stream=sort(int_column(cols.get("stream"), n, fill=0)),
         t_ns=t_ns, order=order, frames=kept["frames"],
+        device_free=sort(int_column(cols.get("device_free"), n, fill=-1)) if (code == CODE["oom"]).any() else None,
     )
 
 
