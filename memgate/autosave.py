@@ -198,8 +198,8 @@ def find_run(storage: Path, key: dict[str, Any], run_id: str = "", *,
     else:
         chosen = [r for r in runs if r.commit is not None and r.commit.startswith(run_id.lower())]
     if accept is not None:
-        chosen = [next((r for r in reversed(chosen) if accept(r)), None)] if chosen else []
-        chosen = [r for r in chosen if r is not None]
+        first = next((r for r in reversed(chosen) if accept(r)), None)  # read from the latest back, no further
+        chosen = [first] if first is not None else []
     if not chosen:
         return None
     _one_file_each([r for r in runs if r.number == chosen[-1].number])

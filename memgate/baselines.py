@@ -213,7 +213,7 @@ def respelled_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def profile_platform(profile: dict[str, Any]) -> Platform:
     """A baseline profile's platform (:func:`memgate.platforms.primary` of its devices'); unknown where it
     was saved before memgate recorded platforms."""
-    devices = profile.get("devices") if isinstance(profile.get("devices"), dict) else {}
+    devices: dict[str, Any] = profile["devices"] if isinstance(profile.get("devices"), dict) else {}
     return primary((str(d), Platform.of(v.get("platform") if isinstance(v, dict) else None)) for d, v in devices.items())
 
 

@@ -327,17 +327,17 @@ def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]], plat
     labels, base_labels = profile_labels([str(e["path"]) for e in current]), profile_labels([str(e["path"]) for e in base])
     ranks = []
     for j, entry in enumerate(current):
-        now = entry_platform(entry)
+        platform = entry_platform(entry)
         item: dict[str, Any] = {"rank": entry["rank"], "profile": entry["path"], "label": labels[j],
-                                "platform": now.label()}
+                                "platform": platform.label()}
         if j not in base_of:
             ranks.append({**item, "status": "new profile", "devices": []})
             continue
         old = base[base_of[j]]
-        then = entry_platform(old)
-        if then.label() != now.label():
-            item["base_platform"] = then.label()
-        if not now.same_as(then) and platform_mode != "any":
+        base_platform = entry_platform(old)
+        if base_platform.label() != platform.label():
+            item["base_platform"] = base_platform.label()
+        if not platform.same_as(base_platform) and platform_mode != "any":
             ranks.append({**item, "base_profile": old["path"], "status": "other platform", "devices": []})
             continue
         item["base_profile"] = old["path"]
