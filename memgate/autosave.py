@@ -29,15 +29,24 @@ import os
 import re
 import stat
 import subprocess
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from memgate.baselines import RUN_LAYOUT, baseline_entries, baseline_from_entries, comparable_key
+from memgate.baselines import (
+    RUN_LAYOUT,
+    baseline_entries,
+    baseline_from_entries,
+    comparable_key,
+    for_platform,
+    history_platforms,
+    no_history,
+)
 from memgate.documents import load_baseline
 from memgate.errors import ConfigError, MemgateError, remembered, show
+from memgate.platforms import entry_platform
 from memgate.report import write_json_atomic
 
 LAYOUT = RUN_LAYOUT  # memgate_run.layout, checked on read (memgate.documents.load_baseline)
@@ -174,10 +183,11 @@ def check_run_id(run_id: str) -> str:
 
 
 def find_run(storage: Path, key: dict[str, Any], run_id: str = "", *,
-             besides: Collection[Path] = ()) -> SavedRun | None:
+             besides: Collection[Path] = (), accept: Callable[[SavedRun], bool] | None = None) -> SavedRun | None:
     """The saved run to compare a profile of comparability ``key`` with: the latest (``""``), run
     number ``run_id``, or the latest run at a commit starting with ``run_id``; never one of the files
-    in ``besides`` (what this session saved: a run is not compared with itself)."""
+    in ``besides`` (what this session saved: a run is not compared with itself). ``accept``: whether a
+    run holds history of the profile's platform; the latest that does is taken."""
     runs = [r for r in saved_runs(storage, configuration_name(key)) if r.path not in besides]
     run_id = run_id.strip()
     number = run_number(run_id)
@@ -187,6 +197,9 @@ def find_run(storage: Path, key: dict[str, Any], run_id: str = "", *,
         chosen = [r for r in runs if r.number == number]
     else:
         chosen = [r for r in runs if r.commit is not None and r.commit.startswith(run_id.lower())]
+    if accept is not None:
+        first = next((r for r in reversed(chosen) if accept(r)), None)  # read from the latest back, no further
+        chosen = [first] if first is not None else []
     if not chosen:
         return None
     _one_file_each([r for r in runs if r.number == chosen[-1].number])
@@ -259,11 +272,14 @@ class BaselineFinder:
     ``--memgate-compare[=ID]`` picks for the entry's configuration. Each file is read once (its error
     kept too, said again to every entry that needs it)."""
 
-    def __init__(self, baseline_path: Path | None, compare_id: str | None, storage: Path) -> None:
+    def __init__(self, baseline_path: Path | None, compare_id: str | None, storage: Path,
+                 platform_mode: str = "same", besides: Collection[Path] = ()) -> None:
         assert baseline_path is not None or compare_id is not None
         self.baseline_path = baseline_path
         self.compare_id = compare_id
         self.storage = storage
+        self.platform_mode = platform_mode  # --memgate-compare-platform: same, or any
+        self.besides = besides  # what this session saved: a run is not compared with itself
         self._read: dict[Path, dict[str, Any] | MemgateError] = {}
 
     def read(self, path: Path) -> dict[str, Any]:
@@ -271,17 +287,37 @@ class BaselineFinder:
 
     def for_entry(self, entry: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         """(the baseline to compare ``entry`` with, where it is) — (None, why) when there is none,
-        for the missing-baseline policy."""
+        for the missing-baseline policy. Only the history of the entry's platform is given
+        (:func:`memgate.baselines.for_platform`); where it is, a note on the platforms is added."""
+        platform = entry_platform(entry)
         if self.baseline_path is not None:
             if not self.baseline_path.exists():
                 return None, f"baseline {self.baseline_path} does not exist"
-            return self.read(self.baseline_path), str(self.baseline_path)
+            document = self.read(self.baseline_path)
+            kept, note = for_platform(document, platform, self.platform_mode)
+            if kept is None:
+                return None, no_history(platform, str(self.baseline_path), history_platforms(document))
+            return kept, _noted(str(self.baseline_path), note)
         assert self.compare_id is not None
         key = comparable_key(entry)
-        run = find_run(self.storage, key, self.compare_id)
+
+        def accept(run: SavedRun) -> bool:
+            return for_platform(self.read(run.path), platform, self.platform_mode)[0] is not None
+
+        run = find_run(self.storage, key, self.compare_id, besides=self.besides, accept=accept)
         if run is None:
-            return None, missing_run(self.storage, key, self.compare_id)
-        return self.read(run.path), str(run.path)
+            other = find_run(self.storage, key, self.compare_id, besides=self.besides)
+            if other is None:
+                return None, missing_run(self.storage, key, self.compare_id)
+            return None, no_history(platform, f"the saved runs of configuration {configuration_name(key)}",
+                                    history_platforms(self.read(other.path)))
+        kept, note = for_platform(self.read(run.path), platform, self.platform_mode)
+        assert kept is not None
+        return kept, _noted(str(run.path), note)
+
+
+def _noted(where: str, note: str) -> str:
+    return f"{where} ({note})" if note else where
 
 
 RUN_ID_HELP = "latest, previous, a run number (3 or 0003) or a git commit prefix (4+ hex digits)"
@@ -346,6 +382,7 @@ class RunSummary:
     configurations: tuple[str, ...]
     profiles: tuple[str, ...]  # profile paths, marked tests by node id
     problems: tuple[str, ...]  # files of the run that could not be read (each one line)
+    platforms: tuple[str, ...] = ()  # the platforms' labels (memgate.platforms), "unknown" for a run saved before
 
 
 def run_summaries(storage: Path) -> list[RunSummary]:
@@ -363,6 +400,7 @@ def run_summaries(storage: Path) -> list[RunSummary]:
             problems.append(exc.one_line())
         saved_at: str | None = None
         dirty = False
+        platforms: list[str] = []
         for run in files:
             try:
                 document = load_baseline(run.path)
@@ -373,6 +411,8 @@ def run_summaries(storage: Path) -> list[RunSummary]:
             saved_at = saved_at or record.get("saved_at")
             dirty = dirty or bool(record.get("dirty"))
             profiles += [str(p.get("path") or key) for key, p in document["profiles"].items()]
+            platforms += [p.label() for p in history_platforms(document)]
         summaries.append(RunSummary(number, files[0].commit, dirty or files[0].path.stem.endswith("-dirty"), saved_at,
-                                    tuple(r.path.parent.name for r in files), tuple(profiles), tuple(problems)))
+                                    tuple(r.path.parent.name for r in files), tuple(profiles), tuple(problems),
+                                    tuple(dict.fromkeys(platforms))))
     return summaries

@@ -16,6 +16,7 @@ from memgate import __version__
 from memgate.identity import Pairing, ProfileId, device_kinds, pair_devices, pair_profiles, profile_labels
 from memgate.metric_specs import keys_where
 from memgate.owners import FRAME_OWNER_FORMATS, normalize_owner
+from memgate.platforms import Platform, primary
 
 BASELINE_FORMAT = 1
 RUN_LAYOUT = 1  # a saved run's memgate_run.layout (memgate.autosave.LAYOUT: .memgate/v1/)
@@ -77,6 +78,7 @@ def baseline_from_entries(entries: list[dict[str, Any]], *, commit: str | None =
                 d["device"]: {
                     "metrics": {k: v for k, v in d["metrics"].items() if k not in _NOT_BASELINED},
                     "pool_of": dict(d.get("pool_of") or {}),
+                    **({"platform": Platform.of(d["platform"]).as_json()} if d.get("platform") else {}),
                 }
                 for d in entry["devices"]
             },
@@ -106,11 +108,21 @@ def ratchet(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
     Profiles pair as in every comparison (:mod:`memgate.identity`). A per-pool metric keeps the
     pool of the value kept. A key the old baseline lacks (saved before memgate measured it) takes
-    the new value.
+    the new value. One baseline per platform (:mod:`memgate.platforms`): the old profiles of a platform the
+    new run is not on are kept as they are (their keys marked ``@platform``), never merged with the new.
     """
     merged: dict[str, Any] = json.loads(json.dumps(new))
+    platforms = history_platforms(merged)
+    elsewhere = {k: p for k, p in old["profiles"].items()
+                 if not any(profile_platform(p).same_as(platform) for platform in platforms)}
+    old = {**old, "profiles": {k: p for k, p in old["profiles"].items() if k not in elsewhere}}
     old_entries, new_entries = baseline_entries(old), baseline_entries(merged)
     new_keys = list(merged["profiles"])
+    for key, profile in elsewhere.items():
+        kept = key if "@" in key else f"{key}@{profile_platform(profile).label()}"
+        while kept in merged["profiles"]:
+            kept += "+"
+        merged["profiles"][kept] = profile
     for b, c in pair_entries(old_entries, new_entries).pairs:
         before, profile = old_entries[b]["baseline"], merged["profiles"][new_keys[c]]
         if before.get("key") != profile.get("key"):
@@ -142,7 +154,8 @@ def baseline_entries(baseline: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"rank": str(p.get("rank", key)), "path": p.get("path", ""), "format": p.get("key", {}).get("format"),
          "key": p.get("key", {}), "baseline": p, "baseline_commit": commit,
-         "devices": [{"device": d, "metrics": v.get("metrics", {}), "pool_of": v.get("pool_of") or {}}
+         "devices": [{"device": d, "metrics": v.get("metrics", {}), "pool_of": v.get("pool_of") or {},
+                      **({"platform": v["platform"]} if v.get("platform") else {})}
                      for d, v in p.get("devices", {}).items()],
          **({"metadata": {"test": p["test"]}} if p.get("test") else {})}
         for key, p in baseline["profiles"].items()
@@ -192,3 +205,48 @@ def respelled_entries(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A JSON report's profile entries with their owners spelled as this memgate spells them."""
     return [{**e, "devices": [{**d, "metrics": respelled_metrics(d.get("metrics") or {})} for d in e.get("devices") or []]}
             if e.get("format") in FRAME_OWNER_FORMATS else e for e in entries]
+
+
+# ---- platforms ----------------------------------------------------------------------------------
+
+
+def profile_platform(profile: dict[str, Any]) -> Platform:
+    """A baseline profile's platform (:func:`memgate.platforms.primary` of its devices'); unknown where it
+    was saved before memgate recorded platforms."""
+    devices: dict[str, Any] = profile["devices"] if isinstance(profile.get("devices"), dict) else {}
+    return primary((str(d), Platform.of(v.get("platform") if isinstance(v, dict) else None)) for d, v in devices.items())
+
+
+def history_platforms(baseline: dict[str, Any]) -> list[Platform]:
+    """The distinct platforms a baseline or saved run holds history for, in its order."""
+    return list(dict.fromkeys(profile_platform(p) for p in (baseline.get("profiles") or {}).values()
+                              if isinstance(p, dict)))
+
+
+def no_history(platform: Platform, where: str, held: list[Platform]) -> str:
+    """``no history for NVIDIA H200 / torch 2.11 in FILE (it holds: ...)``: the missing-baseline policy's reason."""
+    holds = ", ".join(dict.fromkeys(p.label() for p in held)) or "nothing"
+    return (f"no history for {platform.label()} in {where} (it holds: {holds}; --memgate-compare-platform=any "
+            "compares across platforms)")
+
+
+def for_platform(baseline: dict[str, Any], platform: Platform, mode: str = "same") -> tuple[dict[str, Any] | None, str]:
+    """``baseline`` holding only the profiles of ``platform`` (:meth:`Platform.same_as`), and a note for
+    the comparison ("" where there is none to make); (None, "") where it holds none of that platform and
+    ``mode`` is ``same``. With ``any``, a baseline of other platforms only gives its first platform's
+    profiles, and the note names both platforms: the comparison was asked across them."""
+    profiles = {k: p for k, p in (baseline.get("profiles") or {}).items() if isinstance(p, dict)}
+    same = {k: p for k, p in profiles.items() if profile_platform(p).same_as(platform)}
+    note = ""
+    if same:
+        if any(profile_platform(p).known != platform.known for p in same.values()):  # both unknown: nothing to say
+            note = "platform unknown on one side (saved before memgate recorded platforms, or a profile that " \
+                   "names none): compared as the same"
+    elif mode == "any" and profiles:
+        other = profile_platform(next(iter(profiles.values())))
+        same = {k: p for k, p in profiles.items() if profile_platform(p) == other}
+        note = f"compared across platforms (--memgate-compare-platform=any): history on {other.label()}, " \
+               f"this run on {platform.label()}"
+    else:
+        return None, ""
+    return {**baseline, "profiles": same}, note

@@ -135,6 +135,8 @@ def _diff_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail", action="append", default=[], metavar="EXPR",
                    help="exit 1 when a metric grew past EXPR, e.g. peak_allocated:5%%, peak_allocated:2.5%%+256MiB")
     p.add_argument("--json", action="store_true", help="print the diff as JSON (to stdout)")
+    p.add_argument("--compare-platform", choices=("same", "any"), default="same",
+                   help="diff profiles measured on another platform too (any); default: same platform only")
     p.add_argument("--top", type=_int, default=10, metavar="N", help="operators listed per change kind (default 10)")
     p.add_argument("--storage", metavar="DIR", help=STORAGE_HELP)
 
@@ -376,8 +378,9 @@ def _diff(args: argparse.Namespace) -> int:
 
     rules = [parse_rule(r) for r in args.fail]
     base, current = _entries_of(args, args.base), _entries_of(args, args.current)
-    diff = diff_entries(base, current)  # pairs the profiles; an ambiguous pairing is an error here
-    pairs = pair_entries(base, current).pairs
+    diff = diff_entries(base, current, args.compare_platform)  # pairs the profiles; ambiguous: an error here
+    other = {r["profile"] for r in diff["ranks"] if r.get("status") == "other platform"}
+    pairs = [(b, c) for b, c in pair_entries(base, current).pairs if current[c]["path"] not in other]
     labels = {r["profile"]: r["label"] for r in diff["ranks"]}
     ranks = [e["rank"] for e in current]
     regressions: list[tuple[dict[str, Any], Regression]] = []
@@ -445,21 +448,23 @@ def _runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"storage": str(storage / LAYOUT_DIR),
                           "runs": [{"id": r.number, "commit": r.commit, "dirty": r.dirty, "saved_at": r.saved_at,
-                                    "configurations": list(r.configurations), "profiles": list(r.profiles),
-                                    "problems": list(r.problems)} for r in runs]}, indent=2))
+                                    "configurations": list(r.configurations), "platforms": list(r.platforms),
+                                    "profiles": list(r.profiles), "problems": list(r.problems)} for r in runs]},
+                         indent=2))
         return EXIT_BAD_INPUT if any(r.problems for r in runs) else EXIT_OK
     if not runs:
         _say([f"no saved runs in {storage / LAYOUT_DIR} (pytest --memgate-autosave saves one)"])
         return EXIT_OK
-    rows = [("run", "commit", "saved (UTC)", "profiles")]
+    rows = [("run", "commit", "saved (UTC)", "platform", "profiles")]
     for r in runs:
         commit = (r.commit[:12] if r.commit else "nogit") + ("-dirty" if r.dirty else "")
         shown = ", ".join(_relative(p) for p in r.profiles[:3]) + (f" +{len(r.profiles) - 3} more"
                                                                    if len(r.profiles) > 3 else "")
-        rows.append((f"{r.number:04d}", commit, r.saved_at or "?", f"{len(r.profiles)}: {shown}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        rows.append((f"{r.number:04d}", commit, r.saved_at or "?", "; ".join(r.platforms) or "unknown",
+                     f"{len(r.profiles)}: {shown}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
     _say([f"saved runs in {storage / LAYOUT_DIR}"]
-         + ["  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3] for row in rows])
+         + ["  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows])
     for r in runs:
         for problem in r.problems:
             print(f"memgate: error: run {r.number:04d}: {problem}", file=sys.stderr)

@@ -27,6 +27,7 @@ from memgate.budgets import LIMITS
 from memgate.errors import ConfigError, printable, show
 from memgate.identity import is_test_id, pair_devices, profile_labels
 from memgate.metric_specs import BUDGET_SPECS
+from memgate.platforms import entry_platform
 from memgate.sizes import format_size, parse_size
 
 RATIO_DECIMALS = 3
@@ -311,23 +312,34 @@ def _device_diff(before: dict[str, Any], dev: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]]) -> dict[str, Any]:
+def diff_entries(base: list[dict[str, Any]], current: list[dict[str, Any]], platform_mode: str = "same"
+                 ) -> dict[str, Any]:
     """Metric and per-operator deltas of the profiles and devices that pair (:mod:`memgate.identity`).
 
     ``ranks``: one item per current profile, in its order (``status`` "new profile" where the base
-    has none to pair with); ``missing_profiles``: the base's unpaired ones; ``changed``: whether
-    anything differs at all.
+    has none to pair with; "other platform" where its pair was measured on another platform and
+    ``platform_mode`` is ``same``: a change of platform is no change of the model); each names its
+    ``platform`` (and ``base_platform`` where that differs); ``missing_profiles``: the base's unpaired
+    ones; ``changed``: whether anything differs at all.
     """
     pairing = pair_entries(base, current)
     base_of = {c: b for b, c in pairing.pairs}
     labels, base_labels = profile_labels([str(e["path"]) for e in current]), profile_labels([str(e["path"]) for e in base])
     ranks = []
     for j, entry in enumerate(current):
-        item: dict[str, Any] = {"rank": entry["rank"], "profile": entry["path"], "label": labels[j]}
+        platform = entry_platform(entry)
+        item: dict[str, Any] = {"rank": entry["rank"], "profile": entry["path"], "label": labels[j],
+                                "platform": platform.label()}
         if j not in base_of:
             ranks.append({**item, "status": "new profile", "devices": []})
             continue
         old = base[base_of[j]]
+        base_platform = entry_platform(old)
+        if base_platform.label() != platform.label():
+            item["base_platform"] = base_platform.label()
+        if not platform.same_as(base_platform) and platform_mode != "any":
+            ranks.append({**item, "base_profile": old["path"], "status": "other platform", "devices": []})
+            continue
         item["base_profile"] = old["path"]
         if old.get("baseline_commit"):
             item["base_commit"] = old["baseline_commit"]
@@ -383,10 +395,20 @@ def diff_text(diff: dict[str, Any], top: int = 10) -> list[str]:
         named = item["rank"] in shared or is_test_id(str(item.get("profile", "")))  # a test: always its node id
         return text + (f"  [{item['label']}]" if named and item.get("label") else "")
 
+    platforms = list(dict.fromkeys(str(r.get("platform") or "unknown") for r in diff["ranks"]))
+    if platforms != ["unknown"] and platforms:
+        lines.append(f"platform: {'; '.join(platforms)}")
     for rank in diff["ranks"]:
+        if rank.get("status") == "other platform":
+            lines.append(f"{head(rank)}: no history for {rank['platform']}: the base was measured on "
+                         f"{rank['base_platform']} (a change of platform, not of the model; "
+                         "--compare-platform any diffs them)")
+            continue
         if rank.get("status"):
             lines.append(f"{head(rank)}: {rank['status']} (not in the base)")
             continue
+        if rank.get("base_platform"):
+            lines.append(f"{head(rank)}: base measured on {rank['base_platform']}")
         for dev in rank["devices"]:
             if dev.get("status"):
                 lines.append(f"{head(rank, dev['device'])}: {dev['status']}")

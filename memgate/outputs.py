@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memgate.autosave import find_run, git_commit, missing_run, save_run
-from memgate.baselines import baseline_entries, baseline_from_entries, comparable_key, history_entry, ratchet
+from memgate.autosave import BaselineFinder, git_commit, save_run
+from memgate.baselines import baseline_entries, baseline_from_entries, history_entry, ratchet
 from memgate.ci import benchmark_export, github_annotations, step_summary_markdown
 from memgate.documents import load_baseline
 from memgate.errors import MemgateError, printable
@@ -77,28 +77,30 @@ def save_baseline(path: Path, entries: list[dict[str, Any]], rootdir: Path, *, k
 
 
 def comparison_lines(entries: list[dict[str, Any]], storage: Path, compare_id: str,
-                     saved: Sequence[Path] = ()) -> list[str]:
-    """Every metric's change against the saved run each profile is compared with (``--memgate-compare``);
-    ``saved``: the files this session saved (``--memgate-autosave``), which are not that run."""
+                     saved: Sequence[Path] = (), platform_mode: str = "same") -> list[str]:
+    """Every metric's change against the saved run each profile is compared with (``--memgate-compare``),
+    of its own platform (``platform_mode`` ``any``: of any); ``saved``: the files this session saved
+    (``--memgate-autosave``), which are not that run."""
     from memgate.compare import diff_entries, diff_text  # only with --memgate-compare
 
-    groups: dict[str, list[dict[str, Any]]] = {}
-    missing = []
+    finder = BaselineFinder(None, compare_id, storage, platform_mode, besides=saved)
+    groups: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    lines = []
     for entry in entries:
-        run = find_run(storage, comparable_key(entry), compare_id, besides=saved)
-        if run is None:
-            missing.append(missing_run(storage, comparable_key(entry), compare_id))
-        else:
-            groups.setdefault(str(run.path), []).append(entry)
-    lines = [f"memgate: {line}" for line in dict.fromkeys(missing)]
-    for path, group in sorted(groups.items()):
-        lines.append(f"compared with {path}:")
         try:
-            base = baseline_entries(load_baseline(path))
+            baseline, where = finder.for_entry(entry)
         except MemgateError as exc:
             lines.append(f"memgate: error: {exc.one_line()}")
             continue
-        lines.extend(printable(line) for line in diff_text(diff_entries(base, group)))
+        if baseline is None:
+            lines.append(f"memgate: {where}")
+        else:
+            groups.setdefault(where, (baseline, []))[1].append(entry)
+    lines = list(dict.fromkeys(lines))
+    for where, (baseline, group) in sorted(groups.items()):
+        lines.append(f"compared with {where}:")
+        lines.extend(printable(line) for line in diff_text(diff_entries(baseline_entries(baseline), group,
+                                                                           platform_mode)))
     return lines
 
 
@@ -258,7 +260,8 @@ class RunOutputs:
             out.append(("section", "memgate"))
             out += [("line", printable(line)) for line in summary_table(rows_json(rows), self.profile_names)]
         if s.compare_id is not None and (self.entries or self.marker_entries):
-            lines = comparison_lines(self.history_entries(), s.storage, s.compare_id, self.saved)
+            lines = comparison_lines(self.history_entries(), s.storage, s.compare_id, self.saved,
+                                     s.compare_platform)
             out += [("section", "memgate compare"), *(("line", printable(line)) for line in lines)]
         if s.report_left:
             out += [("section", "memgate: memory left allocated by tests"),

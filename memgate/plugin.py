@@ -83,6 +83,9 @@ OPTIONS: tuple[_Option, ...] = (
             "(fails only when both are exceeded)"),
     _Option("memgate_baseline_missing", "string", "skip|warn|fail",
             "when the baseline or a rank in it is missing: skip, warn (default) or fail"),
+    _Option("memgate_compare_platform", "string", "same|any",
+            "whose history a comparison uses: the same platform's only (default: device, memory, framework "
+            "release and allocator settings match), or any platform's"),
     _Option("memgate_ratchet", "bool", None,
             "with --memgate-save-baseline: keep the smaller of the old and new value per metric"),
     _Option("memgate_benchmark_json", "string", "FILE",
@@ -129,7 +132,8 @@ class _State:
         self.settings = settings
         self.profiles: dict[str, MetricCache | MemgateError] = {}
         self.reported_profiles: set[str] = set()  # attach each profile entry to one report per process
-        self.baselines = (BaselineFinder(settings.baseline_path, settings.compare_id, settings.storage)
+        self.baselines = (BaselineFinder(settings.baseline_path, settings.compare_id, settings.storage,
+                                          settings.compare_platform)
                           if settings.compares else None)
         self.cache = ProfileCache(settings.cache_dir) if settings.cache_dir is not None else None
         self.found: list[Found] = []  # the --memgate root's profiles (each process collects them)

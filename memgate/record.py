@@ -62,6 +62,7 @@ import importlib
 import importlib.util
 import json
 import os
+import platform as _platform
 import re
 import sys
 import sysconfig
@@ -77,6 +78,7 @@ from typing import Any, Self
 from memgate import __version__ as MEMGATE_VERSION
 from memgate.allocation_lines import make_mode, span_frames
 from memgate.owners import KINETO_FRAME, OWNER_FRAME, frame_owner
+from memgate.platforms import conf_text
 from memgate.readers.jsonstream import escape_names
 from memgate.tracking import StorageTracker
 
@@ -122,6 +124,7 @@ class Recorder:
         self._snapshots: list[dict[str, Any]] = []  # the manifest's "snapshots": those written
         self._sampler: DeviceMemorySampler | None = None
         self._torch_version: str | None = None
+        self._platform: dict[str, dict[str, Any]] | None = None  # the manifest's "platform", found at the start
         self._stopped = False
         self._to_track: list[Any] = list(track) if isinstance(track, (list, tuple, set)) else [track]
         self._tracker: StorageTracker | None = None
@@ -184,6 +187,7 @@ class Recorder:
             self._lines = make_mode(torch, lambda file: _is_user_file(file, library))
             self._lines.__enter__()
         self._torch_version = str(torch.__version__)
+        self._platform = platform_record(torch)
         self._sampler = DeviceMemorySampler(torch)
         self._sampler.sample()
         self._tracker.active = True
@@ -298,6 +302,8 @@ class Recorder:
         tracked = self._tracker.manifest() if self._tracker is not None else None
         if tracked is not None:
             out["tracked"] = tracked
+        if self._platform is not None:
+            out["platform"] = self._platform
         return out
 
     def _write_manifest(self) -> None:
@@ -423,6 +429,39 @@ def _levels(device: str | None) -> dict[str, Any]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+
+
+def platform_record(torch: ModuleType) -> dict[str, dict[str, Any]]:
+    """Each device's platform (:mod:`memgate.platforms`), as the manifest's ``platform`` keeps it: ``cpu``
+    (the host), and each GPU / NPU torch has already initialized (asking an uninitialized one would
+    create a context). What cannot be asked is left out (unknown), never an error; the driver is the trace's
+    (Kineto's header names it), NVML is not started twice."""
+    framework = f"torch {torch.__version__}"
+    allocator = conf_text({k: v for k, v in os.environ.items() if k.endswith("ALLOC_CONF")}) or ""
+    host = _platform.processor() or _platform.machine()
+    out: dict[str, dict[str, Any]] = {"cpu": {"device_name": f"{host} CPU" if host else None, "framework": framework}}
+    with contextlib.suppress(Exception):  # a broken driver: the CPU's record only
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for index in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(index)
+                out[f"cuda:{index}"] = {
+                    "device_name": str(props.name), "total_memory": int(props.total_memory),
+                    "compute": f"{props.major}.{props.minor}",
+                    "runtime": f"CUDA {torch.version.cuda}" if torch.version.cuda else None,
+                    "framework": framework, "allocator": allocator}
+    if importlib.util.find_spec("torch_npu") is not None:
+        with contextlib.suppress(Exception):
+            torch_npu = importlib.import_module("torch_npu")
+            if torch_npu.npu.is_available() and torch_npu.npu.is_initialized():
+                soc = getattr(torch_npu.npu, "get_soc_version", None)
+                cann = getattr(getattr(torch_npu, "version", None), "cann", None)
+                for index in range(torch_npu.npu.device_count()):
+                    props = torch_npu.npu.get_device_properties(index)
+                    out[f"npu:{index}"] = {
+                        "device_name": str(props.name), "total_memory": int(props.total_memory),
+                        "compute": str(soc()) if callable(soc) else None, "runtime": f"CANN {cann}" if cann else None,
+                        "framework": f"{framework} + torch_npu {torch_npu.__version__}", "allocator": allocator}
+    return out
 
 
 def manifest_text(manifest: dict[str, Any]) -> str:

@@ -15,12 +15,15 @@ from memgate.identity import profile_labels
 from memgate.metric_specs import BUDGET_SPECS, OOM, keys_where
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
+from memgate.platforms import device_platform
 from memgate.sizes import format_size
 from memgate.verdict import Outcome, oom_sentence
 
 
 def profile_entry(info: ProfileInfo, metrics: list[DeviceMetrics]) -> dict[str, Any]:
-    return {**info.as_json(), "devices": [m.as_json() for m in metrics]}
+    """A profile's report entry; each device with its platform (:mod:`memgate.platforms`)."""
+    return {**info.as_json(), "devices": [{**m.as_json(), "platform": device_platform(info.metadata, m.device).as_json()}
+                                          for m in metrics]}
 
 
 def outcome_entry(outcome: Outcome) -> dict[str, Any]:

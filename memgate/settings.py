@@ -18,6 +18,7 @@ from memgate.autosave import check_run_id, check_storage
 from memgate.budgets import BudgetFile, find_budget_file, load_budget_file
 from memgate.compare import CompareRule, parse_rule
 from memgate.errors import ConfigError, show
+from memgate.platforms import COMPARE_MODES
 from memgate.sizes import int_text
 
 MISSING_POLICIES = ("skip", "warn", "fail")
@@ -69,6 +70,7 @@ class Settings:
     storage: Path = Path(".memgate")
     rules: list[CompareRule] = field(default_factory=list)
     missing_policy: str = "warn"
+    compare_platform: str = "same"  # --memgate-compare-platform: history of the run's own platform only, or any
     leak_horizon_steps: int = 1
     ratchet: bool = False
     benchmark_json: Path | None = None
@@ -172,6 +174,11 @@ def _read_comparison(settings: Settings, lookup: Lookup) -> None:
         if policy not in MISSING_POLICIES:
             raise ConfigError(f"invalid --memgate-baseline-missing {show(policy)}", expected=" or ".join(MISSING_POLICIES))
         settings.missing_policy = policy
+    platform, _ = lookup("memgate_compare_platform")
+    if platform is not None:
+        if platform not in COMPARE_MODES:
+            raise ConfigError(f"invalid --memgate-compare-platform {show(platform)}", expected=" or ".join(COMPARE_MODES))
+        settings.compare_platform = platform
     settings.ratchet = bool(lookup("memgate_ratchet")[0])
     settings.allow_unselected = bool(lookup("memgate_allow_unselected")[0])
 

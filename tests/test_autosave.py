@@ -240,7 +240,7 @@ def test_memgate_runs_lists_and_diff_compares_any_two(project: pytest.Pytester, 
     assert main(["runs"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"saved runs in {project.path / '.memgate' / 'v1'}"
-    assert out[1].split() == ["run", "commit", "saved", "(UTC)", "profiles"]
+    assert out[1].split() == ["run", "commit", "saved", "(UTC)", "platform", "profiles"]
     assert [line.split()[:2] for line in out[2:4]] == [["0001", "nogit"], ["0002", "nogit"]]
     base, heavy = (project.path / "base" / "run_ascend_pt", project.path / "heavy" / "run_ascend_pt")
     assert out[2].endswith(f"  1: {base}") and out[3].endswith(f"  1: {heavy}")  # not under sub/: absolute

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -74,6 +75,8 @@ def test_cpu_recording_writes_its_manifest(tmp_path: Path) -> None:
         "snapshots": [],  # no CUDA: no snapshot
         "device_memory": None,  # CUDA never initialized: nothing sampled
         "out_of_memory": None,  # no out-of-memory error stopped it
+        "platform": {"cpu": {"device_name": f"{platform.processor() or platform.machine()} CPU",
+                             "framework": f"torch {torch.__version__}"}},  # the host's: no GPU initialized
     }
     assert sorted(p.name for p in directory.iterdir()) == [RECORDING_MANIFEST, TRACE_NAME]  # no .tmp left
     assert not_a_profile(directory)

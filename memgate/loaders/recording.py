@@ -232,6 +232,12 @@ def load(path: Path) -> Profile:
         "figures_from": dict(sorted(taken_from.items())),
         "snapshots": snapshot_meta,
     }
+    recorded = (manifest or {}).get("platform")
+    if isinstance(recorded, dict):  # what the recorder asked torch: over what the trace's header says
+        known = dict(metadata.get("platform") or {})
+        for device, record in recorded.items():
+            known[device] = {**(known.get(device) or {}), **{k: v for k, v in record.items() if v is not None}}
+        metadata["platform"] = known
     memory = (manifest or {}).get("device_memory")
     if isinstance(memory, dict):
         metadata["device_memory"] = {k: v for k, v in memory.items() if k != "samples"}

@@ -651,6 +651,9 @@ def _metadata(info: dict[str, Any], profile_dir: Path) -> dict[str, Any]:
     dist = info.get("_metadata", {}).get("distributed_args") if isinstance(info.get("_metadata"), dict) else None
     if isinstance(dist, dict) and "world_size" in dist:
         meta["world_size"] = dist["world_size"]
+    env = info.get("_metadata", {}).get("ENV_VARIABLES") if isinstance(info.get("_metadata"), dict) else None
+    if isinstance(env, dict) and (conf := {k: v for k, v in env.items() if k.endswith("ALLOC_CONF") and isinstance(v, str)}):
+        meta["alloc_conf"] = conf  # the allocator's settings of the platform (memgate.platforms)
     if notes := rank_notes(profile_dir, info):
         meta["notes"] = notes
     return meta

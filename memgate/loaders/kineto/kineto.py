@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import re
 import zlib
 from dataclasses import replace
@@ -130,7 +131,7 @@ def _head_fields(head: bytes) -> dict[str, Any]:
         for prefix, event, value in ijson.parse(guard(io.BytesIO(head))):
             if prefix == "deviceProperties.item" and event == "start_map":
                 props.append({})
-            elif prefix in ("deviceProperties.item.id", "deviceProperties.item.totalGlobalMem") and props:
+            elif prefix in _PROPS and props:
                 props[-1][prefix.rsplit(".", 1)[1]] = value
             if prefix == "traceEvents":
                 fields["traceEvents"] = event  # start_array, or what it is instead
@@ -141,6 +142,51 @@ def _head_fields(head: bytes) -> dict[str, Any]:
         pass  # the head ends mid-document (or nests absurdly: the full read reports that)
     fields["deviceProperties"] = props
     return fields
+
+
+_PROPS = tuple(f"deviceProperties.item.{name}" for name in ("id", "totalGlobalMem", "name", "computeMajor", "computeMinor"))
+
+
+def _cuda_release(value: Any) -> str | None:
+    """CUDA's version number as its release: 13000 → ``13.0`` (1000 × major + 10 × minor)."""
+    return f"{value // 1000}.{value % 1000 // 10}" if type(value) is int and value > 0 else None
+
+
+def _platforms(fields: dict[str, Any], capacity: dict[str, int]) -> dict[str, Any]:
+    """``metadata["platform"]`` (:mod:`memgate.platforms`): each GPU's name, memory and compute capability
+    as ``deviceProperties`` lists them by ``id``, and the CUDA driver and runtime the header names."""
+    out: dict[str, Any] = {}
+    driver, runtime = _cuda_release(fields.get("cuda_driver_version")), _cuda_release(fields.get("cuda_runtime_version"))
+    for p in fields["deviceProperties"]:
+        device = f"cuda:{p['id']}" if type(p.get("id")) is int else None
+        if device is None:
+            continue
+        major, minor = p.get("computeMajor"), p.get("computeMinor")
+        out[device] = {"device_name": p["name"] if isinstance(p.get("name"), str) else None,
+                       "total_memory": capacity.get(device),
+                       "compute": f"{major}.{minor}" if type(major) is int and type(minor) is int else None,
+                       "driver": driver and f"CUDA driver {driver}", "runtime": runtime and f"CUDA {runtime}"}
+    return out
+
+
+_MANIFEST = "memgate_recording.json"  # memgate.record's manifest beside the trace it wrote (a CPU run's: no snapshot)
+_MANIFEST_BYTES = 64 << 20
+
+
+def _recorded_platforms(path: Path) -> dict[str, Any]:
+    """The platform the recorder found (its manifest's ``platform``) for the trace it wrote beside it; {} where
+    there is none. The manifest is the recording's file, checked where it is loaded as one: one that cannot
+    be read here adds nothing."""
+    manifest = path.parent / _MANIFEST
+    try:
+        if not manifest.is_file() or manifest.stat().st_size > _MANIFEST_BYTES:
+            return {}
+        doc = json.loads(manifest.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    recorded = doc.get("platform") if isinstance(doc, dict) else None
+    return {k: v for k, v in recorded.items() if isinstance(k, str) and isinstance(v, dict)} \
+        if isinstance(recorded, dict) else {}
 
 
 def _header_int(path: Path, value: Any, column: str, low: int, high: int, what: str) -> int | None:
@@ -249,6 +295,8 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
         metadata["notes"] = [note]
     if capacity := _capacities(path, fields["deviceProperties"], devices):
         metadata["device_capacity_bytes"] = capacity
+    if platforms := {**_platforms(fields, capacity), **_recorded_platforms(path)}:
+        metadata["platform"] = platforms
     if not got.mem.count:
         message, expected = hints.no_kineto_memory_events()
         raise InputError(message, file=path, expected=expected, found=f"{got.events} events, none of them [memory]")
