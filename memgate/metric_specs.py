@@ -1,16 +1,22 @@
-"""Every metric memgate reports, listed once: what it is, how it is budgeted, compared and suggested.
+"""Every metric memgate reports, listed once: what it is, what it needs, how it is budgeted, compared and suggested.
 
 The rest of memgate derives its lists of metrics from :data:`SPECS` (the JSON report's keys, the
-budget keys and their kinds, the rows of ``memgate inspect`` and of the HTML page, what a snapshot
-without history cannot measure), so adding a metric is one entry here plus its computation in
-:mod:`memgate.metrics`; tests/test_metric_specs.py holds the JSON schemas and the docs in step with
-this table. The definitions themselves are in docs/design.md (Metrics).
+budget keys and their kinds, the rows of ``memgate inspect`` and of the HTML page), so adding a metric
+is one entry here plus its computation in :mod:`memgate.metrics`; tests/test_metric_specs.py holds the
+JSON schemas and the docs in step with this table. The definitions themselves are in docs/design.md
+(Metrics).
+
+What a metric needs is a set of :class:`Fact`: a loader says which facts a profile lacks and why,
+never which metrics (:func:`not_measurable` turns "lacks fact F because R" into "metric M is not
+measurable: R" for every metric whose spec needs F).
 
 This module sits at the bottom of the import graph: it imports nothing of memgate's.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +34,20 @@ Source = Literal[
     "pool at the dump",  # a snapshot's segments and their free blocks when it was dumped
     "out-of-memory events",  # a snapshot's oom trace entries, a recording's out-of-memory error
 ]
+
+
+class Fact(enum.Enum):
+    """What a profile records that a metric may need; a loader names the facts a profile lacks, with why."""
+
+    MEMORY = "any record of the device's memory"  # every metric needs it (implicit in MetricSpec.needs)
+    HISTORY = "the whole allocation history of the window"  # a snapshot without history, or whose ring buffer filled
+    PAIRING = "each free paired with its allocation (by address)"  # Kineto [memory] events without Addr
+    BLOCKS = "each allocation on its own (size and lifetime)"  # a memory timeline records sizes by category
+    TOTALS = "the allocator's recorded totals (the level memory stood at)"  # Kineto events without Total Allocated
+    WINDOW_START = "what was allocated before the window, told apart"  # Kineto CPU totals without Addr
+    OPERATORS = "the operator that made each allocation"  # a Kineto trace without operator spans
+
+
 # How `memgate suggest` proposes a limit for a budget key:
 #   "worst": the worst profile's value plus headroom, never below the smallest suggested peak or ratio
 #   "least": the cleanest profile's value plus headroom, no floor (growth and leaks: 0 measured stays 0)
@@ -63,7 +83,11 @@ class MetricSpec:
     larger_is_worse: bool = True
     per_step: bool = False  # bytes per counted step (step_growth)
     at_peak: bool = False  # of the blocks live at the peak moment (a profile's: its largest peak's device)
-    needs_history: bool = False  # not measurable from a snapshot without allocation history
+    # The facts it needs beside Fact.MEMORY: where a loader says a profile lacks one, the metric is not measurable
+    # with the loader's reason (not_measurable).
+    needs: frozenset[Fact] = frozenset()
+    # Where a snapshot without history cannot measure it: the metric that judges the pool at the dump instead.
+    stand_in: str | None = None
     formats: tuple[str, ...] = ()  # the only formats that record its source; () = any format that records it
     baselined: bool = True  # saved in a baseline (who held the peak is no number a baseline compares)
     nullable: bool = True  # null in the report when not measurable; else an empty {} or []
@@ -90,20 +114,22 @@ class MetricSpec:
 
 
 _SNAPSHOTS = ("torch_snapshot", "torch_recording")  # a recording carries a snapshot beside its trace
+_PEAK = frozenset({Fact.HISTORY, Fact.TOTALS})  # a level over the window: its history and the level it stood at
+_HELD = frozenset({Fact.HISTORY, Fact.PAIRING})  # the blocks live at a moment: every allocation and its free
 
 SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "peak_allocated_bytes", "bytes", "framework series",
         "max of the framework series' allocated bytes: what the run needed at its worst moment",
-        budget=Budgeted("peak_allocated"), needs_history=True),
+        budget=Budgeted("peak_allocated"), needs=_PEAK | {Fact.WINDOW_START}),
     MetricSpec(
         "peak_requested_bytes", "bytes", "requested sizes",
         "snapshot: the allocated peak in the bytes the program requested (before the allocator's rounding)",
-        needs_history=True, formats=_SNAPSHOTS),
+        needs=frozenset({Fact.HISTORY}), formats=_SNAPSHOTS),
     MetricSpec(
         "peak_reserved_bytes", "bytes", "framework series",
         "max of the framework series' reserved bytes: what it took from the device",
-        budget=Budgeted("peak_reserved"), needs_history=True),
+        budget=Budgeted("peak_reserved"), needs=_PEAK),
     MetricSpec(
         "peak_app_reserved_bytes", "bytes", "APP series",
         "max of the whole-process (APP) reserved bytes: what the device saw the process hold",
@@ -112,26 +138,27 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "fragmentation", "ratio", "allocator pools",
         "per allocator pool 1 − peak allocated ÷ peak reserved; the worst pool (named)",
-        budget=Budgeted("fragmentation"), needs_history=True),
+        budget=Budgeted("fragmentation"), needs=_PEAK, stand_in="free_block_fragmentation"),
     MetricSpec(
         "external_fragmentation", "ratio", "allocator pools",
         "per pool, at each growth of reserved: the free share of the pool just before it grew ÷ reserved just "
         "after; the largest (0: the pool never grew with memory free)",
-        budget=Budgeted("external_fragmentation"), needs_history=True),
+        budget=Budgeted("external_fragmentation"), needs=_PEAK,
+        stand_in="free_block_fragmentation"),
     MetricSpec(
         "step_growth_bytes", "bytes", "framework series",
         "bytes per step of persistent growth over the counted steps (one-time jumps and periodic patterns do not "
         "move it)",
-        budget=Budgeted("step_growth", suggest="least"), per_step=True, needs_history=True),
+        budget=Budgeted("step_growth", suggest="least"), per_step=True, needs=frozenset({Fact.HISTORY})),
     MetricSpec(
         "leaked_bytes", "bytes", "blocks",
         "bytes of blocks allocated in a counted step (except the last leak_horizon_steps) and still live when the "
         "last counted step ends",
-        budget=Budgeted("leaked", suggest="least"), needs_history=True),
+        budget=Budgeted("leaked", suggest="least"), needs=_HELD | {Fact.BLOCKS}),
     MetricSpec(
         "leak_undetermined_bytes", "bytes", "blocks",
         "bytes allocated in the last leak_horizon_steps counted steps and still live at the end",
-        budget=Budgeted("leak_undetermined", suggest="worst, no floor"), needs_history=True),
+        budget=Budgeted("leak_undetermined", suggest="worst, no floor"), needs=_HELD | {Fact.BLOCKS}),
     MetricSpec(
         "allocated_at_dump_bytes", "bytes", "pool at the dump",
         "snapshot: bytes of active blocks when it was dumped",
@@ -153,26 +180,26 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "op_max_block_bytes", "bytes", "blocks",
         "per operator, the largest single block it allocated (op_caps budgets it by glob)",
-        shape="by name"),
+        shape="by name", needs=frozenset({Fact.BLOCKS, Fact.OPERATORS})),
     MetricSpec(
         "top_at_peak", "bytes", "blocks",
         "the largest blocks live at the peak moment, with op, owner, stream and component: who holds the peak",
-        shape="blocks", at_peak=True, needs_history=True, baselined=False, nullable=False),
+        shape="blocks", at_peak=True, needs=_HELD | {Fact.BLOCKS}, baselined=False, nullable=False),
     MetricSpec(
         "op_bytes_at_peak", "bytes", "blocks",
         "bytes of the blocks live at the peak per operator: the 10 largest, the rest under (other)",
-        shape="by name", at_peak=True, needs_history=True, nullable=False),
+        shape="by name", at_peak=True, needs=_HELD | {Fact.OPERATORS}, nullable=False),
     MetricSpec(
         "owner_bytes_at_peak", "bytes", "blocks",
         "bytes of the blocks live at the peak per owner (innermost nn.Module, user frame or msMemScope owner): the "
         "10 largest, the rest under (other); owner_caps budgets them by glob",
-        shape="by name", at_peak=True, needs_history=True, nullable=False),
+        shape="by name", at_peak=True, needs=_HELD, nullable=False),
     MetricSpec(
         "category_bytes_at_peak", "bytes", "blocks",
         "bytes of the blocks live at the peak per category (parameters, buffers, gradients, optimizer_state, "
         "activations, other), attributed by address and lifetime to the storages a tracked recording noted; "
         "category_caps budgets them",
-        shape="by name", at_peak=True, nullable=False, optional=True, formats=("torch_recording",)),
+        shape="by name", at_peak=True, needs=_HELD, nullable=False, optional=True, formats=("torch_recording",)),
     MetricSpec(
         "live_at_peak_count", "count", "blocks",
         "how many blocks are live at the peak (top_at_peak lists only the largest of them)",
@@ -190,9 +217,6 @@ SPECS: tuple[MetricSpec, ...] = (
 )
 
 SPEC_OF: dict[str, MetricSpec] = {spec.key: spec for spec in SPECS}
-# The metrics that need the whole allocation history of the window: a loader whose history is incomplete (a
-# snapshot without history or whose ring buffer filled) says each not measurable (Profile.not_measurable).
-HISTORY_KEYS: tuple[str, ...] = tuple(spec.key for spec in SPECS if spec.needs_history)
 # Budget keys judged beside the device metrics (no report key), each with the metric whose history it reads:
 # where a loader says that metric is not measurable on a device, so is the budget key, for the same reason.
 # left_allocated reads what leaked_bytes reads: blocks allocated in the window, paired with their frees.
@@ -234,13 +258,35 @@ def budget_key(report_key: str) -> str:
 
 
 def keys_where(*, unit: Unit | None = None, shape: Shape | None = None, source: Source | None = None,
-               needs_history: bool | None = None, baselined: bool | None = None) -> tuple[str, ...]:
+               needs: Fact | None = None, baselined: bool | None = None) -> tuple[str, ...]:
     """The report keys of the specs that match every given field, in :data:`SPECS` order."""
     return tuple(spec.key for spec in SPECS
                  if (unit is None or spec.unit == unit) and (shape is None or spec.shape == shape)
                  and (source is None or spec.source == source)
-                 and (needs_history is None or spec.needs_history == needs_history)
+                 and (needs is None or needs in spec.needs)
                  and (baselined is None or spec.baselined == baselined))
+
+
+def not_measurable(lacks: Mapping[Fact, str], *, stand_ins: bool = False,
+                   specs: tuple[MetricSpec, ...] = SPECS) -> dict[str, str]:
+    """Report key → why, for what a profile lacking ``lacks`` (fact → why, as its loader says) cannot measure:
+    every metric whose spec needs a lacked fact (every one for Fact.MEMORY), with the first lacked fact's reason,
+    facts in the order given and each fact's metrics in table order. Details follow their metric, and an optional
+    metric is absent rather than not measurable, so neither is listed. ``stand_ins``: where the profile holds the
+    pool at the dump (a snapshot), a reason names the metric that judges it instead (MetricSpec.stand_in)."""
+    why: dict[str, str] = {}
+    for fact, reason in lacks.items():
+        for spec in specs:
+            if (fact is Fact.MEMORY or fact in spec.needs) and spec.detail_of is None and not spec.optional:
+                stand_in = f"; {spec.stand_in} judges the pool at the dump" if stand_ins and spec.stand_in else ""
+                why.setdefault(spec.key, reason + stand_in)
+    return why
+
+
+def regained(unmeasured: Mapping[str, str], fact: Fact) -> dict[str, str]:
+    """``unmeasured`` (report key → why) less the metrics that need ``fact``: what stays not measurable where another
+    file of the profile records the fact (a recording's snapshot names the operators its trace lacks)."""
+    return {key: why for key, why in unmeasured.items() if fact not in SPEC_OF[key].needs}
 
 
 def details_of(key: str) -> tuple[str, ...]:
@@ -256,7 +302,7 @@ def _check(specs: tuple[MetricSpec, ...]) -> None:
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"metric specs: {what} listed twice: {', '.join(twice)}")
-    history = {spec.key for spec in specs if spec.needs_history}
+    history = {spec.key for spec in specs if Fact.HISTORY in spec.needs}
     for key, metric in HISTORY_OF.items():
         if key in keys or key in budget_keys or metric not in history:
             raise ValueError(f"metric specs: {key} must be no metric and read the history of one that needs it")
@@ -269,6 +315,11 @@ def _check(specs: tuple[MetricSpec, ...]) -> None:
             raise ValueError(f"metric specs: {spec.key}: a limit on what is no cost is never suggested")
         if spec.detail_of is not None and spec.detail_of not in keys:
             raise ValueError(f"metric specs: {spec.key} qualifies {spec.detail_of}, which is no metric")
+        if spec.stand_in is not None and (spec.stand_in not in keys or Fact.HISTORY not in spec.needs):
+            raise ValueError(f"metric specs: {spec.key}: a stand-in is a metric, for one a snapshot without history "
+                             "cannot measure")
+        if spec.detail_of is not None and spec.needs:
+            raise ValueError(f"metric specs: {spec.key}: a detail needs what the metric it qualifies needs")
         if spec.optional and (spec.nullable or spec.budget is not None):
             raise ValueError(f"metric specs: {spec.key}: an optional metric is absent, never null, and no budget "
                              "key judges it directly")

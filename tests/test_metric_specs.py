@@ -21,7 +21,7 @@ from jsonschema import Draft202012Validator
 from memgate import metric_specs
 from memgate.budgets import BUDGET_KEYS, LIMITS
 from memgate.loaders import registry
-from memgate.metric_specs import SPECS, MetricSpec, budget_limits, keys_where
+from memgate.metric_specs import SPECS, Fact, MetricSpec, budget_limits, keys_where, not_measurable, regained
 from memgate.schemas import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,7 +219,6 @@ def test_what_memgate_derives_from_the_table() -> None:
 
 # Constants other modules keep, derived from the table (module, name, what the table gives).
 _DERIVED = [
-    ("memgate.loaders.snapshot.snapshot", "HISTORY_METRICS", lambda: keys_where(needs_history=True)),
     ("memgate.baselines", "_NOT_BASELINED", lambda: keys_where(baselined=False)),
     ("memgate.suggest", "GROWTH_KEYS", lambda: metric_specs.budget_keys_suggested("least")),
     ("memgate.suggest", "NO_FLOOR_KEYS", lambda: metric_specs.budget_keys_suggested("least", "worst, no floor")),
@@ -363,9 +362,74 @@ def test_a_check_finds_what_is_out_of_step(case: str) -> None:
     ({"larger_is_worse": False}, "never suggested"),
     ({"detail_of": "no_such_metric"}, "which is no metric"),
     ({"optional": True}, "absent, never null"),
+    ({"stand_in": "no_such_metric"}, "a stand-in is a metric"),
+    ({"needs": frozenset(), "stand_in": "free_block_fragmentation"}, "a stand-in is a metric"),
+    ({"key": "peak_requested_detail", "detail_of": "peak_allocated_bytes"}, "a detail needs what the metric"),
 ], ids=["key twice", "budget key twice", "budgeted count", "never without why", "no cost suggested",
-        "detail of nothing", "optional yet nullable"])
+        "detail of nothing", "optional yet nullable", "stand-in of nothing", "stand-in without history",
+        "detail with needs"])
 def test_the_table_checks_itself(change: dict[str, Any], message: str) -> None:
     specs = _changed(SPECS, "peak_requested_bytes", **change)
     with pytest.raises(ValueError, match=message):
         metric_specs._check(specs)
+
+
+# What a metric needs (MetricSpec.needs): a loader names the facts a profile lacks, the table the metrics.
+_LACKS = [
+    (Fact.HISTORY, ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "fragmentation",
+                    "external_fragmentation", "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes",
+                    "top_at_peak", "op_bytes_at_peak", "owner_bytes_at_peak")),
+    (Fact.PAIRING, ("leaked_bytes", "leak_undetermined_bytes", "top_at_peak", "op_bytes_at_peak",
+                    "owner_bytes_at_peak")),
+    (Fact.BLOCKS, ("leaked_bytes", "leak_undetermined_bytes", "op_max_block_bytes", "top_at_peak")),
+    (Fact.TOTALS, ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation", "external_fragmentation")),
+    (Fact.WINDOW_START, ("peak_allocated_bytes",)),
+    (Fact.OPERATORS, ("op_max_block_bytes", "op_bytes_at_peak")),
+]
+
+
+@pytest.mark.parametrize(("fact", "keys"), _LACKS, ids=[fact.name for fact, _ in _LACKS])
+def test_a_lacked_fact_makes_each_metric_that_needs_it_not_measurable(fact: Fact, keys: tuple[str, ...]) -> None:
+    assert not_measurable({fact: "why"}) == dict.fromkeys(keys, "why")
+
+
+def test_a_profile_without_any_memory_measures_nothing_and_the_first_reason_wins() -> None:
+    # details follow their metric; an optional metric is absent, never said not measurable
+    assert not_measurable({Fact.MEMORY: "none"}) == {
+        key: "none" for key in metric_specs.METRIC_KEYS if key not in metric_specs.OPTIONAL_KEYS}
+    both = not_measurable({Fact.PAIRING: "no Addr", Fact.OPERATORS: "no ops"})
+    assert list(both.items())[-2:] == [("owner_bytes_at_peak", "no Addr"), ("op_max_block_bytes", "no ops")]
+    assert both["op_bytes_at_peak"] == "no Addr"
+
+
+def test_a_snapshot_without_history_names_the_metric_that_judges_the_pool_at_the_dump() -> None:
+    why = not_measurable({Fact.HISTORY: "no history"}, stand_ins=True)
+    assert why["fragmentation"] == why["external_fragmentation"] == (
+        "no history; free_block_fragmentation judges the pool at the dump")
+    assert why["peak_allocated_bytes"] == "no history"
+    assert not_measurable({Fact.HISTORY: "no history"})["fragmentation"] == "no history"
+
+
+def test_what_another_file_records_is_measurable_again() -> None:
+    unmeasured = not_measurable({Fact.OPERATORS: "no ops", Fact.WINDOW_START: "carried"})
+    assert regained(unmeasured, Fact.OPERATORS) == {"peak_allocated_bytes": "carried"}
+
+
+def test_a_new_metric_is_not_measurable_wherever_a_fact_it_needs_is_lacked() -> None:
+    toy = MetricSpec("toy_bytes", "bytes", "blocks", "a toy", needs=frozenset({Fact.OPERATORS}))
+    assert not_measurable({Fact.OPERATORS: "no ops"}, specs=(*SPECS, toy)) == dict.fromkeys(
+        ("op_max_block_bytes", "op_bytes_at_peak", "toy_bytes"), "no ops")
+
+
+def test_loaders_name_facts_never_metric_keys() -> None:
+    """A loader says what a profile lacks (Fact) and why; the table says which metrics that makes not measurable."""
+    import ast
+
+    allowed = {"Fact", "not_measurable", "regained"}
+    for path in sorted((Path(metric_specs.__file__).parent / "loaders").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                assert node.value not in metric_specs.SPEC_OF, f"{path}:{node.lineno} names the metric {node.value}"
+            if isinstance(node, ast.ImportFrom) and node.module == "memgate.metric_specs":
+                names = {alias.name for alias in node.names}
+                assert names <= allowed, f"{path}:{node.lineno} imports {sorted(names - allowed)} from the table"

@@ -41,6 +41,7 @@ from memgate.errors import InputError, show
 from memgate.loaders import registry
 from memgate.loaders.kineto import kineto
 from memgate.loaders.snapshot import snapshot, snapshot_device
+from memgate.metric_specs import Fact, regained
 from memgate.model import APP_COMPONENT, NOT_MEASURABLE_BY_DEVICE, DeviceModel, OutOfMemory, Profile, Series
 from memgate.readers import limits
 from memgate.schemas import load_schema
@@ -247,7 +248,7 @@ def load(path: Path) -> Profile:
         metadata[NOT_MEASURABLE_BY_DEVICE] = {**metadata.get(NOT_MEASURABLE_BY_DEVICE, {}), **truncated}
     if "not_measurable" in trace.metadata and set(taken_from.values()) != {trace_file.name}:
         # a snapshot's blocks name their ops from their frames: the trace's lack of op spans is not theirs
-        why = {k: v for k, v in trace.metadata["not_measurable"].items() if k not in kineto.OP_KEYS}
+        why = regained(trace.metadata["not_measurable"], Fact.OPERATORS)
         metadata.pop("not_measurable")
         if why:
             metadata["not_measurable"] = why

@@ -64,6 +64,7 @@ from memgate.loaders import registry
 from memgate.loaders.ascend.crossfile import cross_file_facts
 from memgate.loaders.ascend.torch_npu import info_rank, rank_notes, read_profiler_info
 from memgate.loaders.ascend.torch_npu import run_window as torch_npu_run_window
+from memgate.metric_specs import Fact, not_measurable
 from memgate.model import (
     SERIES_COLUMNS,
     STEP_COLUMNS,
@@ -579,10 +580,7 @@ def _load_memory_block(path: Path) -> Profile:
         # all in MindSpore's CPU pool (a CPU-target run), which this file cannot show.
         device = CPU_DEVICE
         metadata.update(_cpu_facts())
-        from memgate.metric_specs import METRIC_KEYS, OPTIONAL_KEYS  # what this file cannot give, one by one
-
-        why = hints.mindspore_tracker_cpu_pool()
-        metadata["not_measurable"] = {key: why for key in METRIC_KEYS if key not in OPTIONAL_KEYS}
+        metadata["not_measurable"] = not_measurable({Fact.MEMORY: hints.mindspore_tracker_cpu_pool()})
     model = DeviceModel(device=device, blocks=blocks, blocks_source=str(path))
     return Profile(path=str(path), format=FORMAT, rank=rank, devices=(model,), metadata=metadata)
 

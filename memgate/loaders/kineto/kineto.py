@@ -53,7 +53,7 @@ from memgate.lazy import arrow_without_pandas
 from memgate.loaders import registry
 from memgate.loaders.events import pair_allocs, repeated_action
 from memgate.loaders.kineto.kineto_events import I64_MAX, MODULE_PREFIX, Collected, Kept, us_to_ns
-from memgate.metric_specs import keys_where
+from memgate.metric_specs import Fact, not_measurable
 from memgate.model import (
     MAX_BYTES,
     MAX_RANK,
@@ -77,12 +77,10 @@ from memgate.table import Ints, Table, Texts
 FORMAT = "kineto"
 # The history figures read on blocks (leaks, the blocks live at the peak): a trace without Addr pairs no free with
 # its allocation, so none of them (nor left_allocated, which reads leaked_bytes' history) is measurable.
-_PAIRED_KEYS = keys_where(source="blocks", needs_history=True)
 SCHEMA = "kineto"
 COMPONENT = "allocator"
 UNPAIRED = "allocations without Addr"  # the blocks of a trace whose [memory] events carry no Addr
 STEP_NAME = re.compile(r"^ProfilerStep#([0-9]+)\Z")
-OP_KEYS = ("op_max_block_bytes", "op_bytes_at_peak")  # the metrics a block's operator gives
 # c10::DeviceType, lower-cased; PrivateUse1 is torch_npu's NPU (docs/formats-reference.md).
 DEVICE_TYPES = {0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip", 7: "fpga",
                 8: "maia", 9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu",
@@ -281,12 +279,17 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
     devices = _devices(path, got, base, addresses)
     metadata: dict[str, Any] = {"base_time_ns": base, "trace_events": got.events, "memory_events": got.mem.count,
                                 "cpu_ops": got.ops.count}
+    lacks: dict[Fact, str] = {}
+    cpu_lacks: dict[Fact, str] = {}
     if got.first_addr.keys() == {False}:
-        metadata |= _unpaired_facts(got)
+        metadata["memory_events_without_addr"] = True
+        lacks, cpu_lacks = _unpaired_lacks(got)
     if not got.ops.count:  # no block can name its operator: an empty op_max_block_bytes would read as measured
-        why = metadata.setdefault("not_measurable", {})
-        for key in OP_KEYS:
-            why.setdefault(key, hints.no_kineto_ops())
+        lacks.setdefault(Fact.OPERATORS, hints.no_kineto_ops())
+    if lacks:
+        metadata["not_measurable"] = not_measurable(lacks)
+    if cpu_lacks:
+        metadata[NOT_MEASURABLE_BY_DEVICE] = {_label(CPU, -1): not_measurable(cpu_lacks)}
     if repaired is not None and repaired.count:
         lines = ", ".join(map(str, repaired.repaired)) + (", ..." if repaired.count > len(repaired.repaired) else "")
         metadata["repaired_names"] = repaired.count
@@ -516,26 +519,24 @@ def _unpaired_device(path: Path, label: str, rows: np.ndarray, t: np.ndarray, nb
                        blocks_source=str(path), window_relative=cpu or not totals)
 
 
-def _unpaired_facts(got: Collected) -> dict[str, Any]:
-    """What a trace without Addr (torch 1.9) can and cannot measure, for Profile.metadata."""
+def _unpaired_lacks(got: Collected) -> tuple[dict[Fact, str], dict[Fact, str]]:
+    """What a trace without Addr (torch 1.9) lacks, and what its CPU device lacks beside: fact → why."""
     totals = bool(got.mem.count) and not got.mem.column("no_alloc").all()
-    pairing = ("its [memory] events carry no Addr (torch 1.9 writes only Bytes, Device Type and Device Id): "
-               "a free cannot be matched to its allocation, so no block is known to be live at a moment")
     # the blocks live at the peak too: an allocation without its free would count as live ever after
-    why = dict.fromkeys(_PAIRED_KEYS, pairing)
+    lacks = {Fact.PAIRING: "its [memory] events carry no Addr (torch 1.9 writes only Bytes, Device Type and Device "
+                           "Id): a free cannot be matched to its allocation, so no block is known to be live at a "
+                           "moment"}
     if not totals:
         measured = ("step_growth_bytes (from the running sum of Bytes) and op_max_block_bytes are measured"
                     if got.ops.count else "step_growth_bytes (from the running sum of Bytes) is measured")
-        level = ("its [memory] events carry no Total Allocated / Total Reserved (torch 1.9): the level memory "
-                 f"stood at when the window opened is unknown, so no peak is; {measured}")
-        why |= {key: level for key in ("peak_allocated_bytes", "peak_reserved_bytes", "fragmentation",
-                                       "external_fragmentation")}
-    facts: dict[str, Any] = {"memory_events_without_addr": True, "not_measurable": why}
+        lacks[Fact.TOTALS] = ("its [memory] events carry no Total Allocated / Total Reserved (torch 1.9): the level "
+                              f"memory stood at when the window opened is unknown, so no peak is; {measured}")
+    cpu_lacks: dict[Fact, str] = {}
     if totals and (got.mem.column("dtype") == CPU).any():  # the CPU device's alone: a CUDA total is absolute
-        facts[NOT_MEASURABLE_BY_DEVICE] = {_label(CPU, -1): {"peak_allocated_bytes": (
+        cpu_lacks[Fact.WINDOW_START] = (
             "its CPU totals may carry bytes from before the window (an earlier profiling session), which only "
-            "allocations paired with their frees tell apart, and its [memory] events carry no Addr")}}
-    return facts
+            "allocations paired with their frees tell apart, and its [memory] events carry no Addr")
+    return lacks, cpu_lacks
 
 
 def _attribute(path: Path, got: Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:

@@ -25,6 +25,7 @@ import numpy as np
 
 from memgate.errors import InputError
 from memgate.loaders import registry
+from memgate.metric_specs import Fact, not_measurable
 from memgate.model import DeviceModel, Profile, Series
 from memgate.readers import convert, limits
 from memgate.readers.files import check_readable
@@ -41,10 +42,9 @@ RAW_SCHEMA = "torch_memory_timeline_raw"
 COMPONENT = "allocator"
 _RAW_BATCH = 1 << 16  # rows checked and converted at once
 PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY = 1, 2, 3, 4  # torch.profiler._memory_profiler.Action
-_TIMELINE_GAPS = {
-    key: "the memory timeline records sizes by category, not which allocation a free releases nor which "
-         "operator allocated it (the Kineto trace of the same run has both)"
-    for key in ("leaked_bytes", "leak_undetermined_bytes", "op_max_block_bytes", "top_at_peak")}
+_TIMELINE_GAPS = not_measurable({
+    Fact.BLOCKS: "the memory timeline records sizes by category, not which allocation a free releases nor which "
+                 "operator allocated it (the Kineto trace of the same run has both)"})
 
 
 # ---- detection ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ This module tells a snapshot by its first bytes, loads it and assembles the prof
 
 - :mod:`~memgate.loaders.snapshot.snapshot_segments`: the final ``segments``, one row per block, and the pool
   they hold at the dump (**dump_state**, with or without history; a snapshot without history
-  measures only this: HISTORY_METRICS are not measurable);
+  measures only this: it lacks ``Fact.HISTORY``, so every metric that needs it is not measurable);
 - :mod:`~memgate.loaders.snapshot.snapshot_trace`: each device trace, checked and put in time order;
 - :mod:`~memgate.loaders.snapshot.snapshot_stacks` (over :mod:`~memgate.loaders.snapshot.stack_groups`): the op and
   owner of each allocation from its stack, and the torch_npu scan;
@@ -52,7 +52,7 @@ from memgate.loaders.snapshot.snapshot_stacks import is_npu
 from memgate.loaders.snapshot.snapshot_steps import note_start_times
 from memgate.loaders.snapshot.snapshot_steps import steps as annotated_steps
 from memgate.loaders.snapshot.snapshot_trace import Trace, empty_trace, parse_trace
-from memgate.metric_specs import HISTORY_KEYS
+from memgate.metric_specs import Fact, not_measurable
 from memgate.model import NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, empty_steps
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
@@ -64,10 +64,6 @@ FORMAT = "torch_snapshot"
 NOTE_STARTS = "note_starts_ns"  # metadata of a load with addresses: memgate::note#k START by k
 SCHEMA = "torch_snapshot"
 SUFFIXES = (".pickle", ".pkl")
-# Metrics that need the allocation history (peaks, growth of reserved or per step, leaks, the peak's
-# holders; the table of metrics says which): not measurable from a snapshot without one. A one-sample
-# series would otherwise read as a peak, and as "reserved never grew" (external_fragmentation 0).
-HISTORY_METRICS = HISTORY_KEYS
 EMPTY = "empty snapshot: no segments and no device traces"  # a dump from a process that never used the device
 _EMPTY_DICT, _EMPTY_LIST = 0x7D, 0x5D
 # Keys one of which a snapshot's first record names within its first bytes (dict or bare list).
@@ -260,7 +256,7 @@ def _alloc_conf(raw_settings: Any) -> dict[str, Any]:
 
 
 def _not_measurable(notes: dict[str, Any], traces: Sequence[Any]) -> dict[str, Any]:
-    """``not_measurable``: without any history, every history metric; else, per device whose history
+    """``not_measurable``: without any history, every metric that needs it; else, per device whose history
     was truncated (each device has a ring buffer of its own), those its history covers in part."""
     cut = {label: truncated_window(f"{label}: {facts['history_truncated']}") for label, facts in notes.items()
            if facts.get("history_truncated")}
@@ -270,9 +266,8 @@ def _not_measurable(notes: dict[str, Any], traces: Sequence[Any]) -> dict[str, A
         # the dump (DeviceModel.dump_state) needs none, so its metrics are never marked here.
         why = ("the snapshot has no allocation history (device_traces hold no allocation or free): record with "
                "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()")
-        return {"not_measurable": {
-            k: why + ("; free_block_fragmentation judges the pool at the dump" if k.endswith("fragmentation") else "")
-            for k in HISTORY_METRICS}}
+        # A one-sample series would otherwise read as a peak, and as "reserved never grew".
+        return {"not_measurable": not_measurable({Fact.HISTORY: why}, stand_ins=True)}
     return {NOT_MEASURABLE_BY_DEVICE: cut} if cut else {}
 
 
@@ -280,7 +275,7 @@ def truncated_window(reason: str) -> dict[str, str]:
     """The figures a history that lost its oldest entries covers only in part, each with how to record it all."""
     why = (f"{reason}: this figure would cover only the entries kept; record the whole window with a larger "
            "_record_memory_history(max_entries=...) (memgate.record: Recorder(max_entries=...))")
-    return dict.fromkeys(HISTORY_METRICS, why)
+    return not_measurable({Fact.HISTORY: why})
 
 
 def load_every_frame(path: Path) -> Profile:
