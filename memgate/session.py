@@ -17,6 +17,7 @@ from memgate.discover import Found, discover, load
 from memgate.errors import MemgateError, NotMeasurable
 from memgate.judge import RankValue, judge_profile, rank_values
 from memgate.metric_cache import MetricCache
+from memgate.metric_specs import SPEC_OF
 from memgate.metrics import METRIC_KEYS, DeviceMetrics, MetricOptions, profile_metrics
 from memgate.model import Profile
 from memgate.progress import describe, progress
@@ -141,7 +142,7 @@ class Measured:
                 peaks = [m for m in self.devices if m.values.get("peak_allocated_bytes") is not None]
                 worst = max(peaks, key=lambda m: m.values["peak_allocated_bytes"]) if peaks else None
                 values[key] = list(worst.values.get("top_at_peak") or []) if worst is not None else []
-            elif key in ("op_bytes_at_peak", "owner_bytes_at_peak", "category_bytes_at_peak"):  # the largest peak's
+            elif SPEC_OF[key].at_peak and SPEC_OF[key].shape == "by name":  # bytes at the peak by name: the largest peak's
                 peaks = [m for m in self.devices if m.values.get("peak_allocated_bytes") is not None]
                 worst = max(peaks, key=lambda m: m.values["peak_allocated_bytes"]) if peaks else None
                 values[key] = dict(worst.values.get(key) or {}) if worst is not None else {}
