@@ -314,7 +314,9 @@ class DeviceModel:
             _check_table(self.steps, "steps")
 
 
-NOT_MEASURABLE_BY_DEVICE = "not_measurable_by_device"  # metadata: device → {metric: why} (Profile.not_measurable)
+# metadata: device → {metric: why} (Profile.not_measurable); a loader fills it, and "not_measurable", with
+# metric_specs.not_measurable from the facts the profile lacks, never from a list of metrics of its own.
+NOT_MEASURABLE_BY_DEVICE = "not_measurable_by_device"
 
 
 @dataclass(frozen=True)
