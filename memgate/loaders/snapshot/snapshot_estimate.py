@@ -1,0 +1,49 @@
+"""A snapshot that :mod:`memgate.estimation` wrote on a CPU-only machine: an estimate of a CUDA run, said so.
+
+Its ``memgate_estimate`` record names the device it was estimated for, the torch release and allocator
+settings, where the workspace sizes come from, what the model cannot see and the operators it could not
+model. The profile's platform is ``estimated: <device>`` (history keeps estimates apart from measurements),
+every note says the figures are an estimate, and an operator the model could not follow makes the history
+figures not measurable, with why, never a silent guess.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memgate.errors import InputError
+
+KEY = "memgate_estimate"
+ESTIMATED = "estimated: "  # the platform's device name: "estimated: NVIDIA H200"
+_TEXTS = ("device", "torch", "allocator", "compute")
+
+
+def metadata(path: Path, raw: Any, history_metrics: tuple[str, ...]) -> dict[str, Any]:
+    """What the estimate record adds to the profile's metadata; {} for a snapshot torch wrote."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k), str) for k in _TEXTS):
+        raise InputError("malformed estimate record", file=path, column=KEY,
+                         expected=f"an object with the texts {', '.join(_TEXTS)} (memgate.estimate writes it)",
+                         found=raw)
+    unmodelled = raw.get("unmodelled") or {}
+    not_modelled = raw.get("not_modelled") or []
+    if not isinstance(unmodelled, dict) or not isinstance(not_modelled, list):
+        raise InputError("malformed estimate record", file=path, column=f"{KEY}.unmodelled",
+                         expected="an object of operator: reason, and a list of texts", found=unmodelled)
+    total = raw.get("total_memory")
+    device = str(raw["device"])
+    platform = {"device_name": ESTIMATED + device, "total_memory": total if type(total) is int else None,
+                "compute": raw["compute"], "framework": f"torch {raw['torch']}", "allocator": raw["allocator"]}
+    workspaces = raw.get("workspaces") if isinstance(raw.get("workspaces"), dict) else {}
+    notes = [f"an estimate for {device}, made on a machine without it (memgate.estimate, torch {raw['torch']}, "
+             f"allocator settings {raw['allocator'] or 'the defaults'}): the caching allocator's rules replayed over "
+             "the storages the program created",
+             f"cuBLAS workspaces: {workspaces.get('sizes', 'unknown')}",
+             "not modelled: " + "; ".join(str(x) for x in not_modelled)]
+    out: dict[str, Any] = {"estimate": dict(raw), "platform": {"*": platform}, "notes": notes}
+    if unmodelled:
+        why = "an estimate cannot follow " + "; ".join(f"{op} ({reason})" for op, reason in sorted(unmodelled.items()))
+        out["not_measurable"] = dict.fromkeys(history_metrics, why)
+    return out

@@ -1,0 +1,203 @@
+"""memgate.estimate: CUDA code run on a CPU-only machine, its storages replayed through the caching
+allocator's model, measured against torch.cuda's own counters of real NVIDIA H200 runs.
+
+``tests/data/torch_cuda/truth.json`` is ``samples/torch_cuda/truth.json`` (torch 2.11.0+cu130 on one H200,
+driver 580.159.04); the models below are those of the script that made those runs (``make_cuda_samples.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from memgate.errors import ConfigError
+from memgate.estimation.allocator import Allocator
+from memgate.estimation.api import ESTIMATE_SNAPSHOT, Target, allocator_settings
+from memgate.estimation.workspaces import DEVICES, sizes
+from memgate.loaders.snapshot.block_sizes import Settings
+from memgate.session import measure
+
+TRUTH = json.loads((Path(__file__).parent / "data" / "torch_cuda" / "truth.json").read_text())
+LEAK = 3 * 1024 * 1024 + 4096
+MIB = 1 << 20
+
+
+def _run(torch: Any, directory: Path, *, steps: int, leak_from: int, hidden: int = 8192) -> dict[str, Any]:
+    """make_cuda_samples.py's training loop, estimated; the figures memgate gives its estimate."""
+    import memgate
+
+    nn = torch.nn
+    with memgate.estimate(directory) as est:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(2048, hidden), nn.GELU(), nn.Linear(hidden, 2048)).to("cuda")
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randn(512, 2048, device="cuda")
+        kept = []
+        for i in range(steps):
+            loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i >= leak_from:
+                kept.append(torch.empty(LEAK, dtype=torch.uint8, device="cuda"))
+            est.step()
+        del kept
+    (measured,) = measure(directory)
+    (device,) = measured.devices
+    return dict(device.values)
+
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    torch = pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("estimates")
+    return {
+        "h200_record_leak": _run(torch, root / "record_leak", steps=8, leak_from=0),
+        "h200_record_clean": _run(torch, root / "record_clean", steps=8, leak_from=8),
+        # the trace run: the same 8 steps; torch's counters covered its 6 active steps (the peak is in the last)
+        "h200_trace_leak": _run(torch, root / "trace_leak", steps=8, leak_from=0),
+        # the snapshot run: one warm-up step, then 6 steps keeping a block each
+        "h200_snapshot_leak": _run(torch, root / "snapshot_leak", steps=7, leak_from=1),
+    }
+
+
+def test_estimates_equal_torch_cuda_counters_of_h200_runs(shared_runs: dict[str, dict[str, Any]]) -> None:
+    rows = [f"{'run':<22} {'peak allocated (estimate / H200)':>36} {'peak reserved (estimate / H200)':>34} "
+            f"{'step growth (estimate / leak)':>30}"]
+    for name, values in shared_runs.items():
+        truth = TRUTH[name]
+        rows.append(f"{name:<22} {values['peak_allocated_bytes']:>17} / {truth['peak_allocated']:<16} "
+                    f"{values['peak_reserved_bytes']:>15} / {truth['peak_reserved']:<16} "
+                    f"{values['step_growth_bytes']:>12} / {truth['leak_per_step']}")
+    print("\n" + "\n".join(rows))
+    for name, values in shared_runs.items():
+        truth = TRUTH[name]
+        assert values["peak_allocated_bytes"] == truth["peak_allocated"], name
+        assert values["peak_reserved_bytes"] == truth["peak_reserved"], name
+        assert values["step_growth_bytes"] == truth["leak_per_step"], name
+
+
+def test_estimate_is_named_as_one_with_its_assumptions(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    _run(torch, tmp_path, steps=2, leak_from=2, hidden=256)
+    from memgate.loaders.snapshot import snapshot
+    from memgate.platforms import device_platform
+
+    profile = snapshot.load(tmp_path / ESTIMATE_SNAPSHOT)
+    platform = device_platform(profile.metadata, "cuda:0")
+    assert platform.device_name == "estimated: NVIDIA H200"
+    assert platform.label().startswith("estimated: NVIDIA H200 / torch ")
+    assert profile.metadata["notes"][0].startswith("an estimate for NVIDIA H200, made on a machine without it")
+    record = profile.metadata["estimate"]
+    assert record["workspaces"]["allocated"] == ["cublas workspace of 33554432 B for the forward thread",
+                                                 "cublaslt workspace of 1048576 B for the forward thread",
+                                                 "cublas workspace of 33554432 B for the backward thread"]
+    assert "not_measurable" not in profile.metadata
+
+
+def test_a_fused_optimizer_is_not_measurable_with_why(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import memgate
+
+    with memgate.estimate(tmp_path) as est:
+        model = torch.nn.Linear(64, 64).cuda()
+        opt = torch.optim.AdamW(model.parameters(), fused=True)
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+        opt.step()
+        est.step()
+    (measured,) = measure(tmp_path)
+    (device,) = measured.devices
+    why = measured.profile.metadata["not_measurable"]["peak_allocated_bytes"]
+    assert why.startswith("an estimate cannot follow aten::_fused_adamw_ (fused Adam/AdamW")
+    assert device.values.get("peak_allocated_bytes") is None
+
+
+def test_values_asked_of_an_estimated_tensor_are_zeros_and_said(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import memgate
+
+    with memgate.estimate(tmp_path) as est:
+        x = torch.ones(4, device="cuda")
+        assert x.sum().item() == 0.0
+        assert x.cpu().tolist() == [0.0] * 4
+        est.step()
+    record = pickle.loads((tmp_path / ESTIMATE_SNAPSHOT).read_bytes())["memgate_estimate"]
+    assert any(text.startswith("values: .item()") for text in record["not_modelled"])
+
+
+# ---- the allocator model ----------------------------------------------------------------------------
+
+
+def _blocks(allocator: Allocator) -> list[tuple[int, str]]:
+    return [(b["size"], b["state"]) for s in allocator.snapshot_segments() for b in s["blocks"]]
+
+
+def test_a_large_request_keeps_a_remainder_of_at_most_1_mib() -> None:
+    allocator = Allocator(Settings())
+    first = allocator.malloc(4 * MIB, [], 1)  # a 20 MiB segment; its 16 MiB rest split off
+    for _ in range(5):  # the fifth leaves 1028096 B (not over 1 MiB): its block keeps them
+        allocator.malloc(LEAK, [], 2)
+    assert _blocks(allocator) == [(4 * MIB, "active_allocated")] + [(LEAK, "active_allocated")] * 4 + [
+        (4177920, "active_allocated")]
+    assert [s["total_size"] for s in allocator.snapshot_segments()] == [20 * MIB]
+    allocator.free(first, 3)
+    assert _blocks(allocator)[0] == (4 * MIB, "inactive")
+
+
+def test_small_requests_round_to_512_and_split_in_a_2_mib_segment() -> None:
+    allocator = Allocator(Settings())
+    a = allocator.malloc(4, [], 1)
+    allocator.malloc(1000, [], 2)
+    assert _blocks(allocator) == [(512, "active_allocated"), (1024, "active_allocated"),
+                                  (2 * MIB - 1536, "inactive")]
+    allocator.free(a, 3)
+    allocator.malloc(512, [], 4)  # best fit: the freed 512 B block, not the large rest
+    assert _blocks(allocator)[0] == (512, "active_allocated")
+
+
+def test_large_segments_and_expandable_pages() -> None:
+    allocator = Allocator(Settings())
+    allocator.malloc(64 * MIB + 1, [], 1)
+    assert [s["total_size"] for s in allocator.snapshot_segments()] == [66 * MIB]
+    grown = Allocator(allocator_settings("expandable_segments:True"))
+    grown.malloc(3 * MIB, [], 1)
+    grown.malloc(30 * MIB, [], 2)
+    assert [s["total_size"] for s in grown.snapshot_segments()] == [40 * MIB]
+    assert [a["action"] for a in grown.trace] == ["segment_map", "alloc", "segment_map", "alloc"]
+    assert _blocks(grown) == [(3 * MIB, "active_allocated"), (30 * MIB, "active_allocated"), (7 * MIB, "inactive")]
+
+
+def test_max_split_size_keeps_oversize_blocks_for_oversize_requests() -> None:
+    allocator = Allocator(allocator_settings("max_split_size_mb:40"))
+    big = allocator.malloc(60 * MIB, [], 1)
+    allocator.free(big, 2)
+    allocator.malloc(30 * MIB, [], 3)  # under the limit: the 60 MiB free block may not serve it
+    assert [s["total_size"] for s in allocator.snapshot_segments()] == [60 * MIB, 30 * MIB]
+
+
+# ---- the target and the settings ------------------------------------------------------------------
+
+
+def test_target_names_a_modelled_device() -> None:
+    assert Target.parse("cuda").device.name == "NVIDIA H200"
+    assert Target.parse("cuda:nvidia a100-sxm4-80gb").device.name == "NVIDIA A100-SXM4-80GB"
+    with pytest.raises(ConfigError, match="no model of device 'RTX 9999'"):
+        Target.parse("cuda:RTX 9999")
+    with pytest.raises(ConfigError, match="invalid --memgate-estimate 'npu'"):
+        Target.parse("npu")
+    with pytest.raises(ConfigError, match="invalid allocator setting 'pinned_num_register_threads:4'"):
+        allocator_settings("pinned_num_register_threads:4")
+
+
+def test_workspace_sizes_say_where_they_come_from() -> None:
+    assert sizes(DEVICES["NVIDIA H200"], "2.11.0+cu130", {}) == (32 * MIB, MIB, "measured on NVIDIA H200 with torch 2.11")
+    blas, lt, source = sizes(DEVICES["NVIDIA A100-SXM4-80GB"], "2.13.0", {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
+    assert (blas, lt) == (32 * MIB, MIB)
+    assert source == ("torch's defaults for compute capability 8.0 (not measured on NVIDIA A100-SXM4-80GB with "
+                      "torch 2.13); cuBLAS workspace from CUBLAS_WORKSPACE_CONFIG")
+    assert np.int64(sizes(DEVICES["NVIDIA L4"], "2.13.0", {})[0]) == 8 * MIB + 128 * 1024
