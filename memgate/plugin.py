@@ -99,10 +99,10 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("memgate_report_left", "bool", None,
             "list in the summary, per test memgate_record recorded, the device memory it left allocated when its "
             "body ended (largest first): the test that makes a later one run out of memory is named"),
-    _Option("memgate_estimate", "string", "cuda[:DEVICE]",
-            "memgate_record estimates what the test would record on this CUDA device (default NVIDIA H200) on a "
-            "machine without it: CUDA tensors become meta tensors, the caching allocator is modelled; every row "
-            "says it is an estimate"),
+    _Option("memgate_estimate", "string", "TARGET",
+            "memgate_record estimates, on a machine without the GPU, what the test would record on a CUDA device: "
+            "TARGET is cuda (NVIDIA H200) or cuda:DEVICE NAME; CUDA tensors become meta tensors and the caching "
+            "allocator is modelled; every row says it is an estimate"),
     _Option("memgate_allow_unselected", "bool", None,
             "a budget or marker whose ranks/devices select no device of any profile of the run is skipped, not an "
             "error (for runs whose devices are optional)"),

@@ -67,8 +67,9 @@ def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
 
 
 def test_estimates_equal_torch_cuda_counters_of_h200_runs(shared_runs: dict[str, dict[str, Any]]) -> None:
-    rows = [f"{'run':<22} {'peak allocated (estimate / H200)':>36} {'peak reserved (estimate / H200)':>34} "
-            f"{'step growth (estimate / leak)':>30}"]
+    head = (f"{'run':<22} {'peak allocated (estimate / H200)':>36} {'peak reserved (estimate / H200)':>34} "
+            f"{'step growth (estimate / leak)':>30}")
+    rows = [head]
     for name, values in shared_runs.items():
         truth = TRUTH[name]
         rows.append(f"{name:<22} {values['peak_allocated_bytes']:>17} / {truth['peak_allocated']:<16} "
@@ -201,3 +202,72 @@ def test_workspace_sizes_say_where_they_come_from() -> None:
     assert source == ("torch's defaults for compute capability 8.0 (not measured on NVIDIA A100-SXM4-80GB with "
                       "torch 2.13); cuBLAS workspace from CUBLAS_WORKSPACE_CONFIG")
     assert np.int64(sizes(DEVICES["NVIDIA L4"], "2.13.0", {})[0]) == 8 * MIB + 128 * 1024
+
+
+# ---- the pytest option ------------------------------------------------------------------------------
+
+MARKED = """
+import pytest, torch, torch.nn as nn
+
+HIDDEN = {hidden}
+
+@pytest.mark.memgate(peak_allocated="{limit}", devices="cuda:*")
+def test_train(memgate_record):
+    model = nn.Sequential(nn.Linear(1024, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(256, 1024, device="cuda")
+    for _ in range(3):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        memgate_record.step()
+"""
+
+
+def _peak_of(pytester: pytest.Pytester, hidden: int) -> int:
+    torch = pytest.importorskip("torch")
+    import memgate
+
+    nn = torch.nn
+    with memgate.estimate(pytester.path / f"direct{hidden}") as est:
+        model = nn.Sequential(nn.Linear(1024, hidden), nn.GELU(), nn.Linear(hidden, 1024)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randn(256, 1024, device="cuda")
+        for _ in range(3):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            est.step()
+    (measured,) = measure(pytester.path / f"direct{hidden}")
+    return int(measured.devices[0].values["peak_allocated_bytes"])
+
+
+def test_a_marked_test_estimated_on_cpu_fails_when_its_model_grows_by_a_quarter(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("torch")
+    peak = _peak_of(pytester, 4096)
+    assert _peak_of(pytester, 5120) > peak * 1.1  # the bigger model's estimate is well over the budget
+    pytester.makepyfile(test_model=MARKED.format(hidden=4096, limit=peak))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memgate-estimate=cuda", "-rA")
+    result.assert_outcomes(passed=1)
+    pytester.makepyfile(test_model=MARKED.format(hidden=5120, limit=peak))  # 25 % more hidden units
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memgate-estimate=cuda:NVIDIA H200", "-rA")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peak_allocated * exceeds budget * (estimate for NVIDIA H200)*"])
+
+
+def test_an_unknown_device_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memgate-estimate=cuda:RTX 9999")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*invalid --memgate-estimate 'cuda:RTX 9999': no model of device 'RTX 9999'*"])
+
+
+def test_the_ini_twin_names_the_device_too(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nmemgate_estimate = cuda:RTX 9999\n")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*invalid --memgate-estimate 'cuda:RTX 9999': no model of device 'RTX 9999'*"])
+    pytester.makeini("[pytest]\nmemgate_estimate = npu\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.stderr.fnmatch_lines(["*invalid --memgate-estimate 'npu'*expected cuda or cuda:DEVICE NAME*"])

@@ -20,9 +20,11 @@ chosen for meta tensors as it is for CUDA ones (torch's device lists are patched
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from memgate.estimation.allocator import Event
@@ -113,16 +115,15 @@ class Storages:
 
 def make_modes(torch: Any, storages: Storages) -> tuple[Any, Any]:
     """(function mode, dispatch mode) for ``torch`` noting into ``storages`` (module docstring)."""
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    function_base = importlib.import_module("torch.overrides").TorchFunctionMode
+    dispatch_base = importlib.import_module("torch.utils._python_dispatch").TorchDispatchMode
     Tensor = torch.Tensor
-    zeros_of = {Tensor.item: lambda t: 0 if not t.dtype.is_floating_point else 0.0,
+    zeros_of: dict[Any, Callable[[Any], Any]] = {Tensor.item: lambda t: 0 if not t.dtype.is_floating_point else 0.0,
                 Tensor.tolist: lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist(),
                 Tensor.cpu: lambda t: torch.zeros(t.shape, dtype=t.dtype),
                 Tensor.numpy: lambda t: torch.zeros(t.shape, dtype=t.dtype).numpy()}
 
-    class ToMeta(TorchFunctionMode):  # type: ignore[misc]  # torch's class, known at run time
+    class ToMeta(function_base):  # type: ignore[misc, valid-type]  # torch's class, known at run time
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = dict(kwargs or {})
             if "device" in kwargs:
@@ -140,7 +141,7 @@ def make_modes(torch: Any, storages: Storages) -> tuple[Any, Any]:
                 return torch.zeros(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
             return func(*args, **kwargs)
 
-    class Track(TorchDispatchMode):  # type: ignore[misc]  # torch's class, known at run time
+    class Track(dispatch_base):  # type: ignore[misc, valid-type]  # torch's class, known at run time
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             storages.poll()
             name = func.overloadpacket.__name__
@@ -158,7 +159,7 @@ def make_modes(torch: Any, storages: Storages) -> tuple[Any, Any]:
 def cuda_defaults(torch: Any) -> Iterator[None]:
     """While estimating: torch's optimizers pick ``foreach`` (and accept ``fused``) for meta tensors as
     for CUDA ones; ``torch.cuda``'s calls that need a GPU and change no memory figure do nothing."""
-    import torch.optim.optimizer as optimizer_module
+    optimizer_module = importlib.import_module("torch.optim.optimizer")
 
     saved: list[tuple[Any, str, Any]] = []
 
@@ -183,7 +184,7 @@ def cuda_defaults(torch: Any) -> Iterator[None]:
 def user_frames(is_user_file: Callable[[str], bool], depth: int = 4) -> list[dict[str, Any]]:
     """The user's frames on the stack, innermost first, as a snapshot's trace entries carry them."""
     frames: list[dict[str, Any]] = []
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and len(frames) < depth:
         code = frame.f_code
         if is_user_file(code.co_filename):

@@ -36,10 +36,12 @@ def metadata(path: Path, raw: Any, history_metrics: tuple[str, ...]) -> dict[str
     device = str(raw["device"])
     platform = {"device_name": ESTIMATED + device, "total_memory": total if type(total) is int else None,
                 "compute": raw["compute"], "framework": f"torch {raw['torch']}", "allocator": raw["allocator"]}
-    workspaces = raw.get("workspaces") if isinstance(raw.get("workspaces"), dict) else {}
-    notes = [f"an estimate for {device}, made on a machine without it (memgate.estimate, torch {raw['torch']}, "
-             f"allocator settings {raw['allocator'] or 'the defaults'}): the caching allocator's rules replayed over "
-             "the storages the program created",
+    workspaces = raw.get("workspaces")
+    workspaces = workspaces if isinstance(workspaces, dict) else {}
+    made = (f"an estimate for {device}, made on a machine without it (memgate.estimate, torch {raw['torch']}, "
+            f"allocator settings {raw['allocator'] or 'the defaults'}): the caching allocator's rules replayed over "
+            "the storages the program created")
+    notes = [made,
              f"cuBLAS workspaces: {workspaces.get('sizes', 'unknown')}",
              "not modelled: " + "; ".join(str(x) for x in not_modelled)]
     out: dict[str, Any] = {"estimate": dict(raw), "platform": {"*": platform}, "notes": notes}
