@@ -271,3 +271,18 @@ def test_the_ini_twin_names_the_device_too(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nmemgate_estimate = npu\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.stderr.fnmatch_lines(["*invalid --memgate-estimate 'npu'*expected cuda or cuda:DEVICE NAME*"])
+
+
+def test_attention_through_sdpa_is_not_measurable(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import memgate
+
+    with memgate.estimate(tmp_path) as est:
+        q = torch.randn(2, 4, 16, 8, device="cuda")
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        est.step()
+    (measured,) = measure(tmp_path)
+    why = measured.profile.metadata["not_measurable"]["peak_reserved_bytes"]
+    assert why == ("an estimate cannot follow torch.nn.functional.scaled_dot_product_attention "
+                   "(scaled_dot_product_attention picks a CUDA backend (flash, memory-efficient, cuDNN) whose "
+                   "allocations no meta kernel shows)")

@@ -46,9 +46,12 @@ UNMODELLED = {
     "cudnn_batch_norm": "cuDNN batch norm allocates a reserve space sized by cuDNN",
     "_cudnn_rnn": "cuDNN RNNs allocate workspaces sized by cuDNN",
 }
-ZERO_NOTE = ("values are not computed: .item(), .tolist(), .cpu() and .numpy() of an estimated tensor give zeros, "
-             "so code whose allocations depend on values is estimated on zeros")
-
+# The same, seen as the torch function the user's code calls (its CUDA backends are picked below the dispatch mode:
+# on meta tensors torch would take another path, whose allocations are not the GPU's).
+UNMODELLED_FUNCTIONS = {
+    "scaled_dot_product_attention": "scaled_dot_product_attention picks a CUDA backend (flash, memory-efficient, "
+                                    "cuDNN) whose allocations no meta kernel shows",
+}
 
 def is_cuda(device: Any) -> bool:
     text = str(device) if device is not None else ""
@@ -126,6 +129,9 @@ def make_modes(torch: Any, storages: Storages) -> tuple[Any, Any]:
     class ToMeta(function_base):  # type: ignore[misc, valid-type]  # torch's class, known at run time
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = dict(kwargs or {})
+            name = getattr(func, "__name__", "")
+            if name in UNMODELLED_FUNCTIONS:
+                storages.unmodelled.setdefault(f"torch.nn.functional.{name}", UNMODELLED_FUNCTIONS[name])
             if "device" in kwargs:
                 kwargs["device"] = _to_meta(kwargs["device"])
             if func is Tensor.cuda:
