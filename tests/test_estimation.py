@@ -286,3 +286,32 @@ def test_attention_through_sdpa_is_not_measurable(tmp_path: Path) -> None:
     assert why == ("an estimate cannot follow torch.nn.functional.scaled_dot_product_attention "
                    "(scaled_dot_product_attention picks a CUDA backend (flash, memory-efficient, cuDNN) whose "
                    "allocations no meta kernel shows)")
+
+
+def test_tracked_models_give_categories_and_holders_their_lines(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import memgate
+
+    nn = torch.nn
+    with memgate.estimate(tmp_path) as est:
+        model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randn(512, 2048, device="cuda")
+        est.track(model, opt)
+        for _ in range(2):
+            loss = model(x).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            est.step()
+    (measured,) = measure(tmp_path)
+    values = measured.devices[0].values
+    assert values["peak_allocated_bytes"] == TRUTH["h200_record_clean"]["peak_allocated"]
+    params = 2 * 8192 * 2048 * 4 + (8192 + 2048) * 4
+    assert values["category_bytes_at_peak"] == {
+        "parameters": params, "buffers": 0, "gradients": params, "optimizer_state": 2 * params,
+        "activations": TRUTH["h200_record_clean"]["peak_allocated"] - 4 * params, "other": 0}
+    top = values["top_at_peak"][0]
+    assert (top["size"], top["op"]) == (67108864, "aten::_to_copy")  # a weight, moved to cuda by .cuda()
+    assert top["owner"].startswith("test_tracked_models_give_categories_and_holders_their_lines (")
+    assert "test_estimation.py:" in top["owner"] and top["category"] == "parameters", top

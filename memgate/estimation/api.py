@@ -32,8 +32,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from memgate.categories import NOTE_PREFIX
 from memgate.errors import ConfigError, show
 from memgate.estimation.allocator import Allocator, Event
+from memgate.estimation.tracked import placed
 from memgate.estimation.workspaces import DEFAULT_DEVICE, DEVICES, Device, Workspaces, sizes
 from memgate.loaders.snapshot.block_sizes import Settings
 from memgate.platforms import conf_text
@@ -111,9 +113,17 @@ class Estimator:
         self._torch_version = ""
         self._compiled: list[str] = []
         self._stopped = False
+        self._to_track: list[Any] = list(track) if isinstance(track, (list, tuple, set)) else [track]
+        self._tracker: Any = None
 
     def track(self, *objects: Any) -> Self:
-        """Accepted for :class:`memgate.record.Recorder`'s sake; an estimate attributes no categories yet."""
+        """Note the storages of these models and optimizers, as :meth:`memgate.record.Recorder.track` does:
+        the blocks live at the peak are then attributed to parameters, buffers, gradients, optimizer state
+        and activations (:mod:`memgate.estimation.tracked`)."""
+        if self._tracker is None:
+            self._to_track.extend(objects)
+        else:
+            self._tracker.add(objects)
         return self
 
     def start(self) -> Self:
@@ -129,6 +139,11 @@ class Estimator:
         self._workspace_source = source
         self._storages = redirect.Storages(
             torch, Workspaces(torch, blas, lt), lambda: redirect.user_frames(lambda f: _is_user_file(f, library)))
+        from memgate.estimation.tracked import EstimateTracker
+
+        tracker = EstimateTracker(torch, self._storages)
+        tracker.add(self._to_track)  # what is no module or optimizer fails here, before anything starts
+        self._tracker, self._to_track = tracker, []
         function_mode, dispatch_mode = redirect.make_modes(torch, self._storages)
         stack = contextlib.ExitStack()
         stack.enter_context(redirect.cuda_defaults(torch))
@@ -137,12 +152,15 @@ class Estimator:
         stack.enter_context(dispatch_mode)
         self._stack = stack
         self._storages.mark("start")
+        tracker.active = True
         return self
 
     def step(self) -> None:
         """End of one training step."""
         if self._stack is None or self._stopped:
             raise RuntimeError("the estimator is not running (call start() or use it as a context manager)")
+        self._tracker.note("step end")
+        self._tracker.step = self.steps + 1
         self._storages.mark("step")
         self.steps += 1
 
@@ -153,6 +171,8 @@ class Estimator:
         self._stopped = True
         gc.collect()  # what only a reference cycle held dies while we watch (as Recorder.stop does)
         self._storages.poll()
+        self._tracker.note("stop")
+        self._tracker.close()
         self._stack.close()
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / ESTIMATE_SNAPSHOT
@@ -169,6 +189,7 @@ class Estimator:
         """The memory snapshot the caching allocator's model writes for ``events``."""
         allocator = Allocator(self.settings)
         addresses: dict[int, int] = {}
+        address_of: dict[int, int] = {}  # every storage's block address, freed or not (the tracked storages')
         annotations: list[dict[str, Any]] = []
         t_us = 1_000_000
         step = 0
@@ -177,9 +198,12 @@ class Estimator:
             if event.kind == "alloc":
                 frames = [*([{"filename": "??", "line": 0, "name": f"at::_ops::{event.what[6:]}::call"}]
                             if event.what.startswith("aten::") else []), *event.frames]
-                addresses[event.ident] = allocator.malloc(event.size, frames, t_us)
+                addresses[event.ident] = address_of[event.ident] = allocator.malloc(event.size, frames, t_us)
             elif event.kind == "free":
                 allocator.free(addresses.pop(event.ident), t_us)
+            elif event.what.startswith(NOTE_PREFIX):
+                annotations += [{"name": event.what, "stage": stage, "time_us": t_us, "device": 0}
+                                for stage in ("START", "END")]
             elif event.what == "start":
                 annotations.append({"name": "ProfilerStep#0", "stage": "START", "time_us": t_us, "device": 0})
             else:
@@ -189,6 +213,9 @@ class Estimator:
         if annotations and annotations[-1]["stage"] == "START" and step:
             annotations.pop()  # the step the last step() opened holds no training step (as the recorder drops it)
         self.estimate = self._record()
+        tracked = placed(self._tracker.manifest() if self._tracker is not None else None, address_of)
+        if tracked is not None:
+            self.estimate["tracked"] = tracked
         raw_settings = {"PYTORCH_CUDA_ALLOC_CONF": self.alloc_conf or "", "expandable_segments": self.settings.expandable,
                         "max_split_size": -1 if self.settings.max_split_size >= (1 << 62) else self.settings.max_split_size,
                         "roundup_power2_divisions": {str(1 << i): d for i, d in enumerate(self.settings.divisions)}}

@@ -12,7 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memgate import categories
 from memgate.errors import InputError
+from memgate.model import DeviceModel
+from memgate.schemas import load_schema
+from memgate.table import Table
 
 KEY = "memgate_estimate"
 ESTIMATED = "estimated: "  # the platform's device name: "estimated: NVIDIA H200"
@@ -49,3 +53,28 @@ def metadata(path: Path, raw: Any, history_metrics: tuple[str, ...]) -> dict[str
         why = "an estimate cannot follow " + "; ".join(f"{op} ({reason})" for op, reason in sorted(unmodelled.items()))
         out["not_measurable"] = dict.fromkeys(history_metrics, why)
     return out
+
+
+def tracked(path: Path, snapshot: Any) -> categories.Tracked | None:
+    """The storages an estimate tracked (the recording manifest's ``tracked`` record, with block
+    addresses), validated as a manifest's is; None where it tracked nothing."""
+    raw = snapshot.get(KEY) if isinstance(snapshot, dict) else None
+    record = raw.get("tracked") if isinstance(raw, dict) else None
+    if record is None:
+        return None
+    import jsonschema  # here: only an estimate that tracked models is checked with it
+
+    schema = load_schema("recording")["properties"]["tracked"]
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(record))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        raise InputError(f"malformed estimate record: {error.message[:160]}", file=path,
+                         column=f"{KEY}.tracked{where}", expected="the storages memgate.estimate tracked")
+    return categories.Tracked.of(record)
+
+
+def with_categories(models: list[DeviceModel], record: categories.Tracked, moments: dict[int, int],
+                    steps: Table) -> list[DeviceModel]:
+    """Each device's blocks attributed to the tracked categories (:mod:`memgate.categories`)."""
+    return [categories.attribute(model, record, moments, model.steps if model.steps is not None else steps)[0]
+            for model in models]
