@@ -315,3 +315,41 @@ def test_tracked_models_give_categories_and_holders_their_lines(tmp_path: Path) 
     assert (top["size"], top["op"]) == (67108864, "aten::_to_copy")  # a weight, moved to cuda by .cuda()
     assert top["owner"].startswith("test_tracked_models_give_categories_and_holders_their_lines (")
     assert "test_estimation.py:" in top["owner"] and top["category"] == "parameters", top
+
+
+def test_inspect_says_it_is_an_estimate_and_how_to_mark_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch = pytest.importorskip("torch")
+    import memgate
+    from memgate.cli import main
+
+    with memgate.estimate(tmp_path, device="NVIDIA A100-SXM4-80GB") as est:
+        torch.empty(1024, device="cuda")
+        est.step()
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("  estimate: an estimate for NVIDIA A100-SXM4-80GB, made on a machine without it")
+    assert "    capacity                 80.00 GiB (85899345920 B), headroom" in "\n".join(out)
+    growth = next(line for line in out if line.lstrip().startswith("step_growth_bytes"))
+    assert growth.endswith("call est.step() once per training step of memgate.estimate, at least 6 times "
+                           "(5 counted after 1 warm-up), or lower warmup_steps")
+
+
+def test_a_share_of_the_estimated_device_is_a_limit(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import memgate
+    from memgate.budgets import load_budget_file
+    from memgate.discover import discover, load
+    from memgate.judge import judge
+    from memgate.metric_cache import MetricCache
+
+    with memgate.estimate(tmp_path / "prof", device="NVIDIA L4") as est:
+        kept = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")  # 3 GiB of the L4's 22.49 GiB
+        est.step()
+    del kept
+    (tmp_path / "memgate.toml").write_text('[[budgets]]\nname = "share"\npeak_reserved = "10%"\n')
+    budget = load_budget_file(tmp_path / "memgate.toml").budgets[0]
+    (found,) = discover(tmp_path / "prof")
+    outcome = judge(MetricCache(load(found)), budget, "peak_reserved")
+    assert not outcome.passed
+    assert outcome.message.startswith("peak_reserved 3.00 GiB exceeds budget 2.25 GiB by ")
+    assert "rank 0 cuda:0 (estimate for NVIDIA L4)" in outcome.message

@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from memgate.categories import NOTE_PREFIX
+from memgate.loaders.snapshot.snapshot_estimate import DEVICE
 from memgate.tracking import StorageTracker
-
-DEVICE = "cuda:0"  # the device an estimate's blocks are on
 
 
 class EstimateTracker(StorageTracker):

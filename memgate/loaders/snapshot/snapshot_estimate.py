@@ -21,6 +21,7 @@ from memgate.table import Table
 KEY = "memgate_estimate"
 ESTIMATED = "estimated: "  # the platform's device name: "estimated: NVIDIA H200"
 _TEXTS = ("device", "torch", "allocator", "compute")
+DEVICE = "cuda:0"  # the device an estimate's blocks are on
 
 
 def metadata(path: Path, raw: Any, history_metrics: tuple[str, ...]) -> dict[str, Any]:
@@ -49,6 +50,8 @@ def metadata(path: Path, raw: Any, history_metrics: tuple[str, ...]) -> dict[str
              f"cuBLAS workspaces: {workspaces.get('sizes', 'unknown')}",
              "not modelled: " + "; ".join(str(x) for x in not_modelled)]
     out: dict[str, Any] = {"estimate": dict(raw), "platform": {"*": platform}, "notes": notes}
+    if type(total) is int and total > 0:  # a limit written as a share of the device ("92%") resolves against it
+        out["device_capacity_bytes"] = {DEVICE: total}
     if unmodelled:
         why = "an estimate cannot follow " + "; ".join(f"{op} ({reason})" for op, reason in sorted(unmodelled.items()))
         out["not_measurable"] = dict.fromkeys(history_metrics, why)
