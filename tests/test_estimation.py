@@ -353,3 +353,38 @@ def test_a_share_of_the_estimated_device_is_a_limit(tmp_path: Path) -> None:
     assert not outcome.passed
     assert outcome.message.startswith("peak_reserved 3.00 GiB exceeds budget 2.25 GiB by ")
     assert "rank 0 cuda:0 (estimate for NVIDIA L4)" in outcome.message
+
+
+PROVENANCE_MARKER_TEST = """
+import pytest, torch, torch.nn as nn
+
+LEAK = 3 * 1024 * 1024 + 4096
+
+def train(rec, leak):
+    model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(512, 2048, device="cuda")
+    kept = []
+    for _ in range(8):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if leak:
+            kept.append(torch.empty(LEAK, dtype=torch.uint8, device="cuda"))
+        rec.step()
+
+@pytest.mark.memgate(step_growth="1 MiB", devices="cuda:*")
+def test_leaks(memgate_record):
+    train(memgate_record, True)
+"""
+
+
+def test_the_h200_marker_test_estimated_finds_its_leak(pytester: pytest.Pytester) -> None:
+    """h200_marker_test_leaks (samples/torch_cuda/PROVENANCE.md), its test as written for CUDA: 3149824 B a step."""
+    pytest.importorskip("torch")
+    pytester.makepyfile(test_cuda_budget=PROVENANCE_MARKER_TEST)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memgate-estimate=cuda")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["step_growth 3.00 MiB exceeds budget 1.00 MiB by 2.00 MiB (+200.4%) — "
+                                 "rank 0 cuda:0 (estimate for NVIDIA H200)*"])
