@@ -1,7 +1,7 @@
 """memgate.estimate: CUDA code run on a CPU-only machine, its storages replayed through the caching
 allocator's model, measured against torch.cuda's own counters of real NVIDIA H200 runs.
 
-``tests/data/torch_cuda/truth.json`` is ``samples/torch_cuda/truth.json`` (torch 2.11.0+cu130 on one H200,
+``tests/data/samples/torch_cuda/truth.json``: torch.cuda's counters of those runs (torch 2.11.0+cu130 on one H200,
 driver 580.159.04); the models below are those of the script that made those runs (``make_cuda_samples.py``).
 """
 
@@ -22,9 +22,17 @@ from memgate.estimation.workspaces import DEVICES, sizes
 from memgate.loaders.snapshot.block_sizes import Settings
 from memgate.session import measure
 
-TRUTH = json.loads((Path(__file__).parent / "data" / "torch_cuda" / "truth.json").read_text())
+SAMPLES = Path(__file__).parent / "data" / "samples" / "torch_cuda"
+TRUTH = json.loads((SAMPLES / "truth.json").read_text())
 LEAK = 3 * 1024 * 1024 + 4096
 MIB = 1 << 20
+
+
+def _step(model: Any, opt: Any, x: Any) -> None:
+    loss = model(x).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
 
 
 def _run(torch: Any, directory: Path, *, steps: int, leak_from: int, hidden: int = 8192) -> dict[str, Any]:
@@ -32,21 +40,18 @@ def _run(torch: Any, directory: Path, *, steps: int, leak_from: int, hidden: int
     import memgate
 
     nn = torch.nn
+    kept = []  # freed after the estimate stops, as the script's list outlives its recorder
     with memgate.estimate(directory) as est:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(2048, hidden), nn.GELU(), nn.Linear(hidden, 2048)).to("cuda")
         opt = torch.optim.AdamW(model.parameters())
         x = torch.randn(512, 2048, device="cuda")
-        kept = []
         for i in range(steps):
-            loss = model(x).float().pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            _step(model, opt, x)
             if i >= leak_from:
                 kept.append(torch.empty(LEAK, dtype=torch.uint8, device="cuda"))
             est.step()
-        del kept
+    del kept
     (measured,) = measure(directory)
     (device,) = measured.devices
     return dict(device.values)
@@ -81,6 +86,23 @@ def test_estimates_equal_torch_cuda_counters_of_h200_runs(shared_runs: dict[str,
         assert values["peak_allocated_bytes"] == truth["peak_allocated"], name
         assert values["peak_reserved_bytes"] == truth["peak_reserved"], name
         assert values["step_growth_bytes"] == truth["leak_per_step"], name
+
+
+# Every figure memgate reads from the real recording of the run (its snapshot's blocks) that an estimate models.
+SAME_AS_RECORDED = ("peak_allocated_bytes", "peak_requested_bytes", "peak_reserved_bytes", "allocated_at_dump_bytes",
+                    "reserved_at_dump_bytes", "step_growth_bytes", "leaked_bytes", "leak_undetermined_bytes",
+                    "fragmentation", "external_fragmentation", "largest_free_block_bytes", "free_block_fragmentation",
+                    "live_at_peak_count")
+
+
+@pytest.mark.parametrize("name", ["h200_record_leak", "h200_record_clean"])
+def test_every_figure_equals_memgates_of_the_real_recording(shared_runs: dict[str, dict[str, Any]], name: str) -> None:
+    (recorded,) = measure(SAMPLES / name)
+    real = {d.device: d.values for d in recorded.devices}["cuda:0"]
+    estimate = shared_runs[name]
+    assert {k: estimate[k] for k in SAME_AS_RECORDED} == {k: real[k] for k in SAME_AS_RECORDED}
+    assert estimate["allocated_at_dump_bytes"] == TRUTH[name]["allocated_end"]
+    assert [h["size"] for h in estimate["top_at_peak"]] == [h["size"] for h in real["top_at_peak"]]
 
 
 def test_estimate_is_named_as_one_with_its_assumptions(tmp_path: Path) -> None:

@@ -153,7 +153,11 @@ def make_modes(torch: Any, storages: Storages) -> tuple[Any, Any]:
             name = func.overloadpacket.__name__
             if name.rstrip("_") in UNMODELLED:
                 storages.unmodelled.setdefault(f"aten::{name}", UNMODELLED[name.rstrip("_")])
-            out = func(*args, **(kwargs or {}))
+            try:
+                out = func(*args, **(kwargs or {}))
+            except NotImplementedError as exc:  # no meta kernel: the program cannot run as an estimate
+                raise NotImplementedError(f"memgate.estimate: aten::{name} has no meta kernel in torch "
+                                          f"{torch.__version__}, so this program cannot be estimated ({exc})") from exc
             storages.outputs(out, f"aten::{name}")
             storages.workspaces.after(name, args, storages)
             return out
