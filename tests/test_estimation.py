@@ -410,3 +410,27 @@ def test_the_h200_marker_test_estimated_finds_its_leak(pytester: pytest.Pytester
     result.assert_outcomes(failed=1)
     line = "step_growth 3.00 MiB exceeds budget 1.00 MiB by 2.00 MiB (+200.4%) — rank 0 cuda:0 (estimate for NVIDIA H200)*"
     result.stdout.fnmatch_lines([line])
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "max_split_size_mb:20"])
+def test_the_allocator_keeps_its_segments_tiled_and_merged(conf: str) -> None:
+    """Random requests and frees: the blocks tile every segment, no two free neighbours stay apart, the pools
+    hold exactly the free blocks, and the snapshot the loader reads accounts for every byte."""
+    rng = np.random.default_rng(7)
+    allocator = Allocator(allocator_settings(conf))
+    live: list[int] = []
+    for t in range(3000):
+        if live and rng.random() < 0.45:
+            allocator.free(live.pop(int(rng.integers(len(live)))), t)
+        else:
+            size = int(rng.choice([4, 700, 4096, 1 << 20, (1 << 20) + 1, 3 * MIB + 4096, 12 * MIB, 50 * MIB]))
+            live.append(allocator.malloc(size, [], t))
+    for segment in allocator.snapshot_segments():
+        blocks = segment["blocks"]
+        assert blocks[0]["address"] == segment["address"]
+        assert sum(b["size"] for b in blocks) == segment["total_size"]
+        assert all(a["address"] + a["size"] == b["address"] for a, b in zip(blocks, blocks[1:]))
+        assert not any(a["state"] == b["state"] == "inactive" for a, b in zip(blocks, blocks[1:]))
+    free = sorted((b.size, b.addr) for b in allocator.blocks.values() if b.free)
+    assert sorted(allocator.pools[True] + allocator.pools[False]) == free
+    assert len(live) == sum(1 for b in allocator.blocks.values() if not b.free)

@@ -71,6 +71,7 @@ class Allocator:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.blocks: dict[int, _Block] = {}  # by address, free and allocated
+        self._ends: dict[int, int] = {}  # a block's end address -> its start (its neighbour before a free)
         self.pools: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, addr) free
         self.segments: dict[int, tuple[int, bool]] = {}  # address -> (size, small)
         self.trace: list[dict[str, Any]] = []
@@ -78,6 +79,15 @@ class Allocator:
         self._expandable: dict[bool, int] = {}  # small? -> its growing segment's address
 
     # -- the pools --------------------------------------------------------------------------------
+
+    def _add(self, block: _Block) -> None:
+        self.blocks[block.addr] = block
+        self._ends[block.addr + block.size] = block.addr
+
+    def _resize(self, block: _Block, size: int) -> None:
+        del self._ends[block.addr + block.size]
+        block.size = size
+        self._ends[block.addr + size] = block.addr
 
     def _insert(self, block: _Block) -> None:
         bisect.insort(self.pools[block.small], (block.size, block.addr))
@@ -111,7 +121,7 @@ class Allocator:
         self.segments[addr] = (total, small)
         self._entry("segment_alloc", addr, total, frames, t_us)
         block = _Block(addr, total, addr, small)
-        self.blocks[addr] = block
+        self._add(block)
         return block
 
     def _grow(self, size: int, small: bool, frames: list[dict[str, Any]], t_us: int) -> _Block:
@@ -130,15 +140,15 @@ class Allocator:
         self._entry("segment_map", addr + total, pages * page, frames, t_us)
         if last is not None and last.free:
             self._remove(last)
-            last.size += pages * page
+            self._resize(last, last.size + pages * page)
             return last
         block = _Block(addr + total, pages * page, addr, small)
-        self.blocks[block.addr] = block
+        self._add(block)
         return block
 
     def _last_block(self, segment: int, total: int) -> _Block | None:
-        ends = [b for b in self.blocks.values() if b.segment == segment and b.addr + b.size == segment + total]
-        return ends[0] if ends else None
+        start = self._ends.get(segment + total) if total else None
+        return self.blocks[start] if start is not None else None
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -159,10 +169,10 @@ class Allocator:
         else:
             split = size < self.settings.max_split_size and rest > SMALL_SIZE
         if split:
+            self._resize(block, size)
             tail = _Block(block.addr + size, rest, block.segment, block.small)
-            self.blocks[tail.addr] = tail
+            self._add(tail)
             self._insert(tail)
-            block.size = size
         block.free, block.requested, block.frames = False, requested, frames
         self._entry("alloc", block.addr, requested, frames, t_us)
         return block.addr
@@ -177,8 +187,8 @@ class Allocator:
                 continue
             self._remove(neighbour)
             first, second = (block, neighbour) if block.addr < neighbour.addr else (neighbour, block)
-            first.size += second.size
-            del self.blocks[second.addr]
+            del self.blocks[second.addr], self._ends[second.addr + second.size]
+            self._resize(first, first.size + second.size)
             block = first
         self._insert(block)
 
@@ -187,10 +197,9 @@ class Allocator:
         return nxt if nxt is not None and nxt.segment == block.segment else None
 
     def _before(self, block: _Block) -> _Block | None:
-        for other in self.blocks.values():  # few blocks per segment: a scan is enough
-            if other.segment == block.segment and other.addr + other.size == block.addr:
-                return other
-        return None
+        start = self._ends.get(block.addr)
+        prev = self.blocks.get(start) if start is not None else None
+        return prev if prev is not None and prev.segment == block.segment else None
 
     # -- the snapshot -----------------------------------------------------------------------------
 
