@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -429,8 +430,8 @@ def test_the_allocator_keeps_its_segments_tiled_and_merged(conf: str) -> None:
         blocks = segment["blocks"]
         assert blocks[0]["address"] == segment["address"]
         assert sum(b["size"] for b in blocks) == segment["total_size"]
-        assert all(a["address"] + a["size"] == b["address"] for a, b in zip(blocks, blocks[1:]))
-        assert not any(a["state"] == b["state"] == "inactive" for a, b in zip(blocks, blocks[1:]))
+        assert all(a["address"] + a["size"] == b["address"] for a, b in pairwise(blocks))
+        assert not any(a["state"] == b["state"] == "inactive" for a, b in pairwise(blocks))
     free = sorted((b.size, b.addr) for b in allocator.blocks.values() if b.free)
     assert sorted(allocator.pools[True] + allocator.pools[False]) == free
     assert len(live) == sum(1 for b in allocator.blocks.values() if not b.free)
