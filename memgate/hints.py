@@ -28,6 +28,9 @@ def record_more_steps(fmt: str, metadata: Mapping[str, Any], needed: int, warmup
         done = f"this test called it {calls} time(s)" if isinstance(calls, int) else ""
         return _join(f"call memgate_record.step() once per training step, at least {total} times "
                      f"({needed} counted after {warmup} warm-up)", done, lower)
+    if isinstance(metadata.get("estimate"), dict):  # memgate.estimate's snapshot: its steps are est.step() calls
+        return _join(f"call est.step() once per training step of memgate.estimate, at least {total} times "
+                     f"({needed} counted after {warmup} warm-up)", lower)
     schedule = f"schedule(wait=1, warmup=1, active={total})"
     active = f"record at least {total} active steps"
     by_format = {

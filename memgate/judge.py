@@ -276,7 +276,9 @@ def judge(cache: MetricCache, budget: Budget, metric: str) -> Outcome:
         limit, resolved = resolve_limit(profile, m.device, budget, metric)
         judged.append((value - limit, value, limit, m, ", ".join(x for x in (extra, resolved) if x)))
     _, value, limit, worst, extra = max(judged, key=lambda c: c[0])
-    where = f"rank {profile.rank} {worst.device}" + (f", {extra}" if extra else "")
+    estimate = profile.metadata.get("estimate")  # memgate.estimate's figures: never shown as a measurement
+    named = f" (estimate for {estimate.get('device')})" if isinstance(estimate, dict) else ""
+    where = f"rank {profile.rank} {worst.device}{named}" + (f", {extra}" if extra else "")
     passed = value <= limit
     return Outcome(
         profile_path=profile.path,

@@ -99,6 +99,10 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("memgate_report_left", "bool", None,
             "list in the summary, per test memgate_record recorded, the device memory it left allocated when its "
             "body ended (largest first): the test that makes a later one run out of memory is named"),
+    _Option("memgate_estimate", "string", "TARGET",
+            "memgate_record estimates, on a machine without the GPU, what the test would record on a CUDA device: "
+            "TARGET is cuda (NVIDIA H200) or cuda:DEVICE NAME; CUDA tensors become meta tensors and the caching "
+            "allocator is modelled; every row says it is an estimate"),
     _Option("memgate_allow_unselected", "bool", None,
             "a budget or marker whose ranks/devices select no device of any profile of the run is skipped, not an "
             "error (for runs whose devices are optional)"),
@@ -274,6 +278,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     try:
         settings = _read_settings(config)
+        if settings.estimate is not None:  # the device named is one memgate models: said before any test runs
+            from memgate.estimation.api import Target
+
+            Target.parse(settings.estimate)
     except MemgateError as exc:  # a budget file's every error, one a line in file order
         raise pytest.UsageError("\n".join(f"memgate: {line}" for line in exc.lines())) from None
     config.stash[STATE] = _State(settings)
@@ -606,15 +614,24 @@ def memgate_load(request: pytest.FixtureRequest) -> Callable[..., list[Measured]
 
 
 @pytest.fixture
-def memgate_record(memgate_profile_dir: Path) -> Iterator[Any]:
+def memgate_record(memgate_profile_dir: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A started recorder (torch.profiler with profile_memory and Python stacks, CUDA/NPU snapshots
     where present) writing into ``memgate_profile_dir``; call ``.step()`` once per training step.
     With ``@pytest.mark.memgate(...)`` the recording is gated right after the test body.
+    Under ``--memgate-estimate=cuda[:DEVICE]``: an estimator (:mod:`memgate.estimation`) with the same calls,
+    which runs the test's CUDA code on meta tensors and writes the estimate of what the device would record.
     """
     pytest.importorskip("torch", reason="memgate_record records a torch run: pip install 'pytest-memgate[torch]'")
-    from memgate.record import Recorder
+    target = request.config.stash[STATE].settings.estimate
+    recorder: Any
+    if target is not None:
+        from memgate.estimation.api import Estimator, Target
 
-    recorder = Recorder(memgate_profile_dir).start()
+        recorder = Estimator(memgate_profile_dir, device=Target.parse(target).device.name).start()
+    else:
+        from memgate.record import Recorder
+
+        recorder = Recorder(memgate_profile_dir).start()
     try:
         yield recorder
     finally:

@@ -158,6 +158,8 @@ def capacity_headroom(entry: dict[str, Any], dev: dict[str, Any]) -> tuple[int, 
 def inspect_text(entry: dict[str, Any]) -> list[str]:
     """Human-readable metrics of one profile (``memgate inspect``)."""
     lines = [f"{entry['path']}  [{entry['format']}, rank {entry['rank']}]"]
+    if isinstance(entry.get("metadata", {}).get("estimate"), dict):  # memgate.estimate's: said first, with its terms
+        lines += [f"  estimate: {note}" for note in entry["metadata"].get("notes") or []]
     for dev in entry["devices"]:
         m = dev["metrics"]
         pool_of, notes = dev.get("pool_of", {}), dev.get("notes", {})

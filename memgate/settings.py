@@ -78,6 +78,7 @@ class Settings:
     keep_traces: Path | None = None
     cache_dir: Path | None = None
     report_left: bool = False  # --memgate-report-left: what each recorded test left allocated, in the summary
+    estimate: str | None = None  # --memgate-estimate: memgate_record estimates this CUDA device ("cuda[:NAME]")
     # --memgate-allow-unselected: a budget or marker that selects no device of the run is skipped, not an error
     allow_unselected: bool = False
 
@@ -157,6 +158,7 @@ def _read_outputs(settings: Settings, lookup: Lookup, where: Where) -> None:
     settings.html_path = _path(lookup, "memgate_html")
     settings.keep_traces = _path(lookup, "memgate_keep_traces")
     settings.report_left = bool(lookup("memgate_report_left")[0])
+    settings.estimate = _estimate(lookup("memgate_estimate")[0])
     report = settings.html_path or settings.json_path
     if settings.keep_traces is None and report is not None:
         # a report's paths must outlive pytest's temporary folders (it removes all but the last three)
@@ -164,6 +166,17 @@ def _read_outputs(settings: Settings, lookup: Lookup, where: Where) -> None:
     settings.cache_dir = _path(lookup, "memgate_cache_dir")
     if settings.cache_dir is None:
         settings.cache_dir = where.default_cache_dir()
+
+
+def _estimate(value: Any) -> str | None:
+    """``--memgate-estimate``: ``cuda`` or ``cuda:DEVICE NAME`` (the device is checked against the models
+    memgate has when the plugin starts)."""
+    if value is None or value is False:
+        return None
+    text = str(value).strip()
+    if text != "cuda" and not text.startswith("cuda:"):
+        raise ConfigError(f"invalid --memgate-estimate {show(value)}", expected="cuda or cuda:DEVICE NAME")
+    return text
 
 
 def _read_comparison(settings: Settings, lookup: Lookup) -> None:

@@ -102,13 +102,9 @@ class StorageTracker:
         def add(category: str, tensor: Any) -> None:
             if not isinstance(tensor, self._torch.Tensor):
                 return
-            try:  # a sparse or meta tensor, a wrapper subclass without a storage of its own
-                storage = tensor.untyped_storage()
-                ptr, nbytes, device = int(storage.data_ptr()), int(storage.nbytes()), storage.device
-            except (RuntimeError, NotImplementedError, TypeError, AttributeError):
-                return
-            if nbytes > 0 and ptr and device.type != "meta":
-                found[(category, str(device), ptr, nbytes)] = None
+            located = self.locate(tensor)
+            if located is not None:
+                found[(category, *located)] = None
 
         for module in _alive(self._modules):
             for p in module.parameters():
@@ -126,6 +122,17 @@ class StorageTracker:
                     for value in list(state.values()):
                         add("optimizer_state", value)
         return found
+
+    def locate(self, tensor: Any) -> tuple[str, int, int] | None:
+        """(device, data_ptr, nbytes) of a tensor's storage; None for one without memory of its own."""
+        try:  # a sparse or meta tensor, a wrapper subclass without a storage of its own
+            storage = tensor.untyped_storage()
+            ptr, nbytes, device = int(storage.data_ptr()), int(storage.nbytes()), storage.device
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            return None
+        if nbytes > 0 and ptr and device.type != "meta":
+            return str(device), ptr, nbytes
+        return None
 
     def close(self) -> None:
         """No more moments; the optimizer hooks removed."""

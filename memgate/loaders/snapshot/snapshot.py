@@ -45,7 +45,7 @@ from memgate.errors import InputError
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders import registry
 from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
-from memgate.loaders.snapshot import block_sizes
+from memgate.loaders.snapshot import block_sizes, snapshot_estimate
 from memgate.loaders.snapshot.snapshot_device import SIZE_BASIS, device_model
 from memgate.loaders.snapshot.snapshot_segments import Segments, iter_blocks, read_segments
 from memgate.loaders.snapshot.snapshot_stacks import is_npu
@@ -129,6 +129,8 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
     the frames of the blocks it attributes (~30 % of a trace's entries), and those are checked."""
     schema = load_schema(SCHEMA)
     era, snapshot = _era(path, data, schema)
+    tracked = snapshot_estimate.tracked(path, snapshot)  # an estimate's categories need the blocks' addresses
+    addresses = addresses or tracked is not None
     segments = read_segments(path, snapshot["segments"], schema)
     if era == "dict" and any(isinstance(b, dict) and "history" in b for b in iter_blocks(snapshot["segments"])):
         era = "legacy_history"
@@ -168,6 +170,13 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         **step_notes,
         **_not_measurable(notes, traces),
     }
+    estimated = snapshot_estimate.metadata(path, snapshot.get(snapshot_estimate.KEY), HISTORY_METRICS)
+    if "not_measurable" in estimated:
+        estimated["not_measurable"] = {**estimated["not_measurable"], **metadata.get("not_measurable", {})}
+    metadata.update(estimated)
+    if tracked is not None:
+        moments = {int(k): int(t) for k, t in (note_start_times(ann) if ann and time_base == "time_us" else {}).items()}
+        models = snapshot_estimate.with_categories(models, tracked, moments, steps)
     if addresses:  # a tracked recording's moments, in the snapshot's clock (none without time_us)
         metadata[NOTE_STARTS] = note_start_times(ann) if ann and time_base == "time_us" else {}
     return Profile(path=str(path), format=FORMAT, rank=_rank_of(path), devices=tuple(models), steps=steps,
