@@ -170,7 +170,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         **step_notes,
         **_not_measurable(notes, traces),
     }
-    estimated = snapshot_estimate.metadata(path, snapshot.get(snapshot_estimate.KEY), HISTORY_METRICS)
+    estimated = snapshot_estimate.metadata(path, snapshot.get(snapshot_estimate.KEY))
     if "not_measurable" in estimated:
         estimated["not_measurable"] = {**estimated["not_measurable"], **metadata.get("not_measurable", {})}
     metadata.update(estimated)

@@ -14,6 +14,7 @@ from typing import Any
 
 from memgate import categories
 from memgate.errors import InputError
+from memgate.metric_specs import Fact, not_measurable
 from memgate.model import DeviceModel
 from memgate.schemas import load_schema
 from memgate.table import Table
@@ -24,7 +25,7 @@ _TEXTS = ("device", "torch", "allocator", "compute")
 DEVICE = "cuda:0"  # the device an estimate's blocks are on
 
 
-def metadata(path: Path, raw: Any, history_metrics: tuple[str, ...]) -> dict[str, Any]:
+def metadata(path: Path, raw: Any) -> dict[str, Any]:
     """What the estimate record adds to the profile's metadata; {} for a snapshot torch wrote."""
     if raw is None:
         return {}
@@ -54,7 +55,7 @@ def metadata(path: Path, raw: Any, history_metrics: tuple[str, ...]) -> dict[str
         out["device_capacity_bytes"] = {DEVICE: total}
     if unmodelled:
         why = "an estimate cannot follow " + "; ".join(f"{op} ({reason})" for op, reason in sorted(unmodelled.items()))
-        out["not_measurable"] = dict.fromkeys(history_metrics, why)
+        out["not_measurable"] = not_measurable({Fact.HISTORY: why})  # every figure comes from the replayed history
     return out
 
 
