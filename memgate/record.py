@@ -69,7 +69,7 @@ import sysconfig
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -183,8 +183,7 @@ class Recorder:
             with _without_profiler_chatter():
                 self._profiler.__enter__()
         if self.allocation_lines:
-            library = _library_dirs()
-            self._lines = make_mode(torch, lambda file: _is_user_file(file, library))
+            self._lines = make_mode(torch, user_file_test())
             self._lines.__enter__()
         self._torch_version = str(torch.__version__)
         self._platform = platform_record(torch)
@@ -769,6 +768,13 @@ def _is_user_file(file: str, library: tuple[str, ...]) -> bool:
     resolved = str(_resolve(file))
     return not (resolved.startswith(library) or f"{os.sep}site-packages{os.sep}" in resolved
                 or f"{os.sep}dist-packages{os.sep}" in resolved)
+
+
+def user_file_test() -> Callable[[str], bool]:
+    """Whether a file is the user's code, with the library folders looked up once (the recorder's
+    allocation lines and the estimator's storage owners share it)."""
+    library = _library_dirs()
+    return lambda file: _is_user_file(file, library)
 
 
 def user_frame(name: str, library: tuple[str, ...]) -> tuple[str, int, str] | None:

@@ -131,14 +131,14 @@ class Estimator:
             return self
         torch = _torch()
         from memgate.estimation import redirect
-        from memgate.record import _is_user_file, _library_dirs
+        from memgate.record import user_file_test
 
-        library = _library_dirs()
         self._torch_version = str(torch.__version__)
         blas, lt, source = sizes(self.target.device, self._torch_version)
         self._workspace_source = source
+        is_user_file = user_file_test()
         self._storages = redirect.Storages(
-            torch, Workspaces(torch, blas, lt), lambda: redirect.user_frames(lambda f: _is_user_file(f, library)))
+            torch, Workspaces(torch, blas, lt), lambda: redirect.user_frames(is_user_file))
         from memgate.estimation.tracked import EstimateTracker
 
         tracker = EstimateTracker(torch, self._storages)
