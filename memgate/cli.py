@@ -176,7 +176,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; given ``argv``, only the command it names gets its arguments (argparse's
     per-argument cost is most of `memgate --help`'s start-up; the others only need their names)."""
     parser = _Parser(prog="memgate", description="Memory budgets for ML runs, from profiler output.")
-    parser.add_argument("--version", action="version", version=f"memgate {__version__}")
+    from memgate.readers.compiled import reader_name  # light: no numpy
+
+    parser.add_argument("--version", action="version",
+                        version=f"memgate {__version__} (snapshot reader: {reader_name()})")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     named = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     for name, (text, add_options) in COMMANDS.items():

@@ -15,7 +15,6 @@ forces the pure-Python reader; so does an install where the extension could not 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +23,10 @@ from typing import Any, overload
 import numpy as np
 
 from memgate.readers import limits, safepickle
+from memgate.readers.compiled import PURE_ENV, pure_forced, reader_name
 from memgate.readers.memory import address_space_capped, collector_paused
 
-PURE_ENV = "MEMGATE_PURE_PYTHON"
+__all__ = ["PURE_ENV", "StackRefs", "TraceColumns", "compiled_available", "load", "pure_forced", "reader_name"]
 
 try:
     from memgate.readers import _snapshot_core as _core  # type: ignore[attr-defined]
@@ -38,19 +38,9 @@ _INT_FIELDS = (("addr", 1), ("size", 2), ("stream", 3), ("time_us", 4), ("device
 FRAMES_BIT = 6
 
 
-def pure_forced() -> bool:
-    return os.environ.get(PURE_ENV, "").strip() not in ("", "0")
-
-
 def compiled_available() -> bool:
+    """Is the compiled reader built and importable?"""
     return _core is not None
-
-
-def reader_name() -> str:
-    """Which snapshot reader a load uses now (``memgate --version`` says it)."""
-    if pure_forced():
-        return f"pure Python (${PURE_ENV} is set)"
-    return "compiled" if compiled_available() else "pure Python (the compiled reader is not built)"
 
 
 class StackRefs(Sequence[Any]):
