@@ -13,9 +13,11 @@ is the answer. So the fast path only ever says yes to what the reference says ye
 Every byte is read through a bounds-checked typed memoryview (``boundscheck=True``); no pointer arithmetic.
 """
 
-from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
+
+cimport cython
 
 import numpy as np
 
@@ -42,7 +44,7 @@ cdef enum:
     F_CONTEXT = 7
     F_FORWARD = 8
 
-FIELDS = {"action": F_ACTION, "addr": F_ADDR, "size": F_SIZE, "stream": F_STREAM, "time_us": F_TIME,
+cdef dict FIELDS = {"action": F_ACTION, "addr": F_ADDR, "size": F_SIZE, "stream": F_STREAM, "time_us": F_TIME,
           "device_free": F_DEVFREE, "frames": F_FRAMES, "compile_context": F_CONTEXT, "forward_frames": F_FORWARD}
 
 
@@ -75,6 +77,7 @@ cdef class _Frames:
         self.memo = -1
 
 
+@cython.final
 cdef class _Trace:
     """One device trace as columns."""
     cdef long long memo
@@ -140,6 +143,7 @@ cdef inline bint is_builder(object x):
     return type(x) is _Entry or type(x) is _Frames or type(x) is _Trace
 
 
+@cython.final
 cdef class _Reader:
     cdef object fh
     cdef bytearray buf
@@ -180,12 +184,16 @@ cdef class _Reader:
 
     # ---- input ------------------------------------------------------------------------------------
 
-    cdef void need(self, Py_ssize_t n) except *:
+    cdef inline int need(self, Py_ssize_t n) except -1:
         """At least ``n`` bytes from ``pos`` in the buffer (Unsupported at the end of the file)."""
+        if self.end - self.pos >= n:
+            return 0
+        self.refill(n)
+        return 0
+
+    cdef void refill(self, Py_ssize_t n) except *:
         cdef Py_ssize_t have = self.end - self.pos
         cdef Py_ssize_t got
-        if have >= n:
-            return
         if n > self.file_size:
             bail("a length past the end of the file")
         if n > len(self.buf):
@@ -343,10 +351,12 @@ cdef class _Reader:
 
     cdef void set_entry(self, _Entry e, object key, object value) except *:
         cdef long long v
+        cdef int fid, overflow = 0
         if type(key) is not str:
             bail("a trace entry key that is no string")
-        fid = FIELDS.get(key)
-        if fid is None or fid == F_CONTEXT or fid == F_FORWARD:
+        found = FIELDS.get(key)
+        fid = -1 if found is None else <int>found
+        if fid < 0 or fid == F_CONTEXT or fid == F_FORWARD:
             if is_builder(value):
                 bail("a builder as a value")
             if fid == F_CONTEXT and type(value) is not str:
@@ -383,7 +393,9 @@ cdef class _Reader:
             return
         if type(value) is not int:
             bail("an integer field that is no int")
-        v = PyLong_AsLongLong(value)  # OverflowError past int64: the caller reads it the reference way
+        v = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:
+            bail("an integer past int64")
         if fid == F_ADDR:
             if v < 0:
                 bail("negative addr")
@@ -400,24 +412,33 @@ cdef class _Reader:
             e.time_us = v
         else:
             e.device_free = v
-        e.has |= 1 << <int>fid
+        e.has |= 1 << fid
 
     cdef void check_plain(self, list items) except *:
         for x in items:
             if is_builder(x):
                 bail("a builder in a plain container")
 
-    cdef void appends(self, object target, list items) except *:
+    cdef void appends(self, object target, Py_ssize_t start) except *:
+        """APPEND(S) of the items ``stack[start:]`` to ``target``; the items leave the stack."""
         cdef _Trace trace
+        cdef _Entry entry
+        cdef Py_ssize_t k, n = len(self.stack)
+        cdef list stack = self.stack
         if type(target) is _Trace:
             trace = <_Trace>target
-            for x in items:
+            for k in range(start, n):
+                x = stack[k]
                 if type(x) is not _Entry:
                     bail("a trace item that is no dict")
-                trace.add(<_Entry>x, self.moves_mask)
-                if (<_Entry>x).memo >= 0:
-                    self.memo[(<_Entry>x).memo] = CONSUMED
+                entry = <_Entry>x
+                trace.add(entry, self.moves_mask)
+                if entry.memo >= 0:
+                    self.memo[entry.memo] = CONSUMED
+            del stack[start:]
             return
+        items = stack[start:]
+        del stack[start:]
         if type(target) is _Frames:
             if (<_Frames>target).items is None:
                 bail("a frames list appended to after its entry took it")
@@ -440,14 +461,19 @@ cdef class _Reader:
             self.check_plain(items)
         (<list>target).extend(items)
 
-    cdef void setitems(self, object target, list items) except *:
-        cdef Py_ssize_t k
-        if len(items) % 2:
+    cdef void setitems(self, object target, Py_ssize_t start) except *:
+        """SETITEM(S) of the pairs ``stack[start:]`` on ``target``; the pairs leave the stack."""
+        cdef Py_ssize_t k, n = len(self.stack)
+        cdef list stack = self.stack
+        if (n - start) % 2:
             bail("odd SETITEMS")
         if type(target) is _Entry:
-            for k in range(0, len(items), 2):
-                self.set_entry(<_Entry>target, items[k], items[k + 1])
+            for k in range(start, n, 2):
+                self.set_entry(<_Entry>target, stack[k], stack[k + 1])
+            del stack[start:]
             return
+        items = stack[start:]
+        del stack[start:]
         if type(target) is not dict:
             bail("SETITEM on no dict")
         self.check_plain(items)
@@ -474,7 +500,7 @@ cdef class _Reader:
             self.traces.append(trace)
             return trace
         if self.is_key_of(_Entry, "frames"):
-            return _Frames()
+            return _Frames.__new__(_Frames)
         if (self.traces_list is None and self.stack and type(self.stack[0]) is dict
                 and self.is_key_of(dict, "device_traces")
                 and ((len(self.marks) == 1 and self.marks[0] == 1) or (not self.marks and len(self.stack) == 2))):
@@ -485,7 +511,7 @@ cdef class _Reader:
     cdef object new_dict(self):
         self.count()
         if self.in_context(None, _Trace):
-            return _Entry()
+            return _Entry.__new__(_Entry)
         return {}
 
     def run(self):
@@ -587,26 +613,25 @@ cdef class _Reader:
                 self.count()
                 self.stack.append(tuple(items))
             elif op == 0x61:  # APPEND
-                value = self.pop()
-                if not self.stack or (self.marks and self.marks[-1] >= len(self.stack)):
+                n = len(self.stack)
+                if n < 2 or (self.marks and self.marks[-1] >= n - 1):
                     bail("APPEND without a list")
-                self.appends(self.stack[-1], [value])
+                self.appends(self.stack[n - 2], n - 1)
             elif op == 0x65:  # APPENDS
-                items = self.pop_to_mark()
-                if not self.stack:
+                n = self.mark_pop()
+                if n < 1 or n > len(self.stack):
                     bail("APPENDS without a list")
-                self.appends(self.stack[-1], items)
+                self.appends(self.stack[n - 1], n)
             elif op == 0x73:  # SETITEM
-                value = self.pop()
-                key = self.pop()
-                if not self.stack or (self.marks and self.marks[-1] >= len(self.stack)):
+                n = len(self.stack)
+                if n < 3 or (self.marks and self.marks[-1] >= n - 2):
                     bail("SETITEM without a dict")
-                self.setitems(self.stack[-1], [key, value])
+                self.setitems(self.stack[n - 3], n - 2)
             elif op == 0x75:  # SETITEMS
-                items = self.pop_to_mark()
-                if not self.stack:
+                n = self.mark_pop()
+                if n < 1 or n > len(self.stack):
                     bail("SETITEMS without a dict")
-                self.setitems(self.stack[-1], items)
+                self.setitems(self.stack[n - 1], n)
             elif op == 0x2e:  # STOP
                 return self.finish()
             else:

@@ -43,27 +43,16 @@ def compiled_available() -> bool:
     return _core is not None
 
 
-class StackRefs(Sequence[Any]):
-    """Per entry, its frames list (None without one): the distinct stacks, indexed by each entry's stack id."""
+class StackRefs(list[Any]):
+    """Per entry, its frames list (None without one), as a plain list (indexed at C speed by the loader's
+    per-entry reads); ``stacks`` and ``sid`` keep what it was made of: the distinct stacks and each entry's
+    index among them (-1: no frames), so the grouping by content runs over the distinct stacks only."""
 
     def __init__(self, stacks: list[list[Any]], sid: np.ndarray) -> None:
+        table: list[Any] = [*stacks, None]  # sid -1: the last one, None
+        super().__init__(map(table.__getitem__, sid.tolist()))
         self.stacks = stacks
         self.sid = sid
-
-    def __len__(self) -> int:
-        return len(self.sid)
-
-    @overload
-    def __getitem__(self, i: int) -> Any: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Any]: ...
-
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        s = int(self.sid[i])
-        return None if s < 0 else self.stacks[s]
 
 
 @dataclass(frozen=True, eq=False)
