@@ -149,6 +149,9 @@ cdef class _Reader:
     cdef bytearray buf
     cdef const unsigned char[::1] data
     cdef Py_ssize_t pos, end
+    cdef long long base  # the file offset of buf[0]
+    cdef long long frame_end  # the file offset where the current FRAME ends (-1: outside frames)
+    cdef bint framed  # the file starts with a FRAME (protocol 4+ as Python writes it)
     cdef list stack, marks, memo
     cdef Py_ssize_t memo_len
     cdef long long file_size, built, max_built
@@ -165,6 +168,9 @@ cdef class _Reader:
         self.data = self.buf
         self.pos = 0
         self.end = 0
+        self.base = 0
+        self.frame_end = -1
+        self.framed = False
         self.stack = []
         self.marks = []
         self.memo = []
@@ -185,8 +191,10 @@ cdef class _Reader:
     # ---- input ------------------------------------------------------------------------------------
 
     cdef inline int need(self, Py_ssize_t n) except -1:
-        """At least ``n`` bytes from ``pos`` in the buffer (Unsupported at the end of the file)."""
-        if self.end - self.pos >= n:
+        """At least ``n`` bytes from ``pos`` in the buffer (Unsupported at the end of the file, or where the
+        bytes would run past the end of the current FRAME: CPython's Unpickler would then drop the rest of
+        the frame and read on from the file, which no writer's pickle ever asks of it)."""
+        if self.end - self.pos >= n and (self.frame_end < 0 or self.base + self.pos + n <= self.frame_end):
             return 0
         self.refill(n)
         return 0
@@ -194,6 +202,13 @@ cdef class _Reader:
     cdef void refill(self, Py_ssize_t n) except *:
         cdef Py_ssize_t have = self.end - self.pos
         cdef Py_ssize_t got
+        if self.frame_end >= 0:
+            if self.base + self.pos == self.frame_end:  # the frame is read: on from the file
+                self.frame_end = -1
+            elif self.base + self.pos + n > self.frame_end:
+                bail("an opcode across the end of a FRAME")
+        if have >= n:
+            return
         if n > self.file_size:
             bail("a length past the end of the file")
         if n > len(self.buf):
@@ -205,6 +220,7 @@ cdef class _Reader:
             self.data = None
             self.buf[:have] = self.buf[self.pos:self.end]
         self.data = None
+        self.base += self.pos
         self.pos, self.end = 0, have
         view = memoryview(self.buf)
         while self.end < n:
@@ -532,9 +548,17 @@ cdef class _Reader:
                     bail("protocol outside 2..5")
                 proto_seen = 1
             elif op == 0x95:  # FRAME
+                if self.base + self.pos == 3:
+                    self.framed = True
+                if not self.framed:
+                    bail("a FRAME in a pickle that does not start with one")
                 n = <Py_ssize_t>self.uint_le(8)
-                if n > self.file_size:
+                if n > self.file_size - (self.base + self.pos):
                     bail("FRAME past the file")
+                if self.frame_end < 0 or self.base + self.pos == self.frame_end:
+                    self.frame_end = self.base + self.pos + n
+                elif self.base + self.pos + n > self.frame_end:
+                    bail("a FRAME past the end of the FRAME it lies in")
                 if n > (1 << 18) and self.built + n > self.max_built:
                     bail("a long FRAME near the cap")
             elif op == 0x28:  # MARK
