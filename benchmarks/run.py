@@ -420,13 +420,11 @@ def machine() -> dict[str, Any]:
     except (OSError, StopIteration, ValueError):
         info["cpu"] = platform.processor()
     import numpy
-    import orjson
     import pandas
     import pyarrow
 
-    info.update(pandas=pandas.__version__, pyarrow=pyarrow.__version__, numpy=numpy.__version__,
-                orjson=orjson.__version__)
-    for name in ("ijson", "xxhash", "torch", "memgate"):
+    info.update(pandas=pandas.__version__, pyarrow=pyarrow.__version__, numpy=numpy.__version__)
+    for name in ("orjson", "ijson", "xxhash", "torch", "memgate"):  # orjson: only the JSON lines need it
         try:
             module = __import__(name)
             info[name] = getattr(module, "__version__", getattr(module, "VERSION", "?"))
