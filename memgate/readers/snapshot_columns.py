@@ -75,7 +75,7 @@ class TraceColumns(Sequence[dict[str, Any]]):
         return len(self.code)
 
     def present(self, bit: int) -> np.ndarray:
-        return (self.has & (1 << bit)) != 0
+        return np.asarray((self.has & (1 << bit)) != 0, dtype=bool)
 
     def entry(self, i: int) -> dict[str, Any]:
         has = int(self.has[i])

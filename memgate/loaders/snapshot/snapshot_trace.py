@@ -86,7 +86,8 @@ def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, 
     if isinstance(entries, TraceColumns):  # the compiled reader's: checked against the schema as it was read
         code = entries.code.astype(np.int64)
         timed = entries.present(4)
-        addr, size, stream, frames = entries.addr, entries.size, entries.stream, entries.frames
+        addr, size, stream = entries.addr, entries.size, entries.stream
+        frames: Sequence[Any] = entries.frames
         device_free = np.where(entries.present(5), entries.device_free, -1)
         time_raw = entries.time_us
     else:
