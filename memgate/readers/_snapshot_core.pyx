@@ -15,6 +15,10 @@ Every byte is read through a bounds-checked typed memoryview (``boundscheck=True
 
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+
+cdef extern from "Python.h":
+    int PyList_SetSlice(object lst, Py_ssize_t low, Py_ssize_t high, void* itemlist) except -1  # NULL: delete
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 
 cimport cython
@@ -160,7 +164,7 @@ cdef class _Reader:
     cdef list stacks, traces
     cdef set frozen
     cdef int moves_mask
-    cdef object key_frames, key_traces
+    cdef list keys  # per field id, the key string last seen for it (the pickle's memoized keys: one object each)
 
     def __init__(self, fh, long long file_size, long long max_built, tuple actions, tuple moves):
         self.fh = fh
@@ -187,6 +191,7 @@ cdef class _Reader:
         self.stacks = []
         self.traces = []
         self.frozen = set()
+        self.keys = [None] * 9
 
     # ---- input ------------------------------------------------------------------------------------
 
@@ -323,7 +328,9 @@ cdef class _Reader:
                 bail("a trace memoized twice")
             (<_Trace>value).memo = idx
         cdef Py_ssize_t have = len(self.memo)
-        if idx >= have:
+        if idx == have:
+            self.memo.append(None)
+        elif idx > have:
             self.memo.extend([None] * (idx + 1 - have))
         if self.memo[idx] is None:
             self.memo_len += 1
@@ -367,11 +374,19 @@ cdef class _Reader:
 
     cdef void set_entry(self, _Entry e, object key, object value) except *:
         cdef long long v
-        cdef int fid, overflow = 0
-        if type(key) is not str:
-            bail("a trace entry key that is no string")
-        found = FIELDS.get(key)
-        fid = -1 if found is None else <int>found
+        cdef int fid, k, overflow = 0
+        fid = -1
+        for k in range(9):
+            if self.keys[k] is key:
+                fid = k
+                break
+        else:
+            if type(key) is not str:
+                bail("a trace entry key that is no string")
+            found = FIELDS.get(key)
+            if found is not None:
+                fid = <int>found
+                self.keys[fid] = key
         if fid < 0 or fid == F_CONTEXT or fid == F_FORWARD:
             if is_builder(value):
                 bail("a builder as a value")
@@ -439,6 +454,7 @@ cdef class _Reader:
         """APPEND(S) of the items ``stack[start:]`` to ``target``; the items leave the stack."""
         cdef _Trace trace
         cdef _Entry entry
+        cdef list frames
         cdef Py_ssize_t k, n = len(self.stack)
         cdef list stack = self.stack
         if type(target) is _Trace:
@@ -451,16 +467,21 @@ cdef class _Reader:
                 trace.add(entry, self.moves_mask)
                 if entry.memo >= 0:
                     self.memo[entry.memo] = CONSUMED
-            del stack[start:]
+            PyList_SetSlice(stack, start, n, NULL)
+            return
+        if type(target) is _Frames:
+            frames = (<_Frames>target).items
+            if frames is None:
+                bail("a frames list appended to after its entry took it")
+            for k in range(start, n):
+                x = stack[k]
+                if is_builder(x):
+                    bail("a builder in a frames list")
+                frames.append(x)
+            PyList_SetSlice(stack, start, n, NULL)
             return
         items = stack[start:]
-        del stack[start:]
-        if type(target) is _Frames:
-            if (<_Frames>target).items is None:
-                bail("a frames list appended to after its entry took it")
-            self.check_plain(items)
-            (<_Frames>target).items.extend(items)
-            return
+        PyList_SetSlice(stack, start, n, NULL)
         if type(target) is not list:
             bail("APPEND to no list")
         if id(target) in self.frozen:
@@ -486,10 +507,10 @@ cdef class _Reader:
         if type(target) is _Entry:
             for k in range(start, n, 2):
                 self.set_entry(<_Entry>target, stack[k], stack[k + 1])
-            del stack[start:]
+            PyList_SetSlice(stack, start, n, NULL)
             return
         items = stack[start:]
-        del stack[start:]
+        PyList_SetSlice(stack, start, n, NULL)
         if type(target) is not dict:
             bail("SETITEM on no dict")
         self.check_plain(items)
