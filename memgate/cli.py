@@ -172,11 +172,23 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 }
 
 
+class _Version(argparse.Action):
+    """``--version``: memgate's version and the snapshot reader a load uses (looked up only when asked:
+    ``--help`` imports nothing more)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from memgate.readers.compiled import reader_name
+
+        print(f"memgate {__version__} (snapshot reader: {reader_name()})")
+        parser.exit()
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; given ``argv``, only the command it names gets its arguments (argparse's
     per-argument cost is most of `memgate --help`'s start-up; the others only need their names)."""
     parser = _Parser(prog="memgate", description="Memory budgets for ML runs, from profiler output.")
-    parser.add_argument("--version", action="version", version=f"memgate {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and the snapshot reader in use")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     named = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     for name, (text, add_options) in COMMANDS.items():

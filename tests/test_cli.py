@@ -325,7 +325,9 @@ def test_check_without_budgets_anywhere_exits_2(tmp_path: Path) -> None:
 
 def test_version_and_help_exit_0() -> None:
     version, help_ = run_cli_all([["--version"], ["--help"]])
-    assert (version.rc, version.stdout.strip()) == (0, f"memgate {cli.__version__}")
+    from memgate.readers.compiled import reader_name
+
+    assert (version.rc, version.stdout.strip()) == (0, f"memgate {cli.__version__} (snapshot reader: {reader_name()})")
     assert help_.rc == 0 and "inspect" in help_.stdout and "validate" in help_.stdout
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import email.parser
 import email.policy
 import functools
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -29,19 +31,26 @@ DIST = "pytest-memgate"  # the distribution's name; the import package and the c
 DIST_INFO = f"pytest_memgate-{memgate.__version__}.dist-info"
 
 
-@functools.cache
-def _wheel(tmp: Path) -> Path:
+def _build(tmp: Path, env: dict[str, str] | None = None) -> tuple[Path, str]:
+    """The wheel built from a copy of its files, and what the build said."""
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copyfile(ROOT / name, src / name)
-    shutil.copytree(ROOT / "memgate", src / "memgate", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(ROOT / "memgate", src / "memgate",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.pyd", "_snapshot_core.c"))
     out = tmp / "dist"
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
+                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=300, check=False,
+                          env=None if env is None else {**os.environ, **env})
     assert done.returncode == 0, done.stdout + done.stderr
     (wheel,) = out.glob("pytest_memgate-*.whl")
-    return wheel
+    return wheel, done.stdout + done.stderr
+
+
+@functools.cache
+def _wheel(tmp: Path) -> Path:
+    return _build(tmp)[0]
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +141,21 @@ def test_ci_runs_every_python_the_classifiers_name() -> None:
     script = (ROOT / ".ci" / "run").read_text()
     for python in PYTHONS[1:]:
         assert python in script, python
+
+
+@pytest.mark.skipif(importlib.util.find_spec("Cython") is None, reason="Cython is not installed")
+def test_the_wheel_carries_the_compiled_snapshot_reader(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert any(re.fullmatch(r"memgate/readers/_snapshot_core\..*(so|pyd)", n) for n in names), names
+    assert not wheel.name.endswith("-py3-none-any.whl")  # a platform wheel
+
+
+def test_without_a_compiler_the_install_goes_on_and_says_so_once(tmp_path: Path) -> None:
+    """No C compiler (CC names a command that fails): the wheel builds without the extension, and the
+    build says once that the pure-Python reader will be used."""
+    wheel, said = _build(tmp_path, {"CC": "false", "LDSHARED": "false"})
+    with zipfile.ZipFile(wheel) as zf:
+        assert not [n for n in zf.namelist() if "_snapshot_core" in n and not n.endswith(".pyx")]
+    notices = [line for line in said.splitlines() if "the compiled snapshot reader was not built" in line]
+    assert len(notices) == 1, said

@@ -152,7 +152,8 @@ def mutated(draw: st.DrawFn) -> bytes:
         edit = draw(st.sampled_from(["insert", "delete", "flip"]))
         if edit == "insert":
             data[at:at] = draw(st.sampled_from([b",", b"]", b"}", b"{", b"[", b'"', b"\\", b"NaN", b"-Infinity",
-                                                b'"\\ud800"', b"\xff", b"\xed\xa0\x80", b"\x00", b"1e400", b"01"]))
+                                                b'"\\ud800"', b"\xff", b"\xed\xa0\x80", b"\x00", b"1e400", b"01",
+                                                b" \n\t\r" * 40]))  # whitespace inside a token too
         elif edit == "delete":
             del data[at:at + draw(st.integers(1, 4))]
         elif at < len(data):
@@ -189,6 +190,46 @@ def test_a_cut_inside_an_event_falls_back_to_one_event_at_a_time(tmp_path: Path)
     data = b'{"traceEvents": [{"a": [{}, {"b": "}, {"}]}, {"c": [{"d": 1}, {"e": [{}, {}]}]}, {"f": 2}]}'
     for chunk in range(1, len(data) + 1):
         assert assert_readers_agree(data, chunk, tmp_path) is not None, chunk
+
+
+@pytest.mark.parametrize("case", [
+    b'{"traceEvents": [{"a": 1' + b" " * 300 + b'2}]}',  # "1 2" is no number: whitespace never joins tokens
+    b'{"traceEvents": [{"a": tr' + b" " * 300 + b'ue}]}',
+    b'{"traceEvents": [{"a": 1' + b"\n" * 300 + b'e5}]}',
+    b'{"traceEvents": [{"a": "x' + b" " * 300 + b'y"}]}',  # inside a string it is the string's
+])
+def test_whitespace_between_the_reads_changes_nothing(case: bytes, tmp_path: Path) -> None:
+    for chunk in (1, 7, 64, 100, 1 << 20):
+        assert_readers_agree(case, chunk, tmp_path)
+
+
+def test_a_trace_padded_with_whitespace_reads_its_events_with_the_json_reader(tmp_path: Path) -> None:
+    """Whitespace between tokens, in runs far longer than a read, is left out: the same events, and
+    the json reader keeps the file (it used to pile the whitespace up and hand the file to ijson)."""
+    pad = b" \n" * 5000
+    plain = b'{"traceEvents": [{"ts": 1, "a": "x y"}, {"ts": 2, "args": {"b": [1, 2]}}]}'
+    padded = (b'{' + pad + b'"traceEvents"' + pad + b':' + pad + b'[' + pad + b'{"ts": 1,' + pad + b'"a": "x y"}'
+              + pad + b',' + pad + b'{"ts": 2, "args": {"b": [1,' + pad + b'2]}}' + pad + b']' + pad + b'}' + pad)
+    for chunk in (1000, 4096):
+        got = json_reader(padded, chunk)
+        assert got is not None, chunk
+        assert canon(got) == canon(json_reader(plain, 1 << 20))
+        assert_readers_agree(padded, chunk, tmp_path)
+
+
+def test_a_gzip_of_whitespace_is_decided_without_ijson(tmp_path: Path, no_ijson: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gzip bomb of whitespace inside the events array stops at the inflate cap, read by the json
+    reader alone (its whitespace is never parsed)."""
+    path = tmp_path / "bomb.pt.trace.json.gz"
+    with gzip.open(path, "wb") as fh:
+        fh.write(b'{"traceEvents": [{"ts": 1},')
+        for _ in range(20):  # past the 64 MiB the json reader holds pending before it gives up
+            fh.write(b" " * (4 << 20))
+    monkeypatch.setenv("MEMGATE_MAX_INFLATED_BYTES", str(72 << 20))
+    with pytest.raises(InputError) as info:
+        kineto.load(path)
+    assert "inflates past" in info.value.message
 
 
 # ---- the loader -----------------------------------------------------------------------------------

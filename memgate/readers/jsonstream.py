@@ -51,6 +51,7 @@ MAX_NUMBER = 4000  # bytes of one number or literal at most; also no longer run 
 BOM = b"\xef\xbb\xbf"
 _KEEP = b'"[]{}\n'  # newlines too: counted from the kept bytes (a tenth of the chunk), for error lines
 _DELETE = bytes(b for b in range(256) if b not in _KEEP)
+JSON_WHITESPACE = b" \t\n\r"  # RFC 8259's four (bytes.strip() would also take \v and \f)
 _SEPARATORS = (b'"', b",", b":", b"[", b"]", b"{", b"}", b" ", b"\n", b"\r", b"\t")
 _DIGIT_MAP = bytes(ord("0") if ord("0") <= b <= ord("9") else ord(" ") for b in range(256))
 _DIGIT_RUN = b"0" * (MAX_NUMBER + 1)
@@ -123,12 +124,27 @@ class GuardedReader:
             if chunk.startswith(BOM):
                 chunk, self._skipped = chunk[len(BOM):], len(BOM)
         if chunk:
-            newlines = self._scan(chunk)
+            newlines = self._scan_blank(chunk) if self._blank_outside_strings(chunk) else self._scan(chunk)
             if newlines:
                 self._newlines += newlines
                 self._line_start = self.offset + chunk.rfind(b"\n") + 1
             self.offset += len(chunk)
         return chunk
+
+    @property
+    def in_string(self) -> bool:
+        """Do the bytes read so far end inside a JSON string?"""
+        return self._in_string
+
+    def _blank_outside_strings(self, chunk: bytes) -> bool:
+        """Is ``chunk`` JSON whitespace only, read between tokens (not inside a string or an escape)?"""
+        return not self._in_string and not self._escaped and not chunk.translate(None, JSON_WHITESPACE)
+
+    def _scan_blank(self, chunk: bytes) -> int:
+        """:meth:`_scan` of a chunk of whitespace between tokens, in one C pass: it ends any number that
+        was open (checked at the last read's end) and changes no depth."""
+        self._run = 0
+        return chunk.count(b"\n")
 
     def _scan(self, chunk: bytes) -> int:
         """Check ``chunk``; return how many newlines it holds."""

@@ -41,6 +41,7 @@ import ijson
 from memgate.errors import InputError, show
 from memgate.readers import limits
 from memgate.readers.jsonstream import (
+    JSON_WHITESPACE,
     DuplicateKey,
     GuardedReader,
     JsonLimitError,
@@ -165,6 +166,8 @@ def _json_chunks(reader: GuardedReader) -> Iterator[Events]:
     buf = bytearray(b"[") + rest  # the pending bytes, always after a '['
     in_tail = False  # the array has ended: the rest closes the document
     while chunk := reader.read(CHUNK_BYTES):
+        if _droppable(buf, chunk, reader):
+            continue
         buf += chunk
         taken = None if in_tail else _leading_events(buf)
         in_tail = in_tail or taken is None
@@ -216,21 +219,51 @@ def _events_one_by_one(buf: bytearray) -> tuple[list[dict[str, Any]], int] | Non
     return _objects(events), len(text[:taken].encode("utf-8"))
 
 
+def _droppable(pending: bytearray, chunk: bytes, reader: GuardedReader) -> bool:
+    """Can ``chunk`` be left out of the bytes this reader parses without changing what they parse to?
+    Whitespace between tokens, after one that cannot run on into the next token (a number or a literal
+    could: ``1`` and ``2`` would read as ``12``); the whitespace ``pending`` ends with then goes too. So
+    a trace padded with gigabytes of whitespace is decided at the inflater's speed, not piled up until
+    the 64 MiB of pending bytes hand it to ijson. The GuardedReader has scanned it all the same."""
+    if reader.in_string or chunk.translate(None, JSON_WHITESPACE):
+        return False
+    last = _last_token_byte(pending)
+    if last not in _CLOSED_BEFORE:
+        return False
+    del pending[pending.rindex(last) + 1 if last else 0:]
+    return True
+
+
+def _last_token_byte(pending: bytes | bytearray) -> bytes:
+    """The last byte of ``pending`` that is not whitespace (b"" for none), found in windows from the end
+    that grow fourfold: time in the whitespace that ends it, not in its length."""
+    size = 64
+    while True:
+        tail = pending[-size:].rstrip(JSON_WHITESPACE)
+        if tail or size >= len(pending):
+            return bytes(tail[-1:])
+        size *= 4
+
+
+_CLOSED_BEFORE = (b"", b"[", b"{", b",", b":", b'"', b"}", b"]")  # nothing yet, or a byte no token runs on from
+
+
 def _after_events_key(reader: GuardedReader) -> tuple[bytes, dict[str, Any]]:
     """Read past the ``[`` that opens the top-level ``traceEvents``; return the bytes after it and the
     top-level members before it."""
-    head = b""
+    head = bytearray()
     while (key := _EVENTS_KEY.search(head)) is None:
         chunk = reader.read(CHUNK_BYTES)
         if not chunk or len(head) > _PENDING_MAX:
             raise Unproven("no traceEvents array")
-        head += chunk
+        if not _droppable(head, chunk, reader):
+            head += chunk
     opening = head[: key.end()]
     # ``{..., "traceEvents": []}`` parses only if that ``[`` opens the value of a top-level key
     members = _DECODER.decode(_text(opening + b"]}")) if opening.count(b'"traceEvents"') == 1 else None
     if type(members) is not dict:
         raise Unproven("traceEvents is not the top-level array")
-    return head[key.end():], members
+    return bytes(head[key.end():]), members
 
 
 def _last_cut(buf: bytes | bytearray) -> tuple[int, int] | None:

@@ -51,12 +51,14 @@ from memgate.loaders.snapshot.snapshot_segments import Segments, iter_blocks, re
 from memgate.loaders.snapshot.snapshot_stacks import is_npu
 from memgate.loaders.snapshot.snapshot_steps import note_start_times
 from memgate.loaders.snapshot.snapshot_steps import steps as annotated_steps
-from memgate.loaders.snapshot.snapshot_trace import Trace, empty_trace, parse_trace
+from memgate.loaders.snapshot.snapshot_trace import ACTIONS, MEMORY_ACTIONS, Trace, empty_trace, parse_trace
 from memgate.metric_specs import Fact, not_measurable
 from memgate.model import NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, empty_steps
 from memgate.readers import limits, safepickle
 from memgate.readers.memory import collector_paused
 from memgate.readers.pyrecords import check_records
+from memgate.readers.snapshot_columns import TraceColumns
+from memgate.readers.snapshot_columns import load as load_columns
 from memgate.schemas import load_schema
 from memgate.table import Table
 
@@ -113,10 +115,11 @@ def load(path: Path, *, max_bytes: int | None = None, every_frame: bool = False,
 
 def _load_paused(path: Path, max_bytes: int, every_frame: bool, addresses: bool = False) -> tuple[Profile, int]:
     """The profile and its number of trace entries."""
-    data = safepickle.load(path, max_bytes=max_bytes)
+    data = load_columns(path, max_bytes=max_bytes, actions=ACTIONS, moves=MEMORY_ACTIONS)
     profile = build_profile(path, data, every_frame=every_frame, addresses=addresses)
     traces = data.get("device_traces") if isinstance(data, dict) else None
-    entries = sum(len(t) for t in traces if isinstance(t, (list, tuple))) if isinstance(traces, list) else 0
+    entries = sum(len(t) for t in traces if isinstance(t, (list, tuple, TraceColumns))) if isinstance(traces, list) \
+        else 0
     fastexit.keep(data, path.stat().st_size)  # the memgate command ends without freeing them one by one
     return profile, entries
 
@@ -136,7 +139,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         era = "legacy_history"
     traces = snapshot.get("device_traces") or []
     for dev, entries in enumerate(traces):
-        if not isinstance(entries, (list, tuple)):
+        if not isinstance(entries, (list, tuple, TraceColumns)):
             raise InputError("a device trace must be a list of entries", file=path, column=f"device_traces[{dev}]",
                              expected="an array", found=type(entries).__name__)
     annotations = snapshot.get("external_annotations") or []

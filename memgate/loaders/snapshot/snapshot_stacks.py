@@ -23,6 +23,7 @@ from memgate.loaders.snapshot.snapshot_segments import Segments
 from memgate.loaders.snapshot.snapshot_trace import Trace
 from memgate.loaders.snapshot.stack_groups import first_equal, first_of_label
 from memgate.owners import frame_owner
+from memgate.readers.snapshot_columns import TraceColumns
 from memgate.table import Texts
 
 _OP_FRAME = re.compile(r"at::_ops::([A-Za-z0-9_]+)::(?:call|redispatch)\b")
@@ -156,7 +157,7 @@ def is_npu(snapshot: dict[str, Any], parsed: Sequence[Trace], *, padded: bool = 
         return False
     if _NPU_CONF in confs:
         return True
-    traces = [t for t in snapshot.get("device_traces") or [] if isinstance(t, (list, tuple))]
+    traces = [t for t in snapshot.get("device_traces") or [] if isinstance(t, (list, tuple, TraceColumns))]
     heads = [[e for e in t[:_SCAN_ENTRIES] if isinstance(e, dict)] for t in traces]
     if any(e.get("action") == "workspace_snapshot" for head in heads for e in head):
         return True

@@ -20,14 +20,15 @@ import pyarrow.compute as pc
 
 from memgate.errors import InputError
 from memgate.loaders.events import repeated_action
-from memgate.loaders.snapshot.stack_groups import first_equal
+from memgate.loaders.snapshot.stack_groups import first_equal, first_equal_of_stacks
 from memgate.readers.pyrecords import check_records, int_column
+from memgate.readers.snapshot_columns import StackRefs, TraceColumns
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free", "segment_map",
            "segment_unmap", "snapshot", "oom", "annotate", "user_defined", "workspace_snapshot")
 CODE = {name: i for i, name in enumerate(ACTIONS)}
 # Actions that move a counter; only these need an address, a size and (in the time_us era) a time.
-_MEMORY_ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
+MEMORY_ACTIONS = ("alloc", "free_requested", "free_completed", "free", "segment_alloc", "segment_free",
                    "segment_map", "segment_unmap")
 
 
@@ -36,7 +37,7 @@ def action_table(*names: str) -> np.ndarray:
     return np.isin(np.arange(len(ACTIONS)), [CODE[a] for a in names])
 
 
-_MOVES = action_table(*_MEMORY_ACTIONS)
+_MOVES = action_table(*MEMORY_ACTIONS)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Trace:
         """Per entry in the file's order, the first entry whose frames list equals its own
         (:func:`~memgate.loaders.snapshot.stack_groups.first_equal`): the distinct stacks, found once for the
         torch_npu scan and the attribution."""
+        if isinstance(self.frames, StackRefs):  # the compiled reader's: grouped over its distinct stacks
+            return first_equal_of_stacks(self.frames.stacks, self.frames.sid)
         return first_equal(self.frames)
 
     @property
@@ -75,21 +78,34 @@ def empty_trace(dev: int) -> Trace:
 
 
 def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, Any]) -> Trace:
-    """Check ``device_traces[dev]`` against the schema and read it into columns in time order."""
+    """Check ``device_traces[dev]`` against the schema and read it into columns in time order (a
+    :class:`~memgate.readers.snapshot_columns.TraceColumns`, which the compiled reader checked, as it is)."""
     n = len(entries)
     if n == 0:
         return empty_trace(dev)
-    kept: dict[str, list[Any]] = {"frames": []}  # the frames lists as the check gathered them (read once)
-    cols = check_records(entries, schema["$defs"]["trace_entry"], file=path,
-                         where=lambda i: f"device_traces[{dev}][{i}]", root=schema, objects=kept)
-    code = np.asarray(pc.index_in(cols["action"], value_set=pa.array(ACTIONS)).to_numpy(zero_copy_only=False),
-                      dtype=np.int64)
-    time_col = cols.get("time_us")
-    timed = np.asarray(time_col.is_valid(), dtype=bool) if time_col is not None and not pa.types.is_null(
-        time_col.type) else np.zeros(n, dtype=bool)
+    if isinstance(entries, TraceColumns):  # the compiled reader's: checked against the schema as it was read
+        code = entries.code.astype(np.int64)
+        timed = entries.present(4)
+        addr, size, stream = entries.addr, entries.size, entries.stream
+        frames: Sequence[Any] = entries.frames
+        device_free = np.where(entries.present(5), entries.device_free, -1)
+        time_raw = entries.time_us
+    else:
+        kept: dict[str, list[Any]] = {"frames": []}  # the frames lists as the check gathered them (read once)
+        cols = check_records(entries, schema["$defs"]["trace_entry"], file=path,
+                             where=lambda i: f"device_traces[{dev}][{i}]", root=schema, objects=kept)
+        code = np.asarray(pc.index_in(cols["action"], value_set=pa.array(ACTIONS)).to_numpy(zero_copy_only=False),
+                          dtype=np.int64)
+        time_col = cols.get("time_us")
+        timed = np.asarray(time_col.is_valid(), dtype=bool) if time_col is not None and not pa.types.is_null(
+            time_col.type) else np.zeros(n, dtype=bool)
+        addr, size = int_column(cols.get("addr"), n, fill=0), int_column(cols.get("size"), n, fill=0)
+        stream, frames = int_column(cols.get("stream"), n, fill=0), kept["frames"]
+        device_free = int_column(cols.get("device_free"), n, fill=-1)
+        time_raw = int_column(time_col, n, fill=0)
     base = _time_base(path, dev, _MOVES[code], timed)
     if base == "time_us":
-        raw = int_column(time_col, n, fill=0)
+        raw = time_raw
         # Entries without a time (markers) keep their neighbour's place: carry the last time forward.
         if not timed.all():
             idx = np.where(timed, np.arange(n), 0)
@@ -107,10 +123,9 @@ def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, 
         return values if in_order else values[order]
 
     return Trace(
-        device=dev, n=n, time_base=base, code=sort(code), addr=sort(int_column(cols.get("addr"), n, fill=0)),
-        size=sort(int_column(cols.get("size"), n, fill=0)), stream=sort(int_column(cols.get("stream"), n, fill=0)),
-        t_ns=t_ns, order=order, frames=kept["frames"],
-        device_free=sort(int_column(cols.get("device_free"), n, fill=-1)) if (code == CODE["oom"]).any() else None,
+        device=dev, n=n, time_base=base, code=sort(code), addr=sort(addr), size=sort(size), stream=sort(stream),
+        t_ns=t_ns, order=order, frames=frames,
+        device_free=sort(device_free) if (code == CODE["oom"]).any() else None,
     )
 
 

@@ -70,6 +70,23 @@ def first_equal(lists: Sequence[Any]) -> np.ndarray:
     return first
 
 
+def first_equal_of_stacks(stacks: Sequence[Any], sid: np.ndarray) -> np.ndarray:
+    """:func:`first_equal` of the lists ``stacks[sid[i]]`` (None where ``sid[i] < 0``), as the compiled
+    snapshot reader gives a trace's frames: computed over the distinct stacks only, in the order of
+    their first entry, and spread to the entries (the same answer as over the lists themselves)."""
+    n = len(sid)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    keyed = np.where(sid < 0, len(stacks), sid).astype(np.int64)  # no frames: one more "stack"
+    labels, first_entry, inverse = np.unique(keyed, return_index=True, return_inverse=True)
+    order = np.argsort(first_entry, kind="stable")  # the distinct lists in the order of their first entry
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    distinct = [None if int(label) == len(stacks) else stacks[int(label)] for label in labels[order]]
+    groups = first_equal(distinct)  # per distinct list (in that order), the first equal one
+    return np.asarray(first_entry[order][groups][rank[inverse.reshape(-1)]], dtype=np.int64)
+
+
 def _identities(objects: np.ndarray) -> np.ndarray:
     """``id()`` of each item of an object array, as uint64: CPython's ids are the addresses an object
     array holds, copied out at once (~40 % less time than an ``id()`` call and an int per item)."""

@@ -1,0 +1,358 @@
+"""The compiled snapshot reader against the pure-Python one: the same loaded model, the same error.
+
+Both readers read every real sample, the snapshot cases of the bad-input corpus, hand-made hostile and
+unusual pickles, and Hypothesis-generated snapshots (real ones with values changed, pickled with protocol
+2 or 4); the model each gives (every table, series and metric) or the one-line error must be the same.
+Where the extension is not built, these tests compare the pure-Python reader with itself (and say so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pickle
+import random
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import corpus
+import numpy as np
+import pytest
+from helpers import SAMPLES, sample_pickle
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memgate.errors import MemgateError
+from memgate.loaders.snapshot import snapshot as snapshot_loader
+from memgate.loaders.snapshot.snapshot_trace import ACTIONS, MEMORY_ACTIONS
+from memgate.metrics import profile_metrics
+from memgate.readers import limits, snapshot_columns
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = sorted(p for p in SAMPLES.rglob("*") if p.suffix in (".pickle", ".pkl"))
+compiled = pytest.mark.skipif(not snapshot_columns.compiled_available(), reason="the compiled reader is not built")
+
+
+@pytest.fixture(autouse=True)
+def _reader_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(snapshot_columns.PURE_ENV, raising=False)
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A comparable rendering of a loaded model: dataclasses, tables, arrays and containers, recursively."""
+    if depth > 40:
+        return "..."
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, np.ndarray):
+        return [_plain(v, depth + 1) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return _plain(value.item(), depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist(), depth + 1)
+    if hasattr(value, "__slots__"):
+        return {s: _plain(getattr(value, s, None), depth + 1) for s in value.__slots__}
+    if hasattr(value, "__dict__"):
+        return {k: _plain(v, depth + 1) for k, v in vars(value).items()}
+    return repr(value)
+
+
+def outcome(path: Path, *, pure: bool) -> tuple[str, Any]:
+    """What a load of ``path`` gives with one reader: the model and its metrics, or the error's line."""
+    old = os.environ.get(snapshot_columns.PURE_ENV)
+    os.environ[snapshot_columns.PURE_ENV] = "1" if pure else "0"
+    try:
+        profile = snapshot_loader.load(path)
+        return "ok", _plain({"profile": profile, "metrics": profile_metrics(profile)})
+    except MemgateError as exc:
+        return "error", str(exc)
+    finally:
+        if old is None:
+            del os.environ[snapshot_columns.PURE_ENV]
+        else:
+            os.environ[snapshot_columns.PURE_ENV] = old
+
+
+def used_compiled(path: Path) -> bool:
+    """Did the compiled reader take the file (rather than hand it to the pure-Python one)?"""
+    return snapshot_columns._compiled(path, limits.current().max_pickle_bytes, ACTIONS, MEMORY_ACTIONS) is not None
+
+
+def same(path: Path) -> tuple[str, Any]:
+    fast, pure = outcome(path, pure=False), outcome(path, pure=True)
+    assert fast == pure
+    return fast
+
+
+# ---- real samples ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: str(p.relative_to(SAMPLES)))
+def test_real_samples_load_the_same_through_the_compiled_reader(path: Path) -> None:
+    kind, _ = same(path)
+    assert kind == "ok"
+    if snapshot_columns.compiled_available():
+        assert used_compiled(path), "a real snapshot must not need the fallback"
+
+
+@compiled
+def test_inspect_json_is_the_same_from_both_readers() -> None:
+    """``memgate inspect --json`` over the samples' folders, byte for byte, in processes of their own."""
+    outs = []
+    for pure in ("0", "1"):
+        env = dict(os.environ, MEMGATE_PURE_PYTHON=pure, PYTHONPATH=str(ROOT))
+        run = subprocess.run([sys.executable, "-m", "memgate", "inspect", "--json", *map(str, REAL)],
+                             check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+        outs.append((run.returncode, run.stdout))
+    assert outs[0] == outs[1]
+    assert outs[0][1].count('"torch_snapshot"') >= len(REAL) - 1
+
+
+def test_version_names_the_reader(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from memgate import cli
+
+    monkeypatch.setenv(snapshot_columns.PURE_ENV, "1")
+    with pytest.raises(SystemExit):
+        cli.build_parser(["--version"]).parse_args(["--version"])
+    assert capsys.readouterr().out.strip().endswith("(snapshot reader: pure Python ($MEMGATE_PURE_PYTHON is set))")
+    monkeypatch.delenv(snapshot_columns.PURE_ENV)
+    expected = "compiled" if snapshot_columns.compiled_available() else "pure Python (the compiled reader is not built)"
+    assert snapshot_columns.reader_name() == expected
+
+
+# ---- the bad-input corpus --------------------------------------------------------------------------
+
+SNAPSHOT_CASES = [c for c in corpus.CASES if c.format == "torch_snapshot" and not c.isolate and c.defect is None]
+
+
+@pytest.mark.parametrize("case", SNAPSHOT_CASES, ids=lambda c: c.id)
+def test_corpus_cases_fail_the_same_way(case: corpus.Case, tmp_path: Path) -> None:
+    expect = case.make(tmp_path)
+    target = expect.file
+    if not target.is_file():
+        pytest.skip("the case names a folder")
+    same(target)
+
+
+# ---- hand-made pickles -----------------------------------------------------------------------------
+
+
+def _entry(**values: Any) -> dict[str, Any]:
+    return {"action": "alloc", "addr": 1024, "size": 512, "stream": 0, "time_us": 10, "frames": [], **values}
+
+
+def _snapshot(entries: list[Any]) -> dict[str, Any]:
+    return {"segments": [{"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
+                          "allocated_size": 0, "active_size": 0, "requested_size": 0,
+                          "blocks": [{"size": 2 << 20, "state": "inactive", "requested_size": 0}]}],
+            "device_traces": [entries]}
+
+
+_FRAME = {"filename": "train.py", "line": 3, "name": "step"}
+ODD_ENTRIES = {
+    "negative-addr": [_entry(addr=-1)],
+    "addr-past-int64": [_entry(addr=2**64)],
+    "bool-size": [_entry(size=True)],
+    "float-time": [_entry(time_us=1.5)],
+    "time-past-the-bound": [_entry(time_us=2**62)],
+    "none-stream": [_entry(stream=None)],
+    "unknown-action": [_entry(action="grow")],
+    "no-action": [{"addr": 1, "size": 1}],
+    "alloc-without-size": [{"action": "alloc", "addr": 1}],
+    "tuple-frames": [_entry(frames=(_FRAME,))],
+    "none-frames": [_entry(frames=None)],
+    "frames-of-ints": [_entry(frames=[1, 2])],
+    "int-key": [{**_entry(), 5: "x"}],
+    "extra-keys": [_entry(compile_context="ctx", forward_frames=[], user_metadata="m")],
+    "bad-compile-context": [_entry(compile_context=3)],
+    "entry-not-a-dict": [_entry(), [1, 2]],
+    "some-without-time": [_entry(), {k: v for k, v in _entry(addr=2048).items() if k != "time_us"}],
+    "oom": [_entry(), {"action": "oom", "device_free": 5, "time_us": 11, "frames": [_FRAME]}],
+    "markers-only": [{"action": "snapshot"}, {"action": "workspace_snapshot", "time_us": 3}],
+    "out-of-order": [_entry(time_us=20, frames=[_FRAME]), _entry(addr=4096, time_us=5, frames=[_FRAME, _FRAME])],
+}
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+@pytest.mark.parametrize("name", sorted(ODD_ENTRIES))
+def test_odd_trace_entries_read_the_same(name: str, protocol: int, tmp_path: Path) -> None:
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(ODD_ENTRIES[name]), protocol=protocol))
+    same(path)
+
+
+def _shared_lists() -> dict[str, Any]:
+    """Entries sharing one frames list object, and a frames list equal to another but a list of its own."""
+    shared = [_FRAME, _FRAME]
+    entries = [_entry(frames=shared), _entry(addr=4096, frames=shared), _entry(addr=8192, frames=list(shared)),
+               _entry(action="free_requested", frames=shared),
+               {k: v for k, v in _entry(action="free_completed").items() if k != "frames"}]
+    return _snapshot(entries)
+
+
+@compiled
+def test_a_shared_frames_list_is_one_stack(tmp_path: Path) -> None:
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(_shared_lists(), protocol=4))
+    assert same(path)[0] == "ok"
+    data = snapshot_columns.load(path, max_bytes=1 << 30, actions=ACTIONS, moves=MEMORY_ACTIONS)
+    trace = data["device_traces"][0]
+    assert isinstance(trace, snapshot_columns.TraceColumns)
+    assert trace.frames.sid.tolist() == [0, 0, 0, 0, -1]  # the same frame objects: one stack
+    assert trace[4] == {"action": "free_completed", "addr": 1024, "size": 512, "stream": 0, "time_us": 10}
+    assert trace[0]["frames"] == [_FRAME, _FRAME]
+
+
+def _hand(body: bytes) -> bytes:
+    """PROTO 2, ``{"segments": [], "device_traces": [[<body>]]}``: ``body`` builds the one entry."""
+    def text(s: str) -> bytes:
+        return b"X" + struct.pack("<I", len(s)) + s.encode()
+
+    return (b"\x80\x02}q\x00(" + text("segments") + b"]" + text("device_traces") + b"]q\x01]q\x02" + body
+            + b"a" + b"a" + b"u.")
+
+
+def _text(s: str) -> bytes:
+    return b"X" + struct.pack("<I", len(s)) + s.encode()
+
+
+_ENTRY = b"}q\x03(" + _text("action") + _text("snapshot") + b"u"
+HOSTILE = {
+    "memo-bomb": b"\x80\x02}r\xff\xff\xff\x1f.",
+    "binget-unset": b"\x80\x02}h\x07.",
+    "binget-of-an-entry": _hand(_ENTRY + b"ah\x03"),  # the entry appended twice (the second by reference)
+    "entry-mutated-after": _hand(_ENTRY + b"a" + b"h\x03" + _text("addr") + b"K\x05s"),
+    "frames-appended-after": _hand(b"}q\x03(" + _text("action") + _text("snapshot") + _text("frames")
+                                   + b"]q\x04u" + b"ah\x04K\x01"),
+    "global": b"\x80\x02cos\nsystem\n.",
+    "trailing": pickle.dumps({"segments": []}, protocol=2) + b"junk",
+    "trailing-nul": pickle.dumps({"segments": []}, protocol=2) + b"\x00\x00",
+    "truncated": pickle.dumps(_snapshot([_entry()]), protocol=4)[:-7],
+    "two-values": b"\x80\x02}}.",
+    "long-frame": b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + b"}.",
+    # a FRAME length past int64 (read as a signed length it would look negative: no frame at all)
+    "frame-past-int64": b"\x80\x04\x95" + struct.pack("<Q", (1 << 63) + 494) + b"}.",
+    "proto-9": b"\x80\x09}.",
+    "set": b"\x80\x04\x8f\x94.",
+    "deep-lists": b"\x80\x02" + b"(" * 200_000 + b".",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_and_odd_pickles_fail_the_same_way(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(HOSTILE[name])
+    same(path)
+
+
+@compiled
+def test_what_the_compiled_reader_hands_back(tmp_path: Path) -> None:
+    """Hostile or unusual input goes to the pure-Python reader; plain snapshots do not."""
+    path = tmp_path / "snapshot.pickle"
+    for name in ("memo-bomb", "binget-of-an-entry", "entry-mutated-after", "frames-appended-after", "global",
+                 "trailing", "deep-lists"):
+        path.write_bytes(HOSTILE[name])
+        assert not used_compiled(path), name
+    for name in ("trailing-nul",):
+        path.write_bytes(HOSTILE[name])
+        assert used_compiled(path), name
+
+
+# ---- Hypothesis: real snapshots with values changed ------------------------------------------------
+
+_SEEDS = {
+    "cuda": SAMPLES / "torch_cuda" / "h200_record_leak" / "cuda_snapshot.pickle",
+    "torch": SAMPLES / "torch" / "snapshot_modern_small_cs336.pickle",
+    "npu": SAMPLES / "torch_npu_snapshot" / "npu_snapshot_expandable.pkl",
+}
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
+                    st.text(max_size=6), st.sampled_from(["alloc", "free_completed", "oom", "snapshot", (1, 2), b"x",
+                                                          2**63, -1, [], [_FRAME]]))
+
+
+def _paths(doc: Any, depth: int = 0) -> Iterator[tuple[Any, Any]]:
+    """(container, key) of some values of ``doc``: the trace entries' fields first."""
+    traces = doc.get("device_traces") if isinstance(doc, dict) else None
+    for trace in traces or []:
+        for entry in trace[:50]:
+            if isinstance(entry, dict):
+                for key in entry:
+                    yield entry, key
+
+
+@settings(max_examples=int(os.environ.get("MEMGATE_READER_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_changed_snapshots_read_the_same(data: st.DataObject, tmp_path: Path) -> None:
+    doc = sample_pickle(_SEEDS[data.draw(st.sampled_from(sorted(_SEEDS)), label="seed")])
+    spots = list(_paths(doc))
+    for _ in range(data.draw(st.integers(0, 3), label="changes")):
+        parent, key = spots[data.draw(st.integers(0, len(spots) - 1), label="spot")]
+        if data.draw(st.booleans(), label="delete"):
+            parent.pop(key, None)
+        else:
+            parent[key] = data.draw(_VALUES, label="value")
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(doc, protocol=data.draw(st.sampled_from([2, 4, 5]), label="protocol")))
+    same(path)
+
+
+# ---- a bounded structural fuzz (.ci/run runs it for a minute under ASan and UBSan) -------------------
+
+
+def _mutate(rng: random.Random, data: bytes) -> bytes:
+    """One structural change of a pickle: a byte flipped, a span cut, dropped, repeated or moved, a length
+    field (the 4 or 8 bytes after an opcode) made huge, a byte inserted."""
+    raw = bytearray(data)
+    at = rng.randrange(len(raw))
+    kind = rng.randrange(6)
+    if kind == 0:
+        raw[at] ^= 1 << rng.randrange(8)
+    elif kind == 1:
+        del raw[at:at + rng.randrange(1, 64)]
+    elif kind == 2:
+        span = raw[at:at + rng.randrange(1, 64)]
+        raw[at:at] = span
+    elif kind == 3:
+        raw[at:at + 4] = rng.choice([b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\xff\xff\xff\xff"])
+    elif kind == 4:
+        raw.insert(at, rng.randrange(256))
+    else:
+        return bytes(raw[:at])
+    return bytes(raw)
+
+
+def test_structural_fuzz_for_a_while(tmp_path: Path) -> None:
+    """Real snapshots with one to three structural changes: both readers give the same model or the same
+    error, for ``$MEMGATE_READER_FUZZ_SECONDS`` (default 3) of generated files."""
+    seconds = float(os.environ.get("MEMGATE_READER_FUZZ_SECONDS", "3"))
+    rng = random.Random(int(os.environ.get("MEMGATE_READER_FUZZ_SEED", "40")))
+    seeds = [p.read_bytes() for p in _SEEDS.values()] + [pickle.dumps(_shared_lists(), protocol=p) for p in (2, 4)]
+    path = tmp_path / "snapshot.pickle"
+    end, runs = time.monotonic() + seconds, 0
+    while time.monotonic() < end or runs < 3:
+        data = rng.choice(seeds)
+        for _ in range(rng.randint(1, 3)):
+            data = _mutate(rng, data) if data else data
+        path.write_bytes(data or b"\x80")
+        try:
+            same(path)
+        except AssertionError:
+            (ROOT / "build").mkdir(exist_ok=True)
+            (ROOT / "build" / "reader-fuzz-failure.pickle").write_bytes(data)
+            raise
+        runs += 1
