@@ -51,7 +51,14 @@ from memgate.loaders.snapshot.snapshot_segments import Segments, iter_blocks, re
 from memgate.loaders.snapshot.snapshot_stacks import is_npu
 from memgate.loaders.snapshot.snapshot_steps import note_start_times
 from memgate.loaders.snapshot.snapshot_steps import steps as annotated_steps
-from memgate.loaders.snapshot.snapshot_trace import ACTIONS, MEMORY_ACTIONS, Trace, empty_trace, parse_trace
+from memgate.loaders.snapshot.snapshot_trace import (
+    ACTIONS,
+    MEMORY_ACTIONS,
+    Trace,
+    action_table,
+    empty_trace,
+    parse_trace,
+)
 from memgate.metric_specs import Fact, not_measurable
 from memgate.model import NOT_MEASURABLE_BY_DEVICE, DeviceModel, Profile, empty_steps
 from memgate.readers import limits, safepickle
@@ -116,10 +123,10 @@ def load(path: Path, *, max_bytes: int | None = None, every_frame: bool = False,
 def _load_paused(path: Path, max_bytes: int, every_frame: bool, addresses: bool = False) -> tuple[Profile, int]:
     """The profile and its number of trace entries."""
     data = load_columns(path, max_bytes=max_bytes, actions=ACTIONS, moves=MEMORY_ACTIONS)
-    profile = build_profile(path, data, every_frame=every_frame, addresses=addresses)
     traces = data.get("device_traces") if isinstance(data, dict) else None
     entries = sum(len(t) for t in traces if isinstance(t, (list, tuple, TraceColumns))) if isinstance(traces, list) \
         else 0
+    profile = build_profile(path, data, every_frame=every_frame, addresses=addresses)
     fastexit.keep(data, path.stat().st_size)  # the memgate command ends without freeing them one by one
     return profile, entries
 
@@ -129,7 +136,10 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
 
     ``every_frame``: check the frames no metric reads too (of frees and other non-alloc entries, and
     of segment blocks not allocated through the window), as ``memgate validate`` asks; a load reads
-    the frames of the blocks it attributes (~30 % of a trace's entries), and those are checked."""
+    the frames of the blocks it attributes (~30 % of a trace's entries), and those are checked.
+
+    The compiled reader's trace columns are released from ``data`` once read into their traces (what
+    the traces keep of them stays): the device models are built in the memory they held."""
     schema = load_schema(SCHEMA)
     era, snapshot = _era(path, data, schema)
     tracked = snapshot_estimate.tracked(path, snapshot)  # an estimate's categories need the blocks' addresses
@@ -152,6 +162,10 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
     pad = block_sizes.pad_shown(segments.size[telling], segments.requested[telling], settings) \
         if settings.caching else None
     npu = is_npu(snapshot, parsed, padded=pad == block_sizes.NPU_PAD)
+    history = any(_moves_history(p) for p in parsed)
+    for dev, read in enumerate(traces):
+        if isinstance(read, TraceColumns):
+            traces[dev] = None
     if npu and settings.caching:  # torch_npu pads every request, except where its blocks show otherwise
         settings = replace(settings, pad=block_sizes.NPU_PAD if pad is None else pad)
     models: list[DeviceModel] = []
@@ -171,7 +185,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         "devices": notes,
         **_alloc_conf(snapshot.get("allocator_settings")),
         **step_notes,
-        **_not_measurable(notes, traces),
+        **_not_measurable(notes, history),
     }
     estimated = snapshot_estimate.metadata(path, snapshot.get(snapshot_estimate.KEY))
     if "not_measurable" in estimated:
@@ -267,13 +281,20 @@ def _alloc_conf(raw_settings: Any) -> dict[str, Any]:
     return {"alloc_conf": conf} if conf else {}
 
 
-def _not_measurable(notes: dict[str, Any], traces: Sequence[Any]) -> dict[str, Any]:
+def _moves_history(trace: Trace) -> bool:
+    """Does the trace hold an entry other than the dump's markers (an allocation history)?"""
+    return bool((~_MARKERS[trace.code]).any())
+
+
+_MARKERS = action_table("snapshot", "workspace_snapshot")  # mark the dump, record no allocation
+
+
+def _not_measurable(notes: dict[str, Any], history: bool) -> dict[str, Any]:
     """``not_measurable``: without any history, every metric that needs it; else, per device whose history
     was truncated (each device has a ring buffer of its own), those its history covers in part."""
     cut = {label: truncated_window(f"{label}: {facts['history_truncated']}") for label, facts in notes.items()
            if facts.get("history_truncated")}
-    markers = ("snapshot", "workspace_snapshot")  # mark the dump, record no allocation
-    if not any(isinstance(e, dict) and e.get("action") not in markers for t in traces for e in t):
+    if not history:
         # Only the final state: no history to find a peak, a growth or a leak in. The pool state at
         # the dump (DeviceModel.dump_state) needs none, so its metrics are never marked here.
         why = ("the snapshot has no allocation history (device_traces hold no allocation or free): record with "

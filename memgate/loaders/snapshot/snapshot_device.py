@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ def _entries(path: Path, dev: int, trace: Trace, segs: Segments) -> _Entries:
     sel = np.flatnonzero(is_alloc | is_free)
     # A trace in record order is the truth; one put in time order here (torch_npu inserts entries at
     # the front) lost the order of one instant's entries: those are paired as the address allows.
-    resorted = bool((trace.order != np.arange(trace.n)).any())
+    resorted = trace.order is not None
     pairing = pair_allocs(trace.addr[sel], is_alloc[sel], trace.t_ns[sel] if resorted else None)
     if pairing.repeated is not None:
         raise repeated_error(path, trace, int(sel[pairing.repeated]))
@@ -174,43 +175,61 @@ def _int_text(values: np.ndarray) -> Texts:
     return Texts(at.astype(np.int32).reshape(-1), np.array([str(v) for v in distinct.tolist()], dtype=object))
 
 
+def _deltas(sizes: np.ndarray, adds: np.ndarray, removes: np.ndarray) -> np.ndarray:
+    """Per entry, ``+size`` where it adds, ``-size`` where it removes, else 0: one int64 array, no
+    temporaries of the trace's length (an entry never both adds and removes)."""
+    out = np.zeros(len(sizes), dtype=np.int64)
+    np.copyto(out, sizes, where=adds)
+    np.negative(sizes, out=out, where=removes)
+    return out
+
+
 def _series(path: Path, dev: int, trace: Trace, segs: Segments, rows: _Entries, block: np.ndarray,
             t_origin: int) -> tuple[dict[str, Ints], dict[str, int]]:
     """The allocator series (t_ns, allocated, reserved, active) and the levels at the window's start:
     deltas per entry, levels rebuilt backwards from the final segments."""
     t, code = trace.t_ns, trace.code
-    d_alloc = np.where(rows.is_alloc, block, 0) - np.where(rows.is_free, block, 0)
-    d_active = np.where(rows.is_alloc, block, 0) - np.where(rows.is_done, block, 0)
-    d_reserved = np.where(_GROWS[code], trace.size, 0) - np.where(_SHRINKS[code], trace.size, 0)
+    # Each counter's deltas are made when used, twice (for the start levels, then for the series): one
+    # array of the trace's length alive at a time, not three.
+    deltas: dict[str, Callable[[], np.ndarray]] = {
+        "allocated": lambda: _deltas(block, rows.is_alloc, rows.is_free),
+        "reserved": lambda: _deltas(trace.size, _GROWS[code], _SHRINKS[code]),
+        "active": lambda: _deltas(block, rows.is_alloc, rows.is_done),
+    }
+    moved = np.zeros(trace.n, dtype=bool)
+    total: dict[str, int] = {}
+    for name, make in deltas.items():
+        d = make()
+        moved |= d != 0
+        total[name] = int(d.sum())
+        del d
     starts = {
         "allocated": int(block[rows.early_frees].sum() + segs.size[rows.live_through].sum()),
-        "active": int(segs.size[rows.mine & segs.active].sum()) - int(d_active.sum()),
-        "reserved": int(segs.seg_total[segs.seg_device == dev].sum()) - int(d_reserved.sum()),
+        "active": int(segs.size[rows.mine & segs.active].sum()) - total["active"],
+        "reserved": int(segs.seg_total[segs.seg_device == dev].sum()) - total["reserved"],
     }
-    changed = np.flatnonzero((d_alloc != 0) | (d_active != 0) | (d_reserved != 0))
     # The window start: the first entry's time; 0 on the trace-index clock; the profile's first time
     # for a device whose trace moves nothing.
     t0 = {"time_us": int(t[0]) if trace.n else t_origin, "trace_index": 0}.get(trace.time_base, t_origin)
-    every = len(changed) == trace.n  # the usual case: every entry moves a counter (no indexing then)
+    # the usual case: every entry moves a counter (no indexing then)
+    changed = None if moved.all() else np.flatnonzero(moved)
+    del moved
 
     def level(start: int, deltas: np.ndarray) -> Ints:
-        levels = np.empty(len(changed) + 1, dtype=np.int64)
+        levels = np.empty(trace.n + 1 if changed is None else len(changed) + 1, dtype=np.int64)
         levels[0] = 0
-        if every:
+        if changed is None:
             np.cumsum(deltas, out=levels[1:])
         else:
             np.take(np.cumsum(deltas), changed, out=levels[1:])
         levels += start
         return Ints.of(levels)
 
-    series: dict[str, Ints] = {
-        "t_ns": Ints.of(np.concatenate([[t0], t if every else t[changed]])),
-        "allocated": level(starts["allocated"], d_alloc),
-        "reserved": level(starts["reserved"], d_reserved),
-        "active": level(starts["active"], d_active),
-    }
+    series: dict[str, Ints] = {"t_ns": Ints.of(np.concatenate([[t0], t if changed is None else t[changed]]))}
+    for name, make in deltas.items():
+        series[name] = level(starts[name], make())
     if starts["reserved"] >= 0:
-        _check_within_reserved(path, trace, series, changed, every, starts["allocated"])
+        _check_within_reserved(path, trace, series, changed, starts["allocated"])
     return series, starts
 
 
@@ -220,8 +239,8 @@ def _ooms(path: Path, trace: Trace, rows: _Entries, block: np.ndarray, starts: d
     if not len(at):
         return ()
     code = trace.code
-    d_alloc = np.where(rows.is_alloc, block, 0) - np.where(rows.is_free, block, 0)
-    d_reserved = np.where(_GROWS[code], trace.size, 0) - np.where(_SHRINKS[code], trace.size, 0)
+    d_alloc = _deltas(block, rows.is_alloc, rows.is_free)
+    d_reserved = _deltas(trace.size, _GROWS[code], _SHRINKS[code])
     allocated = starts["allocated"] + np.cumsum(d_alloc)[at]  # an oom entry moves nothing: the level before it
     reserved = starts["reserved"] + np.cumsum(d_reserved)[at]
     ops, owners = trace_op_owner(path, trace, at)
@@ -268,7 +287,7 @@ def _facts(trace: Trace, rows: _Entries, replay: block_sizes.Replayed) -> dict[s
     return facts
 
 
-def _check_within_reserved(path: Path, trace: Trace, series: dict[str, Ints], changed: np.ndarray, every: bool,
+def _check_within_reserved(path: Path, trace: Trace, series: dict[str, Ints], changed: np.ndarray | None,
                            start_alloc: int) -> None:
     """Blocks are carved from segments: at the end of every instant, allocated <= reserved. A trace
     that allocates more than its segments hold has a bogus size (a free of 10^15 bytes at an unknown
@@ -276,15 +295,19 @@ def _check_within_reserved(path: Path, trace: Trace, series: dict[str, Ints], ch
     t, allocated, reserved = series["t_ns"].values, series["allocated"].values, series["reserved"].values
     # An alloc may be listed just before the segment it needs (in its instant, or the next entry
     # without times): judged at the end of each instant, against the reserve one entry later too.
-    ends = np.r_[t[1:] != t[:-1], True]
-    ends[0] = True  # the window's start: what pre-window frees say was allocated, before any entry
-    cover = np.maximum(reserved, np.r_[reserved[1:], reserved[-1:]])
-    over = np.flatnonzero(ends & (allocated > cover))
+    ends = np.empty(len(t), dtype=bool)
+    np.not_equal(t[1:], t[:-1], out=ends[:-1])
+    ends[0] = ends[-1] = True  # the window's start: what pre-window frees say was allocated, before any entry
+    cover = reserved.copy()  # the reserve at each point or one entry later, whichever is more
+    np.maximum(cover[:-1], reserved[1:], out=cover[:-1])
+    ends &= allocated > cover
+    del cover
+    over = np.flatnonzero(ends)
     if not len(over):
         return
     point = int(over[0])  # 0: the window's start; j: after the j-th entry that moved a counter
-    k = None if point == 0 else (point - 1 if every else int(changed[point - 1]))
-    where = f"device_traces[{trace.device}]" + ("" if k is None else f"[{int(trace.order[k])}]")
+    k = None if point == 0 else (point - 1 if changed is None else int(changed[point - 1]))
+    where = f"device_traces[{trace.device}]" + ("" if k is None else f"[{trace.file_row(k)}]")
     start = f" at the window's start (frees of memory from before it: {start_alloc} bytes)" if k is None else ""
     raise InputError(f"more memory allocated than the segments reserve{start}", file=path, column=where,
                      expected="allocated <= reserved at the end of every instant (blocks are carved from segments)",

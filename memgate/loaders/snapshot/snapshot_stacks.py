@@ -108,7 +108,7 @@ def _op_owner_of_groups(frames_of: Callable[[int], Any], first: np.ndarray, path
 def trace_op_owner(path: Path, trace: Trace, at: np.ndarray) -> tuple[Texts, Texts]:
     """(op, owner) of the trace entries at sorted positions ``at``, from their frames, with the trace's
     grouping of all its frames lists where the torch_npu scan made it (:attr:`Trace.first_equal`)."""
-    rows = trace.order[at]
+    rows = trace.file_rows(at)
 
     def where(j: int) -> str:
         return f"device_traces[{trace.device}][{int(rows[j])}].frames"

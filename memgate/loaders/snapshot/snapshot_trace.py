@@ -52,9 +52,17 @@ class Trace:
     size: np.ndarray
     stream: np.ndarray
     t_ns: np.ndarray  # per sorted entry
-    order: np.ndarray  # sorted position -> index in the file's list
+    order: np.ndarray | None  # sorted position -> index in the file's list; None: the file's order (no copy of it)
     frames: Sequence[Any]  # per entry in the file's order, its frames list (None without one)
     device_free: np.ndarray | None = None  # per sorted entry: an oom entry's device_free (-1: none recorded)
+
+    def file_rows(self, at: np.ndarray) -> np.ndarray:
+        """The indices in the file's list of the entries at sorted positions ``at``."""
+        return at if self.order is None else self.order[at]
+
+    def file_row(self, k: int) -> int:
+        """The index in the file's list of the entry at sorted position ``k``."""
+        return int(k if self.order is None else self.order[k])
 
     @cached_property
     def first_equal(self) -> np.ndarray:
@@ -74,7 +82,7 @@ class Trace:
 def empty_trace(dev: int) -> Trace:
     """The trace of a device without entries."""
     empty = np.zeros(0, dtype=np.int64)
-    return Trace(dev, 0, "none", empty, empty, empty, empty, empty, empty, [])
+    return Trace(dev, 0, "none", empty.astype(np.int8), empty, empty, empty, empty, None, [])
 
 
 def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, Any]) -> Trace:
@@ -84,7 +92,7 @@ def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, 
     if n == 0:
         return empty_trace(dev)
     if isinstance(entries, TraceColumns):  # the compiled reader's: checked against the schema as it was read
-        code = entries.code.astype(np.int64)
+        code = entries.code  # int8: the action codes need no more
         timed = entries.present(4)
         addr, size, stream = entries.addr, entries.size, entries.stream
         frames: Sequence[Any] = entries.frames
@@ -95,7 +103,7 @@ def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, 
         cols = check_records(entries, schema["$defs"]["trace_entry"], file=path,
                              where=lambda i: f"device_traces[{dev}][{i}]", root=schema, objects=kept)
         code = np.asarray(pc.index_in(cols["action"], value_set=pa.array(ACTIONS)).to_numpy(zero_copy_only=False),
-                          dtype=np.int64)
+                          dtype=np.int8)
         time_col = cols.get("time_us")
         timed = np.asarray(time_col.is_valid(), dtype=bool) if time_col is not None and not pa.types.is_null(
             time_col.type) else np.zeros(n, dtype=bool)
@@ -112,15 +120,14 @@ def parse_trace(path: Path, dev: int, entries: Sequence[Any], schema: dict[str, 
             np.maximum.accumulate(idx, out=idx)
             raw = np.where(timed, raw, raw[idx])
         in_order = not (raw[1:] < raw[:-1]).any()  # torch's own traces; torch_npu inserts some at the front
-        order = np.arange(n, dtype=np.int64) if in_order else np.argsort(raw, kind="stable")
-        t_ns = (raw if in_order else raw[order]) * 1000
+        order = None if in_order else np.argsort(raw, kind="stable")
+        t_ns = (raw if order is None else raw[order]) * 1000
     else:
-        in_order = True
-        order = np.arange(n, dtype=np.int64)
+        order = None
         t_ns = np.arange(1, n + 1, dtype=np.int64)
 
     def sort(values: np.ndarray) -> np.ndarray:
-        return values if in_order else values[order]
+        return values if order is None else values[order]
 
     return Trace(
         device=dev, n=n, time_base=base, code=sort(code), addr=sort(addr), size=sort(size), stream=sort(stream),
@@ -158,6 +165,6 @@ def lost_free_requests(trace: Trace) -> int:
 def repeated_error(path: Path, trace: Trace, k: int) -> InputError:
     """The error for the entry at sorted position ``k`` that repeats its address's last action."""
     action = ACTIONS[int(trace.code[k])]
-    return repeated_action(path, f"device_traces[{trace.device}][{int(trace.order[k])}]", action == "alloc",
+    return repeated_action(path, f"device_traces[{trace.device}][{trace.file_row(k)}]", action == "alloc",
                            found=f"{action} of {hex(int(trace.addr[k]))} ({int(trace.size[k])} bytes)",
                            expected="allocs and frees of one address in turn (torch's caching allocator)")
