@@ -356,3 +356,31 @@ def test_structural_fuzz_for_a_while(tmp_path: Path) -> None:
             (ROOT / "build" / "reader-fuzz-failure.pickle").write_bytes(data)
             raise
         runs += 1
+
+
+# ---- memory: the columns go once read -------------------------------------------------------------
+
+
+@compiled
+def test_the_trace_columns_are_released_once_read_into_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device models are built in the memory the columns held: by the time the first one is built,
+    nothing holds a trace's columns (a loop variable did once, and cost a 10M-entry load 400 MB)."""
+    import weakref
+
+    path = max(REAL, key=lambda p: p.stat().st_size)
+    data = snapshot_columns.load(path, max_bytes=limits.current().max_pickle_bytes, actions=ACTIONS,
+                                 moves=MEMORY_ACTIONS)
+    read = [t for t in data["device_traces"] if isinstance(t, snapshot_columns.TraceColumns)]
+    assert read, "the sample's traces are read as columns"
+    refs = [weakref.ref(t) for t in read]
+    del read
+    held: list[bool] = []
+    build = snapshot_loader.device_model
+
+    def device_model(*args: Any, **kwargs: Any) -> Any:
+        held.append(any(ref() is not None for ref in refs))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot_loader, "device_model", device_model)
+    assert snapshot_loader.build_profile(path, data).devices
+    assert held and not any(held)

@@ -148,10 +148,7 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
     if era == "dict" and any(isinstance(b, dict) and "history" in b for b in iter_blocks(snapshot["segments"])):
         era = "legacy_history"
     traces = snapshot.get("device_traces") or []
-    for dev, entries in enumerate(traces):
-        if not isinstance(entries, (list, tuple, TraceColumns)):
-            raise InputError("a device trace must be a list of entries", file=path, column=f"device_traces[{dev}]",
-                             expected="an array", found=type(entries).__name__)
+    _check_trace_lists(path, traces)
     annotations = snapshot.get("external_annotations") or []
     ann = check_records(annotations, schema["$defs"]["annotation"], file=path,
                         where=lambda i: f"external_annotations[{i}]", root=schema) if annotations else {}
@@ -163,9 +160,8 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         if settings.caching else None
     npu = is_npu(snapshot, parsed, padded=pad == block_sizes.NPU_PAD)
     history = any(_moves_history(p) for p in parsed)
-    for dev, read in enumerate(traces):
-        if isinstance(read, TraceColumns):
-            traces[dev] = None
+    if isinstance(traces, list):  # (a comprehension: no loop variable left holding the last trace's columns)
+        traces[:] = [None if isinstance(read, TraceColumns) else read for read in traces]
     if npu and settings.caching:  # torch_npu pads every request, except where its blocks show otherwise
         settings = replace(settings, pad=block_sizes.NPU_PAD if pad is None else pad)
     models: list[DeviceModel] = []
@@ -198,6 +194,14 @@ def build_profile(path: Path, data: Any, *, every_frame: bool = False, addresses
         metadata[NOTE_STARTS] = note_start_times(ann) if ann and time_base == "time_us" else {}
     return Profile(path=str(path), format=FORMAT, rank=_rank_of(path), devices=tuple(models), steps=steps,
                    steps_source=steps_source, metadata=metadata)
+
+
+def _check_trace_lists(path: Path, traces: Sequence[Any]) -> None:
+    """Each device trace is a list of entries (a function: no loop variable keeps a trace alive)."""
+    for dev, entries in enumerate(traces):
+        if not isinstance(entries, (list, tuple, TraceColumns)):
+            raise InputError("a device trace must be a list of entries", file=path, column=f"device_traces[{dev}]",
+                             expected="an array", found=type(entries).__name__)
 
 
 def _era(path: Path, data: Any, schema: dict[str, Any]) -> tuple[str, dict[str, Any]]:
