@@ -197,6 +197,7 @@ def test_a_cut_inside_an_event_falls_back_to_one_event_at_a_time(tmp_path: Path)
     b'{"traceEvents": [{"a": tr' + b" " * 300 + b'ue}]}',
     b'{"traceEvents": [{"a": 1' + b"\n" * 300 + b'e5}]}',
     b'{"traceEvents": [{"a": "x' + b" " * 300 + b'y"}]}',  # inside a string it is the string's
+    b'{"traceEvents": [{"a": 1}' + b" \x0b\x0c" * 100 + b']}',  # \v and \f are no JSON whitespace
 ])
 def test_whitespace_between_the_reads_changes_nothing(case: bytes, tmp_path: Path) -> None:
     for chunk in (1, 7, 64, 100, 1 << 20):

@@ -166,7 +166,7 @@ def _json_chunks(reader: GuardedReader) -> Iterator[Events]:
     buf = bytearray(b"[") + rest  # the pending bytes, always after a '['
     in_tail = False  # the array has ended: the rest closes the document
     while chunk := reader.read(CHUNK_BYTES):
-        if _droppable(buf, chunk, reader):
+        if _droppable(buf, reader):
             continue
         buf += chunk
         taken = None if in_tail else _leading_events(buf)
@@ -219,13 +219,13 @@ def _events_one_by_one(buf: bytearray) -> tuple[list[dict[str, Any]], int] | Non
     return _objects(events), len(text[:taken].encode("utf-8"))
 
 
-def _droppable(pending: bytearray, chunk: bytes, reader: GuardedReader) -> bool:
-    """Can ``chunk`` be left out of the bytes this reader parses without changing what they parse to?
-    Whitespace between tokens, after one that cannot run on into the next token (a number or a literal
+def _droppable(pending: bytearray, reader: GuardedReader) -> bool:
+    """Can the chunk the reader just read be left out of the bytes parsed without changing what they
+    parse to? Whitespace between tokens, after one that cannot run on into the next token (a number or a literal
     could: ``1`` and ``2`` would read as ``12``); the whitespace ``pending`` ends with then goes too. So
     a trace padded with gigabytes of whitespace is decided at the inflater's speed, not piled up until
     the 64 MiB of pending bytes hand it to ijson. The GuardedReader has scanned it all the same."""
-    if reader.in_string or chunk.translate(None, JSON_WHITESPACE):
+    if not reader.last_blank:
         return False
     last = _last_token_byte(pending)
     if last not in _CLOSED_BEFORE:
@@ -256,7 +256,7 @@ def _after_events_key(reader: GuardedReader) -> tuple[bytes, dict[str, Any]]:
         chunk = reader.read(CHUNK_BYTES)
         if not chunk or len(head) > _PENDING_MAX:
             raise Unproven("no traceEvents array")
-        if not _droppable(head, chunk, reader):
+        if not _droppable(head, reader):
             head += chunk
     opening = head[: key.end()]
     # ``{..., "traceEvents": []}`` parses only if that ``[`` opens the value of a top-level key
