@@ -17,7 +17,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -384,3 +384,233 @@ def test_the_trace_columns_are_released_once_read_into_traces(monkeypatch: pytes
     monkeypatch.setattr(snapshot_loader, "device_model", device_model)
     assert snapshot_loader.build_profile(path, data).devices
     assert held and not any(held)
+
+
+# ---- the fast path: trace entries read straight into the columns -----------------------------------
+
+
+def _fast_count(path: Path) -> int:
+    """How many entries the compiled reader's fast path read (Unsupported: raised)."""
+    from memgate.readers import _snapshot_core  # type: ignore[attr-defined]
+
+    stats: dict[str, int] = {}
+    with open(path, "rb") as fh:
+        _snapshot_core.read(fh, path.stat().st_size, 1 << 30, ACTIONS, MEMORY_ACTIONS, stats)
+    return stats["fast"]
+
+
+def _many(odd: list[Any], copies: int = 2) -> list[Any]:
+    """Plain entries sharing frame objects (the keys, actions and frames memoized), then ``odd`` entries
+    ``copies`` times (the later copies reach the fast path with their keys and values memoized)."""
+    frames = [_FRAME, {"filename": "model.py", "line": 7, "name": "forward"}]
+    plain = [_entry(addr=1024 * (k + 1), time_us=k, frames=[frames[k % 2], frames[0]][: k % 3])
+             for k in range(6)]
+    plain.append(_entry(action="free_requested", frames=[frames[1]]))
+    plain.append(_entry(action="free_completed", frames=[frames[1]]))
+    return plain + [dict(e) if isinstance(e, dict) else e for _ in range(copies) for e in odd]
+
+
+@pytest.mark.parametrize("name", sorted(ODD_ENTRIES))
+def test_odd_entries_among_plain_ones_read_the_same(name: str, tmp_path: Path) -> None:
+    """Each odd entry after plain ones, twice, in one APPENDS batch: the fast path meets it with its
+    keys known and must leave to the generic way (or read) exactly what the reference reads."""
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(_many(ODD_ENTRIES[name])), protocol=4))
+    same(path)
+
+
+def _varied(n: int) -> list[dict[str, Any]]:
+    """``n`` entries of the shapes writers use: no frames, one, many (past the fast path's 512), a shared
+    frames list, empty frames followed by more keys, compile_context and user_metadata, None values,
+    unknown keys, device_free on an OOM, markers; values of every integer opcode's width."""
+    rng = random.Random(7)
+    frames = [{"filename": f"f{k}.py", "line": k, "name": f"fn{k}"} for k in range(40)]
+    shared = [frames[1], frames[2]]
+    out: list[dict[str, Any]] = []
+    for k in range(n):
+        shape = k % 9
+        if k % 3 == 0:  # each block allocated, then freed (a free requested, then completed)
+            addr, size = rng.choice([200, 60_000, 2**31 - 1, 2**40 + k, 2**62]), rng.choice([1, 512, 70_000, 2**33])
+        action = ("alloc", "free_requested", "free_completed")[k % 3]
+        entry: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": rng.choice([0, 7, -1]),
+                                 "time_us": k * 1000}
+        if shape == 0:
+            entry["frames"] = []
+            entry["compile_context"] = "N/A"
+            entry["user_metadata"] = ""
+        elif shape == 1:
+            entry["frames"] = [frames[k % 40]]
+        elif shape == 2:
+            entry["frames"] = [frames[j % 40] for j in range(k % 30)]
+        elif shape == 3:
+            entry["frames"] = shared
+        elif shape == 4:
+            entry["frames"] = [frames[j % 40] for j in range(600)]  # past the fast path's frame count
+        elif shape == 5:
+            entry.update(frames=[frames[3]], compile_context="N/A", user_metadata=None, custom="tag")
+        elif shape == 6:
+            out.append({"action": "oom", "device_free": rng.choice([0, 5, 2**35]), "time_us": k * 1000 - 1,
+                        "frames": shared})
+        elif shape == 7:
+            out.append({"action": "snapshot", "time_us": k * 1000 - 1})
+        else:
+            entry.update(frames=[frames[5], frames[6]], forward_frames=[])
+        out.append(entry)
+    return out
+
+
+@compiled
+def test_a_long_varied_trace_reads_the_same_and_mostly_fast(tmp_path: Path) -> None:
+    """3000 entries of varied shapes over many 64 KiB FRAMEs (entries cut by a FRAME go the generic way):
+    the same model, and the fast path reads most of them."""
+    path = tmp_path / "snapshot.pickle"
+    doc = _snapshot(_varied(3000))
+    doc["segments"][0].update(total_size=2**34, blocks=[{"size": 2**34, "state": "inactive", "requested_size": 0}])
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    assert same(path)[0] == "ok"
+    assert used_compiled(path)
+    assert _fast_count(path) > 2000
+
+
+class _Asm:
+    """A protocol-4 pickle written opcode by opcode (memo slots by MEMOIZE), for shapes no pickler writes."""
+
+    def __init__(self) -> None:
+        self.out = bytearray(b"\x80\x04")
+        self.slots = 0
+        self.named: dict[str, int] = {}
+        self.frame = -1
+
+    def memoize(self) -> int:
+        self.out += b"\x94"
+        self.slots += 1
+        return self.slots - 1
+
+    def get(self, slot: int) -> None:
+        self.out += b"j" + struct.pack("<I", slot)
+
+    def text(self, s: str, *, fresh: bool = False) -> None:
+        if s in self.named and not fresh:
+            self.get(self.named[s])
+            return
+        self.out += b"\x8c" + bytes([len(s)]) + s.encode()
+        self.named[s] = self.memoize()
+
+    def entry(self, addr: int, *, frames: Sequence[int] = (), dup: bool = False, fresh_key: bool = False,
+              new_frame: bool = False) -> int:
+        """An entry (its memo slot); ``new_frame``: its frames list starts with a frame dict written in
+        place (its slot in ``self.frame``), as a pickler writes a frame's first use."""
+        self.out += b"}"
+        slot = self.memoize()
+        self.out += b"("
+        for key, value in (("action", "alloc"), ("addr", addr), ("size", 512), ("stream", 0)):
+            self.text(key, fresh=fresh_key and key == "addr")
+            if isinstance(value, str):
+                self.text(value)
+            else:
+                self.out += b"J" + struct.pack("<i", value)
+        if dup:
+            self.text("size")
+            self.out += b"J" + struct.pack("<i", 1024)
+        self.text("frames")
+        self.out += b"]"
+        self.memoize()
+        self.out += b"("
+        if new_frame:
+            self.out += b"}"
+            self.frame = self.memoize()
+            self.out += b"("
+            for key, value in (("filename", "x.py"), ("name", "f")):
+                self.text(key)
+                self.text(value)
+            self.out += b"u"
+        for f in frames:
+            self.get(f)
+        self.out += b"eu"
+        return slot
+
+    def snapshot(self, body: Any) -> bytes:
+        """``{"segments": [], "device_traces": [trace]}``, ``body(self)`` writing the trace's items after
+        its MARK and closing them (APPENDS or whatever it tests)."""
+        self.out += b"}"
+        self.memoize()
+        self.out += b"("
+        self.text("segments")
+        self.out += b"]"
+        self.memoize()
+        self.text("device_traces")
+        self.out += b"]"
+        self.memoize()
+        self.out += b"]"
+        self.memoize()
+        self.out += b"("
+        body(self)
+        self.out += b"au."
+        return bytes(self.out)
+
+
+def _frame(a: _Asm) -> int:
+    """A first entry, whose frames list writes the frame the others refer to: that frame's slot."""
+    a.entry(1 << 20, new_frame=True)
+    return a.frame
+
+
+def _asm_cases() -> dict[str, tuple[bytes, bool]]:
+    """name -> (pickle, may the compiled reader take it)."""
+    def plain(a: _Asm) -> None:
+        f = _frame(a)
+        for k in range(5):
+            a.entry(4096 * (k + 1), frames=[f, f])
+        a.out += b"e"
+
+    def closed_by_tuple(a: _Asm) -> None:  # entries read into the trace, then the batch is no APPENDS
+        f = _frame(a)
+        for k in range(5):
+            a.entry(4096 * (k + 1), frames=[f])
+        a.out += b"te"
+
+    def duplicate_key(a: _Asm) -> None:
+        f = _frame(a)
+        for k in range(4):
+            a.entry(4096 * (k + 1), frames=[f], dup=k == 3)
+        a.out += b"e"
+
+    def refers_to_a_spent_entry(a: _Asm) -> None:
+        f = _frame(a)
+        spent = [a.entry(4096 * (k + 1), frames=[f]) for k in range(3)]
+        a.entry(65536, frames=[f, spent[0]])
+        a.out += b"e"
+
+    def refers_to_itself(a: _Asm) -> None:
+        f = _frame(a)
+        for k in range(3):
+            a.entry(4096 * (k + 1), frames=[f])
+        a.entry(65536, frames=[f, a.slots])  # its own slot (the entry's MEMOIZE comes first)
+        a.out += b"e"
+
+    def another_addr_key(a: _Asm) -> None:  # a second "addr" string object: equal, not the same
+        f = _frame(a)
+        for k in range(4):
+            a.entry(4096 * (k + 1), frames=[f], fresh_key=k == 2)
+        a.out += b"e"
+
+    return {name: (_Asm().snapshot(body), ok) for name, body, ok in (
+        ("plain", plain, True), ("closed-by-tuple", closed_by_tuple, False), ("duplicate-key", duplicate_key, True),
+        ("refers-to-a-spent-entry", refers_to_a_spent_entry, False), ("refers-to-itself", refers_to_itself, False),
+        ("another-addr-key", another_addr_key, True))}
+
+
+ASM = _asm_cases()
+
+
+@pytest.mark.parametrize("name", sorted(ASM))
+def test_hand_written_batches_read_the_same(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "snapshot.pickle"
+    data, ok = ASM[name]
+    path.write_bytes(data)
+    pickle.loads(data) if ok else None  # the hand-written pickles are well-formed where they should be
+    same(path)
+    if snapshot_columns.compiled_available():
+        assert used_compiled(path) == ok, name
+        if ok:
+            assert _fast_count(path) >= 3, name

@@ -13,7 +13,9 @@ is the answer. So the fast path only ever says yes to what the reference says ye
 Every byte is read through a bounds-checked typed memoryview (``boundscheck=True``); no pointer arithmetic.
 """
 
+from cpython.list cimport PyList_GET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
+from cpython.ref cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 
@@ -36,6 +38,11 @@ cdef long long TIME_US_MAX = 9223372036854775  # the schema's maximum for time_u
 cdef Py_ssize_t CHUNK = 1 << 22
 cdef Py_ssize_t MAX_MARKS = 100000
 cdef long long MARGIN = 1024  # containers: near the cap the reference's own count decides
+# The fast path (``_Reader.fast_entry``) reads an entry of at most this many frames and extra keys; a
+# longer one goes the generic way.
+DEF MAX_FAST_FRAMES = 512
+DEF MAX_EXTRAS = 16
+DEF RECENT = 4096
 # Field ids of a trace entry, and the bit each sets in ``has``.
 cdef enum:
     F_ACTION = 0
@@ -87,16 +94,15 @@ cdef class _Trace:
     cdef long long memo
     cdef bint placed
     cdef Py_ssize_t n, cap
-    cdef object a_code, a_addr, a_size, a_stream, a_time, a_devfree, a_has, a_sid
+    cdef object a_code, a_addr, a_size, a_stream, a_time, a_devfree, a_has, a_sid, a_xid
     cdef signed char[::1] code
     cdef long long[::1] addr, size, stream, time_us, device_free
     cdef unsigned short[::1] has
     cdef int[::1] sid
-    cdef dict extras  # entry index -> {key: value} of the keys outside the columns
+    cdef int[::1] xid  # per entry, its set of keys outside the columns (an index into the reader's extra_sets), -1: none
 
     def __cinit__(self):
         self.memo = -1
-        self.extras = {}
         self._alloc(64)
 
     cdef void _alloc(self, Py_ssize_t cap) except *:
@@ -104,35 +110,36 @@ cdef class _Trace:
         arrays = []
         for old, dtype in ((self.a_code, np.int8), (self.a_addr, np.int64), (self.a_size, np.int64),
                            (self.a_stream, np.int64), (self.a_time, np.int64), (self.a_devfree, np.int64),
-                           (self.a_has, np.uint16), (self.a_sid, np.int32)):
+                           (self.a_has, np.uint16), (self.a_sid, np.int32), (self.a_xid, np.int32)):
             new = np.zeros(cap, dtype=dtype)
             if old is not None and n:
                 new[:n] = old[:n]
             arrays.append(new)
         (self.a_code, self.a_addr, self.a_size, self.a_stream, self.a_time, self.a_devfree, self.a_has,
-         self.a_sid) = arrays
+         self.a_sid, self.a_xid) = arrays
         self.code, self.addr, self.size, self.stream = self.a_code, self.a_addr, self.a_size, self.a_stream
         self.time_us, self.device_free, self.has, self.sid = self.a_time, self.a_devfree, self.a_has, self.a_sid
+        self.xid = self.a_xid
         self.cap = cap
 
-    cdef void add(self, _Entry e, int moves_mask) except *:
+    cdef void put(self, int code, long long addr, long long size, long long stream, long long time_us,
+                  long long device_free, int has, int sid, int xid, int moves_mask) except *:
         cdef Py_ssize_t i = self.n
-        if e.code < 0:
+        if code < 0:
             bail("trace entry without an action")
-        if (moves_mask >> e.code) & 1 and (e.has & 0b110) != 0b110:
+        if (moves_mask >> code) & 1 and (has & 0b110) != 0b110:
             bail("memory action without addr or size")
         if i == self.cap:
             self._alloc(self.cap * 2)
-        self.code[i] = <signed char>e.code
-        self.addr[i] = e.addr
-        self.size[i] = e.size
-        self.stream[i] = e.stream
-        self.time_us[i] = e.time_us
-        self.device_free[i] = e.device_free
-        self.has[i] = <unsigned short>e.has
-        self.sid[i] = e.sid
-        if e.extras is not None:
-            self.extras[i] = e.extras
+        self.code[i] = <signed char>code
+        self.addr[i] = addr
+        self.size[i] = size
+        self.stream[i] = stream
+        self.time_us[i] = time_us
+        self.device_free[i] = device_free
+        self.has[i] = <unsigned short>has
+        self.sid[i] = sid
+        self.xid[i] = xid
         self.n = i + 1
 
     def columns(self):
@@ -140,11 +147,20 @@ cdef class _Trace:
         return {"code": self.a_code[:n].copy(), "addr": self.a_addr[:n].copy(), "size": self.a_size[:n].copy(),
                 "stream": self.a_stream[:n].copy(), "time_us": self.a_time[:n].copy(),
                 "device_free": self.a_devfree[:n].copy(), "has": self.a_has[:n].copy(), "sid": self.a_sid[:n].copy(),
-                "extras": self.extras}
+                "xid": self.a_xid[:n].copy()}
 
 
-cdef inline bint is_builder(object x):
+cdef inline bint is_builder(object x) noexcept:
     return type(x) is _Entry or type(x) is _Frames or type(x) is _Trace
+
+
+cdef inline uint64_t ptr_hash(PyObject** items, Py_ssize_t n) noexcept:
+    """A hash of a sequence of objects by identity (FNV-1a over their addresses)."""
+    cdef uint64_t h = <uint64_t>n
+    cdef Py_ssize_t k
+    for k in range(n):
+        h = (h ^ <uint64_t><uintptr_t>items[k]) * <uint64_t>0x100000001b3
+    return h
 
 
 @cython.final
@@ -157,6 +173,8 @@ cdef class _Reader:
     cdef long long frame_end  # the file offset where the current FRAME ends (-1: outside frames)
     cdef bint framed  # the file starts with a FRAME (protocol 4+ as Python writes it)
     cdef list stack, marks, memo
+    cdef object a_busy
+    cdef unsigned char[::1] busy  # per memo slot, 1 where a BINGET may not take it (unset, spent, being built)
     cdef Py_ssize_t memo_len
     cdef long long file_size, built, max_built
     cdef object traces_list
@@ -165,6 +183,21 @@ cdef class _Reader:
     cdef set frozen
     cdef int moves_mask
     cdef list keys  # per field id, the key string last seen for it (the pickle's memoized keys: one object each)
+    cdef list extra_sets, extra_kv  # the distinct sets of keys outside the columns, as dicts and as (k, v, ...)
+    cdef dict extra_index  # hash of an extras set's objects -> [its indexes in extra_sets]
+    cdef public long long fast_taken  # entries the fast path read (the tests' check that it is used)
+    cdef long direct_depth  # len(marks) of the APPENDS batch whose entries went into its trace already, -1: none
+    # The fast path's caches, by object identity: each names an object held by ``keys`` or ``pinned`` (a
+    # pointer to an object that was freed could be taken by another one).
+    cdef list pinned
+    cdef PyObject* keyp[9]
+    cdef PyObject* xkeyp[8]  # keys outside the fields
+    cdef int n_xkeys
+    cdef PyObject* actp[16]  # action strings, with their codes
+    cdef uint64_t recent_hash[RECENT]  # stacks met lately, by ptr_hash slot: the hash and the stack id (-1: none)
+    cdef int recent_sid[RECENT]
+    cdef int actcode[16]
+    cdef int n_act
 
     def __init__(self, fh, long long file_size, long long max_built, tuple actions, tuple moves):
         self.fh = fh
@@ -178,6 +211,8 @@ cdef class _Reader:
         self.stack = []
         self.marks = []
         self.memo = []
+        self.a_busy = np.ones(1 << 16, dtype=np.uint8)
+        self.busy = self.a_busy
         self.memo_len = 0
         self.file_size = file_size
         self.built = 0
@@ -192,6 +227,17 @@ cdef class _Reader:
         self.traces = []
         self.frozen = set()
         self.keys = [None] * 9
+        self.extra_sets = []
+        self.extra_kv = []
+        self.extra_index = {}
+        self.direct_depth = -1
+        self.pinned = []
+        for k in range(9):
+            self.keyp[k] = NULL
+        self.n_xkeys = 0
+        self.n_act = 0
+        for k in range(RECENT):
+            self.recent_sid[k] = -1
 
     # ---- input ------------------------------------------------------------------------------------
 
@@ -276,9 +322,13 @@ cdef class _Reader:
         if self.built > self.max_built:
             bail("near the cap on containers")
 
-    cdef Py_ssize_t mark_pop(self) except -1:
+    cdef Py_ssize_t mark_pop(self, bint appends=False) except -1:
         if not self.marks:
             bail("no MARK")
+        if len(self.marks) == self.direct_depth:  # the batch whose entries are in their trace already
+            if not appends:
+                bail("trace entries in a batch that is not appended to their trace")
+            self.direct_depth = -1
         return self.marks.pop()
 
     cdef bint in_context(self, object container, object kind):
@@ -327,14 +377,25 @@ cdef class _Reader:
             if (<_Trace>value).memo >= 0:
                 bail("a trace memoized twice")
             (<_Trace>value).memo = idx
+        if idx >= len(self.memo) or self.memo[idx] is None:
+            self.memo_len += 1
+        self.memo_set(idx, value)
+
+    cdef void memo_set(self, Py_ssize_t idx, object value) except *:
+        """Memo slot ``idx`` holds ``value`` (the memo grown with unset slots up to it), and ``busy`` says
+        whether a BINGET may take it."""
         cdef Py_ssize_t have = len(self.memo)
         if idx == have:
             self.memo.append(None)
         elif idx > have:
             self.memo.extend([None] * (idx + 1 - have))
-        if self.memo[idx] is None:
-            self.memo_len += 1
+        if idx >= self.busy.shape[0]:
+            grown = np.ones(max(2 * self.busy.shape[0], idx + 1), dtype=np.uint8)
+            grown[:self.busy.shape[0]] = self.a_busy
+            self.a_busy = grown
+            self.busy = grown
         self.memo[idx] = value
+        self.busy[idx] = value is None or value is CONSUMED or is_builder(value)
 
     cdef object memo_get(self, Py_ssize_t idx):
         if idx < 0 or idx >= len(self.memo):
@@ -349,7 +410,7 @@ cdef class _Reader:
         cdef uint64_t h = <uint64_t>len(items)
         cdef Py_ssize_t k, n = len(items)
         for k in range(n):
-            h = (h ^ <uint64_t><uintptr_t><void*>items[k]) * <uint64_t>0x100000001b3
+            h = (h ^ <uint64_t><uintptr_t>PyList_GET_ITEM(items, k)) * <uint64_t>0x100000001b3
         key = <long long><int64_t>h
         known = self.stack_index.get(key)
         if known is not None:
@@ -372,6 +433,355 @@ cdef class _Reader:
             known.append(sid)
         return sid
 
+    cdef int intern_ptrs(self, PyObject** items, Py_ssize_t n) except -2:
+        """The stack id of the frames ``items[:n]`` (as :meth:`intern`), a list made only for a new stack."""
+        cdef Py_ssize_t k
+        cdef list other
+        cdef int found
+        cdef uint64_t h = ptr_hash(items, n)
+        cdef Py_ssize_t slot = <Py_ssize_t>(h % RECENT)
+        if self.recent_hash[slot] == h and self.recent_sid[slot] >= 0:  # most entries: a stack met lately
+            other = <list>self.stacks[self.recent_sid[slot]]
+            if len(other) == n:
+                for k in range(n):
+                    if PyList_GET_ITEM(other, k) != items[k]:
+                        break
+                else:
+                    return self.recent_sid[slot]
+        found = -1
+        known = self.stack_index.get(<long long><int64_t>h)
+        if known is not None:
+            for sid in known:
+                other = <list>self.stacks[sid]
+                if len(other) == n:
+                    for k in range(n):
+                        if PyList_GET_ITEM(other, k) != items[k]:
+                            break
+                    else:
+                        found = sid
+                        break
+        if found < 0:
+            found = self.intern([<object>items[k] for k in range(n)])
+        self.recent_hash[slot] = h
+        self.recent_sid[slot] = found
+        return found
+
+    cdef int intern_extras(self, PyObject** kv, Py_ssize_t n) except -2:
+        """The index in ``extra_sets`` of the keys outside the columns ``kv[:n]`` (key, value, key, value...
+        in the entry's order; entries holding the same objects share one dict)."""
+        cdef Py_ssize_t k
+        cdef tuple other
+        cdef uint64_t h = ptr_hash(kv, n)
+        key = <long long><int64_t>h
+        known = self.extra_index.get(key)
+        if known is not None:
+            for xid in known:
+                other = <tuple>self.extra_kv[xid]
+                if len(other) == n:
+                    for k in range(n):
+                        if <PyObject*>other[k] != kv[k]:
+                            break
+                    else:
+                        return xid
+        items = tuple([<object>kv[k] for k in range(n)])
+        xid = len(self.extra_sets)
+        self.extra_kv.append(items)
+        self.extra_sets.append({items[k]: items[k + 1] for k in range(0, n, 2)})
+        if known is None:
+            self.extra_index[key] = [xid]
+        else:
+            known.append(xid)
+        return xid
+
+    cdef void add_entry(self, _Trace trace, _Entry e) except *:
+        """An entry the VM read, into its trace's columns; its memo slot is spent."""
+        cdef PyObject* kv[2 * MAX_EXTRAS]
+        cdef Py_ssize_t n = 0
+        cdef int xid = -1
+        if e.extras is not None:
+            if len(e.extras) > MAX_EXTRAS:
+                bail("too many keys outside the columns")
+            for key, value in e.extras.items():
+                kv[n] = <PyObject*>key
+                kv[n + 1] = <PyObject*>value
+                n += 2
+            xid = self.intern_extras(kv, n)
+        trace.put(e.code, e.addr, e.size, e.stream, e.time_us, e.device_free, e.has, e.sid, xid, self.moves_mask)
+        if e.memo >= 0:
+            self.memo_set(e.memo, CONSUMED)
+
+    cdef object fast_trace(self):
+        """The trace whose APPENDS batch an EMPTY_DICT here starts an entry of, where the fast path may read
+        it: the item below the innermost MARK is a trace and those above it are entries, which go into
+        the trace now, in order, as its APPENDS would put them (the batch must then end in that APPENDS:
+        ``mark_pop`` refuses any other end). None: the generic VM reads it."""
+        cdef Py_ssize_t k, m, n = len(self.stack)
+        if not self.marks:
+            return None
+        m = self.marks[-1]
+        if m < 1 or m > n or type(self.stack[m - 1]) is not _Trace:
+            return None
+        if self.direct_depth >= 0 and self.direct_depth != len(self.marks):
+            return None
+        for k in range(m, n):
+            if type(self.stack[k]) is not _Entry:
+                return None
+        trace = self.stack[m - 1]
+        self.direct_depth = len(self.marks)
+        if n > m:
+            self.appends(trace, m)
+        return trace
+
+    cdef inline Py_ssize_t memo_ref(self, Py_ssize_t* pp, Py_ssize_t lim, Py_ssize_t nmemo) except -2:
+        """The memo index a BINGET or LONG_BINGET at ``pp[0]`` names (``pp[0]`` moved past it); -1 where
+        the opcode is another, runs past ``lim`` or names a slot not set before the entry."""
+        cdef Py_ssize_t p = pp[0]
+        cdef Py_ssize_t idx
+        if p >= lim:
+            return -1
+        if self.data[p] == 0x68:  # BINGET
+            if p + 2 > lim:
+                return -1
+            idx = self.data[p + 1]
+            p += 2
+        elif self.data[p] == 0x6a:  # LONG_BINGET
+            if p + 5 > lim:
+                return -1
+            idx = <Py_ssize_t>(self.data[p + 1] | (<unsigned int>self.data[p + 2] << 8)
+                               | (<unsigned int>self.data[p + 3] << 16) | (<uint64_t>self.data[p + 4] << 24))
+            p += 5
+        else:
+            return -1
+        if idx >= nmemo:
+            return -1
+        pp[0] = p
+        return idx
+
+    cdef inline Py_ssize_t plain_ref(self, Py_ssize_t* pp, Py_ssize_t lim, Py_ssize_t nmemo) except -2:
+        """The memo index of a reference at ``pp[0]`` where the VM's BINGET would take what it names (a
+        plain value, not a slot never set or spent, not an object being built); -1 otherwise."""
+        cdef Py_ssize_t idx = self.memo_ref(pp, lim, nmemo)
+        if idx < 0:
+            return -1
+        if self.busy[idx]:  # (not the object's own type: most frames referenced are not in the cache)
+            return -1
+        return idx
+
+    cdef inline PyObject* object_at(self, Py_ssize_t idx) noexcept:
+        """The memo's object at ``idx`` (borrowed), NULL for -1."""
+        return NULL if idx < 0 else PyList_GET_ITEM(self.memo, idx)
+
+    cdef bint fast_entry(self, _Trace trace) except -1:
+        """A trace entry read straight from the buffer into ``trace``'s columns, without the VM's stack
+        (``pos`` just past its EMPTY_DICT). True where it was read (``pos`` past its SETITEMS); False, with
+        nothing changed, where it is not in the shape a pickler writes a snapshot's entry in (MEMOIZE, MARK,
+        keys as memo references, the values of the columns' types, a frames list of memo references,
+        SETITEMS), or runs past the buffer or the current FRAME: the generic VM then reads it from its
+        EMPTY_DICT. The values are checked as :meth:`set_entry` checks them, and anything it would refuse
+        goes the generic way, which refuses it."""
+        cdef Py_ssize_t p = self.pos
+        cdef Py_ssize_t lim = self.end
+        cdef Py_ssize_t nmemo = len(self.memo)
+        cdef Py_ssize_t k, nfr = 0, nkv = 0
+        cdef unsigned int op, nb
+        cdef uint64_t u
+        cdef long long v
+        cdef int fid, code = -1, has = 0, sid = -1, xid = -1
+        cdef long long addr = 0, size = 0, stream = 0, time_us = 0, devfree = 0
+        cdef PyObject* key
+        cdef PyObject* obj
+        cdef PyObject* listed = NULL  # a frames value given as a memo reference to a list
+        cdef PyObject* frames[MAX_FAST_FRAMES]
+        cdef PyObject* kv[2 * MAX_EXTRAS]
+        cdef bint inline_frames = False
+        if self.frame_end >= 0 and self.frame_end - self.base < lim:
+            lim = <Py_ssize_t>(self.frame_end - self.base)
+        if nmemo != self.memo_len or len(self.marks) + 2 > MAX_MARKS or self.built + 2 > self.max_built:
+            return False
+        if p + 2 > lim or self.data[p] != 0x94 or self.data[p + 1] != 0x28:  # MEMOIZE MARK
+            return False
+        p += 2
+        while True:
+            if p >= lim:
+                return False
+            if self.data[p] == 0x75:  # SETITEMS
+                p += 1
+                break
+            key = self.object_at(self.plain_ref(&p, lim, nmemo))
+            if key == NULL:
+                return False
+            fid = -2
+            for k in range(9):
+                if self.keyp[k] == key:
+                    fid = k
+                    break
+            else:
+                for k in range(self.n_xkeys):
+                    if self.xkeyp[k] == key:
+                        fid = -1
+                        break
+                else:
+                    return False  # a key not seen yet: the generic way learns it
+            if fid >= 0 and has & (1 << fid):
+                return False  # a key twice
+            if p >= lim:
+                return False
+            op = self.data[p]
+            if fid == F_ACTION:
+                obj = self.object_at(self.plain_ref(&p, lim, nmemo))
+                if obj == NULL:
+                    return False
+                for k in range(self.n_act):
+                    if self.actp[k] == obj:
+                        code = self.actcode[k]
+                        break
+                else:
+                    return False
+                has |= 1
+            elif fid == F_FRAMES:
+                if op == 0x5d:  # EMPTY_LIST, MEMOIZE, then MARK refs APPENDS, or ref APPEND, or nothing
+                    if p + 2 > lim or self.data[p + 1] != 0x94:
+                        return False
+                    p += 2
+                    if p < lim and self.data[p] == 0x28:
+                        p += 1
+                        while True:
+                            if p >= lim:
+                                return False
+                            if self.data[p] == 0x65:  # APPENDS
+                                p += 1
+                                break
+                            if nfr == MAX_FAST_FRAMES:
+                                return False
+                            obj = self.object_at(self.plain_ref(&p, lim, nmemo))
+                            if obj == NULL:
+                                return False
+                            frames[nfr] = obj
+                            nfr += 1
+                    else:  # one frame (a reference, APPEND), or none (the next key follows)
+                        k = p
+                        obj = self.object_at(self.plain_ref(&k, lim, nmemo))
+                        if obj != NULL and k < lim and self.data[k] == 0x61:  # APPEND
+                            p = k + 1
+                            frames[0] = obj
+                            nfr = 1
+                    inline_frames = True
+                else:
+                    obj = self.object_at(self.plain_ref(&p, lim, nmemo))
+                    if obj == NULL or type(<object>obj) is not list:
+                        return False
+                    listed = obj
+                has |= 1 << F_FRAMES
+            elif F_ADDR <= fid <= F_DEVFREE:
+                if op == 0x4b:  # BININT1
+                    if p + 2 > lim:
+                        return False
+                    v = self.data[p + 1]
+                    p += 2
+                elif op == 0x4d:  # BININT2
+                    if p + 3 > lim:
+                        return False
+                    v = self.data[p + 1] | (<long long>self.data[p + 2] << 8)
+                    p += 3
+                elif op == 0x4a:  # BININT
+                    if p + 5 > lim:
+                        return False
+                    v = <int>(<unsigned int>(self.data[p + 1] | (<unsigned int>self.data[p + 2] << 8)
+                                             | (<unsigned int>self.data[p + 3] << 16)
+                                             | (<unsigned int>self.data[p + 4] << 24)))
+                    p += 5
+                elif op == 0x8a:  # LONG1 of at most 8 bytes
+                    if p + 2 > lim:
+                        return False
+                    nb = self.data[p + 1]
+                    if nb > 8 or p + 2 + nb > lim:
+                        return False
+                    u = 0
+                    for k in range(nb):
+                        u |= (<uint64_t>self.data[p + 2 + k]) << (8 * k)
+                    if 0 < nb < 8 and (u >> (8 * nb - 1)) & 1:
+                        u |= (~(<uint64_t>0)) << (8 * nb)
+                    v = <long long>u
+                    p += 2 + nb
+                else:
+                    return False
+                if fid == F_ADDR:
+                    if v < 0:
+                        return False
+                    addr = v
+                elif fid == F_SIZE:
+                    if v < 0:
+                        return False
+                    size = v
+                elif fid == F_STREAM:
+                    stream = v
+                elif fid == F_TIME:
+                    if v < 0 or v > TIME_US_MAX:
+                        return False
+                    time_us = v
+                else:
+                    devfree = v
+                has |= 1 << fid
+            else:  # a key outside the columns: its value a memo reference, or None
+                if op == 0x4e:  # NONE
+                    obj = <PyObject*>None
+                    p += 1
+                else:
+                    obj = self.object_at(self.plain_ref(&p, lim, nmemo))
+                    if obj == NULL:
+                        return False
+                if fid == F_CONTEXT and type(<object>obj) is not str:
+                    return False
+                if fid == F_FORWARD and type(<object>obj) is not list and type(<object>obj) is not tuple:
+                    return False
+                if nkv == 2 * MAX_EXTRAS:
+                    return False
+                for k in range(0, nkv, 2):
+                    if kv[k] == key:
+                        return False  # a key twice
+                kv[nkv] = key
+                kv[nkv + 1] = obj
+                nkv += 2
+        # Read whole: into the columns, the memo slots (the entry's spent, its frames list's the stack) and
+        # the container count as the VM would have left them.
+        if inline_frames:
+            sid = self.intern_ptrs(frames, nfr)
+        elif listed != NULL:
+            sid = self.intern(<list>listed)
+        if nkv:
+            xid = self.intern_extras(kv, nkv)
+        trace.put(code, addr, size, stream, time_us, devfree, has, sid, xid, self.moves_mask)
+        self.memo_set(nmemo, CONSUMED)
+        self.built += 1
+        if inline_frames:
+            self.memo_set(nmemo + 1, self.stacks[sid])
+            self.built += 1
+        self.memo_len = len(self.memo)
+        self.pos = p
+        self.fast_taken += 1
+        return True
+
+    cdef void learn(self, object obj, int code) except *:
+        """Name ``obj`` to the fast path: an action string of ``code``, or (-1) a key outside the fields."""
+        cdef int k
+        if code >= 0:
+            for k in range(self.n_act):
+                if self.actp[k] == <PyObject*>obj:
+                    return
+            if self.n_act < 16:
+                self.pinned.append(obj)
+                self.actp[self.n_act] = <PyObject*>obj
+                self.actcode[self.n_act] = code
+                self.n_act += 1
+            return
+        for k in range(self.n_xkeys):
+            if self.xkeyp[k] == <PyObject*>obj:
+                return
+        if self.n_xkeys < 8:
+            self.pinned.append(obj)
+            self.xkeyp[self.n_xkeys] = <PyObject*>obj
+            self.n_xkeys += 1
+
     cdef void set_entry(self, _Entry e, object key, object value) except *:
         cdef long long v
         cdef int fid, k, overflow = 0
@@ -387,6 +797,9 @@ cdef class _Reader:
             if found is not None:
                 fid = <int>found
                 self.keys[fid] = key
+                self.keyp[fid] = <PyObject*>key
+            else:
+                self.learn(key, -1)
         if fid < 0 or fid == F_CONTEXT or fid == F_FORWARD:
             if is_builder(value):
                 bail("a builder as a value")
@@ -404,6 +817,7 @@ cdef class _Reader:
             code = self.actions.get(value)
             if code is None:
                 bail("unknown action")
+            self.learn(value, <int>code)
             e.code = code
             e.has |= 1
             return
@@ -414,7 +828,7 @@ cdef class _Reader:
                     bail("a frames list taken twice")
                 e.sid = self.intern(frames.items)
                 if frames.memo >= 0:
-                    self.memo[frames.memo] = self.stacks[e.sid]
+                    self.memo_set(frames.memo, self.stacks[e.sid])
                 frames.items = None
             elif type(value) is list:
                 e.sid = self.intern(value)
@@ -464,9 +878,7 @@ cdef class _Reader:
                 if type(x) is not _Entry:
                     bail("a trace item that is no dict")
                 entry = <_Entry>x
-                trace.add(entry, self.moves_mask)
-                if entry.memo >= 0:
-                    self.memo[entry.memo] = CONSUMED
+                self.add_entry(trace, entry)
             PyList_SetSlice(stack, start, n, NULL)
             return
         if type(target) is _Frames:
@@ -588,7 +1000,9 @@ cdef class _Reader:
                     bail("nested too deeply")
                 self.marks.append(len(self.stack))
             elif op == 0x7d:  # EMPTY_DICT
-                self.stack.append(self.new_dict())
+                trace = self.fast_trace()
+                if trace is None or not self.fast_entry(<_Trace>trace):
+                    self.stack.append(self.new_dict())
             elif op == 0x5d:  # EMPTY_LIST
                 self.stack.append(self.new_list())
             elif op == 0x29:  # EMPTY_TUPLE
@@ -664,7 +1078,7 @@ cdef class _Reader:
                     bail("APPEND without a list")
                 self.appends(self.stack[n - 2], n - 1)
             elif op == 0x65:  # APPENDS
-                n = self.mark_pop()
+                n = self.mark_pop(True)
                 if n < 1 or n > len(self.stack):
                     bail("APPENDS without a list")
                 self.appends(self.stack[n - 1], n)
@@ -723,13 +1137,16 @@ cdef class _Reader:
         return value
 
 
-def read(fh, long long file_size, long long max_containers, tuple actions, tuple moves):
+def read(fh, long long file_size, long long max_containers, tuple actions, tuple moves, dict stats=None):
     """The plain data the pickle in ``fh`` holds, each device trace whose entries are read as columns
-    taken out as a dict of columns: (value, the distinct stacks, the device_traces list, [(index in it,
-    columns)]), the slots of those traces left None for the caller to fill (:mod:`memgate.readers.snapshot_columns`).
-    Unsupported where the pure-Python reader must decide."""
+    taken out as a dict of columns: (value, the distinct stacks, the distinct sets of keys outside the
+    columns (dicts), the device_traces list, [(index in it, columns)]), the slots of those traces left None for the caller to fill (:mod:`memgate.readers.snapshot_columns`).
+    Unsupported where the pure-Python reader must decide. ``stats``, if given, gets the number of entries
+    the fast path read ("fast")."""
     reader = _Reader(fh, file_size, max_containers - MARGIN, actions, moves)
     value = reader.run()
+    if stats is not None:
+        stats["fast"] = reader.fast_taken
     placed = []
     if reader.traces_list is not None:
         lst = reader.traces_list
@@ -737,4 +1154,4 @@ def read(fh, long long file_size, long long max_containers, tuple actions, tuple
             if type(lst[k]) is _Trace:
                 placed.append((k, (<_Trace>lst[k]).columns()))
                 lst[k] = None
-    return value, reader.stacks, reader.traces_list, placed
+    return value, reader.stacks, reader.extra_sets, reader.traces_list, placed

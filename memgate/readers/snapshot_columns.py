@@ -69,7 +69,8 @@ class TraceColumns(Sequence[dict[str, Any]]):
     device_free: np.ndarray
     has: np.ndarray  # uint16 bits: 1 << 1 addr, 2 size, 3 stream, 4 time_us, 5 device_free, 6 frames
     frames: StackRefs
-    extras: dict[int, dict[str, Any]]  # per entry index, its keys outside the columns (compile_context, ...)
+    xid: np.ndarray  # int32 per entry: its keys outside the columns (compile_context, ...) in extra_sets, -1 none
+    extra_sets: list[dict[str, Any]]  # the distinct sets of those keys and values (entries share them)
 
     def __len__(self) -> int:
         return len(self.code)
@@ -85,7 +86,9 @@ class TraceColumns(Sequence[dict[str, Any]]):
                 out[name] = int(getattr(self, name)[i])
         if has >> FRAMES_BIT & 1:
             out["frames"] = self.frames[i]
-        out.update(self.extras.get(i, {}))
+        xid = int(self.xid[i])
+        if xid >= 0:
+            out.update(self.extra_sets[xid])
         return out
 
     @overload
@@ -125,11 +128,12 @@ def _compiled(path: Path, max_bytes: int, actions: tuple[str, ...], moves: tuple
         if not path.is_file() or size == 0 or size > max_bytes:
             return None
         with open(path, "rb") as fh, collector_paused(), address_space_capped(limits.max_pickle_memory(size)):
-            value, stacks, traces, placed = _core.read(fh, size, limits.max_pickle_objects(size), actions, moves)
+            value, stacks, extra_sets, traces, placed = _core.read(fh, size, limits.max_pickle_objects(size), actions, moves)
     except Exception:  # noqa: BLE001 - Unsupported, an OS error, MemoryError: the reference decides and says
         return None
     for k, cols in placed:
         traces[k] = TraceColumns(actions=actions, code=cols["code"], addr=cols["addr"], size=cols["size"],
                                  stream=cols["stream"], time_us=cols["time_us"], device_free=cols["device_free"],
-                                 has=cols["has"], frames=StackRefs(stacks, cols["sid"]), extras=cols["extras"])
+                                 has=cols["has"], frames=StackRefs(stacks, cols["sid"]), xid=cols["xid"],
+                                 extra_sets=extra_sets)
     return value
