@@ -419,9 +419,15 @@ def test_odd_entries_among_plain_ones_read_the_same(name: str, tmp_path: Path) -
     same(path)
 
 
+def _fresh(text: str) -> str:
+    """An equal string that is a new object (as torch makes one for each entry): pickled in place each time."""
+    return "".join(list(text))
+
+
 def _varied(n: int) -> list[dict[str, Any]]:
     """``n`` entries of the shapes writers use: no frames, one, many (past the fast path's 512), a shared
-    frames list, empty frames followed by more keys, compile_context and user_metadata, None values,
+    frames list, empty frames followed by more keys, compile_context and user_metadata (strings written
+    in place each time, one not valid UTF-8 but for surrogatepass), None values,
     unknown keys, device_free on an OOM, markers; values of every integer opcode's width."""
     rng = random.Random(7)
     frames = [{"filename": f"f{k}.py", "line": k, "name": f"fn{k}"} for k in range(40)]
@@ -434,10 +440,8 @@ def _varied(n: int) -> list[dict[str, Any]]:
         action = ("alloc", "free_requested", "free_completed")[k % 3]
         entry: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": rng.choice([0, 7, -1]),
                                  "time_us": k * 1000}
-        if shape == 0:
-            entry["frames"] = []
-            entry["compile_context"] = "N/A"
-            entry["user_metadata"] = ""
+        if shape == 0:  # torch makes a new "N/A" string for each entry: written in place every time
+            entry.update(frames=[], compile_context=_fresh("N/A"), user_metadata="")
         elif shape == 1:
             entry["frames"] = [frames[k % 40]]
         elif shape == 2:
@@ -447,7 +451,8 @@ def _varied(n: int) -> list[dict[str, Any]]:
         elif shape == 4:
             entry["frames"] = [frames[j % 40] for j in range(600)]  # past the fast path's frame count
         elif shape == 5:
-            entry.update(frames=[frames[3]], compile_context="N/A", user_metadata=None, custom="tag")
+            entry.update(frames=[frames[3]], compile_context=_fresh("N/A"), user_metadata=None,
+                         custom=_fresh("tag"), other=_fresh("é\udc80"))
         elif shape == 6:
             out.append({"action": "oom", "device_free": rng.choice([0, 5, 2**35]), "time_us": k * 1000 - 1,
                         "frames": shared})

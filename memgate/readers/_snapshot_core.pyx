@@ -13,6 +13,7 @@ is the answer. So the fast path only ever says yes to what the reference says ye
 Every byte is read through a bounds-checked typed memoryview (``boundscheck=True``); no pointer arithmetic.
 """
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.ref cimport PyObject
@@ -43,6 +44,7 @@ cdef long long MARGIN = 1024  # containers: near the cap the reference's own cou
 DEF MAX_FAST_FRAMES = 512
 DEF MAX_EXTRAS = 16
 DEF RECENT = 4096
+DEF TEXTS = 8  # short strings a writer repeats as new objects (compile_context "N/A"), met by their bytes
 # Field ids of a trace entry, and the bit each sets in ``has``.
 cdef enum:
     F_ACTION = 0
@@ -194,6 +196,7 @@ cdef class _Reader:
     cdef PyObject* xkeyp[8]  # keys outside the fields
     cdef int n_xkeys
     cdef PyObject* actp[16]  # action strings, with their codes
+    cdef list texts  # [(UTF-8 bytes, str)], at most TEXTS: one str object for each, the entries' values share it
     cdef uint64_t recent_hash[RECENT]  # stacks met lately, by ptr_hash slot: the hash and the stack id (-1: none)
     cdef int recent_sid[RECENT]
     cdef int actcode[16]
@@ -236,6 +239,7 @@ cdef class _Reader:
             self.keyp[k] = NULL
         self.n_xkeys = 0
         self.n_act = 0
+        self.texts = []
         for k in range(RECENT):
             self.recent_sid[k] = -1
 
@@ -593,6 +597,8 @@ cdef class _Reader:
         cdef PyObject* listed = NULL  # a frames value given as a memo reference to a list
         cdef PyObject* frames[MAX_FAST_FRAMES]
         cdef PyObject* kv[2 * MAX_EXTRAS]
+        cdef PyObject* texts[MAX_EXTRAS]  # the values written in place, in order, and where the frames list's slot is
+        cdef Py_ssize_t ntext = 0, frames_at = -1
         cdef bint inline_frames = False
         if self.frame_end >= 0 and self.frame_end - self.base < lim:
             lim = <Py_ssize_t>(self.frame_end - self.base)
@@ -643,6 +649,7 @@ cdef class _Reader:
                     if p + 2 > lim or self.data[p + 1] != 0x94:
                         return False
                     p += 2
+                    frames_at = ntext
                     if p < lim and self.data[p] == 0x28:
                         p += 1
                         while True:
@@ -726,6 +733,18 @@ cdef class _Reader:
                 if op == 0x4e:  # NONE
                     obj = <PyObject*>None
                     p += 1
+                elif op == 0x8c:  # SHORT_BINUNICODE, MEMOIZE: a string met before, by its bytes
+                    if p + 2 > lim or ntext == MAX_EXTRAS:
+                        return False
+                    nb = self.data[p + 1]
+                    if p + 3 + nb > lim or self.data[p + 2 + nb] != 0x94:
+                        return False
+                    obj = self.known_text(p + 2, nb)
+                    if obj == NULL:
+                        return False
+                    texts[ntext] = obj
+                    ntext += 1
+                    p += 3 + nb
                 else:
                     obj = self.object_at(self.plain_ref(&p, lim, nmemo))
                     if obj == NULL:
@@ -751,15 +770,47 @@ cdef class _Reader:
         if nkv:
             xid = self.intern_extras(kv, nkv)
         trace.put(code, addr, size, stream, time_us, devfree, has, sid, xid, self.moves_mask)
+        # the slots in the order of their MEMOIZEs: the entry's, then its strings and frames list as they came
         self.memo_set(nmemo, CONSUMED)
         self.built += 1
-        if inline_frames:
-            self.memo_set(nmemo + 1, self.stacks[sid])
-            self.built += 1
+        for k in range(ntext + 1):
+            if k == frames_at:
+                self.memo_set(len(self.memo), self.stacks[sid])
+                self.built += 1
+            if k < ntext:
+                self.memo_set(len(self.memo), <object>texts[k])
         self.memo_len = len(self.memo)
         self.pos = p
         self.fast_taken += 1
         return True
+
+    cdef PyObject* known_text(self, Py_ssize_t at, Py_ssize_t n) noexcept:
+        """The str of ``texts`` whose UTF-8 bytes are the buffer's ``n`` bytes at ``at`` (borrowed), or NULL."""
+        cdef Py_ssize_t j, k
+        cdef bytes raw
+        cdef const char* c
+        for j in range(len(self.texts)):
+            raw = <bytes>(<tuple>self.texts[j])[0]
+            if PyBytes_GET_SIZE(raw) != n:
+                continue
+            c = PyBytes_AS_STRING(raw)
+            for k in range(n):
+                if <unsigned char>c[k] != self.data[at + k]:
+                    break
+            else:
+                return <PyObject*>(<tuple>self.texts[j])[1]
+        return NULL
+
+    cdef object canonical_text(self, object value):
+        """``value``, or the equal str of ``texts`` (learnt here: a short string a trace entry holds)."""
+        cdef tuple known
+        for known in self.texts:
+            if known[1] == value:
+                return known[1]
+        raw = (<str>value).encode("utf-8", "surrogatepass")
+        if len(self.texts) < TEXTS and len(raw) < 256:
+            self.texts.append((raw, value))
+        return value
 
     cdef void learn(self, object obj, int code) except *:
         """Name ``obj`` to the fast path: an action string of ``code``, or (-1) a key outside the fields."""
@@ -807,6 +858,8 @@ cdef class _Reader:
                 bail("compile_context not a string")
             if fid == F_FORWARD and type(value) is not list and type(value) is not tuple:
                 bail("forward_frames not a list")
+            if type(value) is str:
+                value = self.canonical_text(value)
             if e.extras is None:
                 e.extras = {}
             e.extras[key] = value
