@@ -8,9 +8,17 @@ is never built, its values go straight into typed columns, and its frames list b
 that the pure-Python reader might judge otherwise (a global, an opcode it does not read, a value the
 schema refuses, a memo index past the file, a container count near the cap), raises ``Unsupported``:
 the caller then reads the file with :mod:`memgate.readers.safepickle`, whose result or one-line error
-is the answer. So the fast path only ever says yes to what the reference says yes to, with the same value.
+is the answer. So the compiled reader only ever says yes to what the reference says yes to, with the
+same value.
 
-Every byte is read through a bounds-checked typed memoryview (``boundscheck=True``); no pointer arithmetic.
+Most entries never reach the VM: ``_Reader.fast_entry`` reads an entry in the shape a pickler writes it
+(MEMOIZE, MARK, keys and actions as memo references, integers, a frames list of memo references, short
+strings it has met, SETITEMS) straight from the buffer into the columns, and leaves anything else (or an
+entry cut by the buffer's or a FRAME's end) to the VM from its first byte, having changed nothing.
+
+Every byte of the file is read through a bounds-checked typed memoryview (``boundscheck=True``). The fast
+path names objects by borrowed pointers, only while a list (the memo, ``keys``, ``pinned``) holds them,
+in fixed-size C arrays whose indexes it checks before each write.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE

@@ -89,7 +89,7 @@ def test_a_real_oom_fails_a_memgate_record_test_as_memgate(cuda_torch: Any, pyte
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--memgate-keep-traces={kept}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        ("*out of memory: a request of 2.00 GiB did not fit, * free of 1.00 GiB on cuda:0 (allocated 768.00 MiB*) "
+        ("*out of memory: a request of 2.00 GiB*did not fit, * free of 1.00 GiB on cuda:0 (allocated 768.00 MiB*) "
          "in step 3"),
         "*live at the out-of-memory error (cuda:0): 3 block(s) = 768.00 MiB:",
         "*3 × 256.00 MiB = 768.00 MiB*",
