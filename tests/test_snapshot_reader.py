@@ -179,6 +179,8 @@ ODD_ENTRIES = {
     "int-key": [{**_entry(), 5: "x"}],
     "extra-keys": [_entry(compile_context="ctx", forward_frames=[], user_metadata="m")],
     "bad-compile-context": [_entry(compile_context=3)],
+    "lone-surrogate-action": [_entry(action="\u00e9\udc80")],
+    "lone-surrogate-compile-context": [_entry(compile_context="ctx\udc80")],
     "entry-not-a-dict": [_entry(), [1, 2]],
     "some-without-time": [_entry(), {k: v for k, v in _entry(addr=2048).items() if k != "time_us"}],
     "oom": [_entry(), {"action": "oom", "device_free": 5, "time_us": 11, "frames": [_FRAME]}],
@@ -193,6 +195,17 @@ def test_odd_trace_entries_read_the_same(name: str, protocol: int, tmp_path: Pat
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps(_snapshot(ODD_ENTRIES[name]), protocol=protocol))
     same(path)
+
+
+@pytest.mark.parametrize("name", ["lone-surrogate-action", "lone-surrogate-compile-context"])
+def test_a_string_no_utf_8_can_hold_is_an_error_naming_its_entry(name: str, tmp_path: Path) -> None:
+    """A pickle's string may hold a lone surrogate (its bytes decoded with surrogatepass): a clean error
+    naming the entry's field, not pyarrow's UnicodeEncodeError (the structural fuzz found it)."""
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(_many(ODD_ENTRIES[name])), protocol=4))
+    kind, message = same(path)
+    assert kind == "error"
+    assert "device_traces[0][8]." in message and "not valid Unicode (a lone surrogate)" in message
 
 
 def _shared_lists() -> dict[str, Any]:
@@ -342,6 +355,7 @@ def test_structural_fuzz_for_a_while(tmp_path: Path) -> None:
     seconds = float(os.environ.get("MEMGATE_READER_FUZZ_SECONDS", "3"))
     rng = random.Random(int(os.environ.get("MEMGATE_READER_FUZZ_SEED", "40")))
     seeds = [p.read_bytes() for p in _SEEDS.values()] + [pickle.dumps(_shared_lists(), protocol=p) for p in (2, 4)]
+    seeds.append(pickle.dumps(_varied_doc(240), protocol=4))  # the fast path's shapes, in one batch
     path = tmp_path / "snapshot.pickle"
     end, runs = time.monotonic() + seconds, 0
     while time.monotonic() < end or runs < 3:
@@ -464,14 +478,19 @@ def _varied(n: int) -> list[dict[str, Any]]:
     return out
 
 
+def _varied_doc(n: int) -> dict[str, Any]:
+    """A snapshot of :func:`_varied` entries in one 16 GiB segment."""
+    doc = _snapshot(_varied(n))
+    doc["segments"][0].update(total_size=2**34, blocks=[{"size": 2**34, "state": "inactive", "requested_size": 0}])
+    return doc
+
+
 @compiled
 def test_a_long_varied_trace_reads_the_same_and_mostly_fast(tmp_path: Path) -> None:
     """3000 entries of varied shapes over many 64 KiB FRAMEs (entries cut by a FRAME go the generic way):
     the same model, and the fast path reads most of them."""
     path = tmp_path / "snapshot.pickle"
-    doc = _snapshot(_varied(3000))
-    doc["segments"][0].update(total_size=2**34, blocks=[{"size": 2**34, "state": "inactive", "requested_size": 0}])
-    path.write_bytes(pickle.dumps(doc, protocol=4))
+    path.write_bytes(pickle.dumps(_varied_doc(3000), protocol=4))
     assert same(path)[0] == "ok"
     assert used_compiled(path)
     assert _fast_count(path) > 2000

@@ -30,6 +30,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 cdef extern from "Python.h":
     int PyList_SetSlice(object lst, Py_ssize_t low, Py_ssize_t high, void* itemlist) except -1  # NULL: delete
+    const char* utf8_of "PyUnicode_AsUTF8AndSize"(object text, Py_ssize_t* size)  # NULL, an error set: none
+    void PyErr_Clear()
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 
 cimport cython
@@ -162,6 +164,14 @@ cdef class _Trace:
 
 cdef inline bint is_builder(object x) noexcept:
     return type(x) is _Entry or type(x) is _Frames or type(x) is _Trace
+
+
+cdef inline bint utf8_ok(object text) noexcept:
+    """Can UTF-8 hold this str (no lone surrogate)? What the schema checks of a string column does."""
+    if utf8_of(text, NULL) == NULL:
+        PyErr_Clear()
+        return False
+    return True
 
 
 cdef inline uint64_t ptr_hash(PyObject** items, Py_ssize_t n) noexcept:
@@ -757,7 +767,7 @@ cdef class _Reader:
                     obj = self.object_at(self.plain_ref(&p, lim, nmemo))
                     if obj == NULL:
                         return False
-                if fid == F_CONTEXT and type(<object>obj) is not str:
+                if fid == F_CONTEXT and (type(<object>obj) is not str or not utf8_ok(<object>obj)):
                     return False
                 if fid == F_FORWARD and type(<object>obj) is not list and type(<object>obj) is not tuple:
                     return False
@@ -864,6 +874,8 @@ cdef class _Reader:
                 bail("a builder as a value")
             if fid == F_CONTEXT and type(value) is not str:
                 bail("compile_context not a string")
+            if fid == F_CONTEXT and not utf8_ok(value):
+                bail("compile_context not UTF-8 text")
             if fid == F_FORWARD and type(value) is not list and type(value) is not tuple:
                 bail("forward_frames not a list")
             if type(value) is str:

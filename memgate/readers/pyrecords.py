@@ -237,6 +237,12 @@ def _check_column(
             arr = None if holds_container else _int64_array(values) if types == {int} else pa.array(values, from_pandas=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
             arr = None
+        except UnicodeEncodeError:  # a lone surrogate (a pickle's or a JSON escape's): no text anything can write
+            bad = _first_untextual(values)
+            if bad is not None:
+                wrong_type = True
+                problem(bad, "a string that is not valid Unicode (a lone surrogate)")
+            arr = None
         if arr is None or not _arrow_ok(arr, kinds):
             allowed = (*kinds, "null")
             bad = next((i for i, v in enumerate(values) if not py_matches(v, allowed)), None)
@@ -297,6 +303,17 @@ def _null_problem(nulls: np.ndarray, has: np.ndarray | None, required: bool, pro
 _BOUNDS = (("minimum", np.less, "value too small"), ("exclusiveMinimum", np.less_equal, "value too small"),
            ("maximum", np.greater, "value too large"))
 _ARROW_TESTS = {np.less: pc.less, np.less_equal: pc.less_equal, np.greater: pc.greater}
+
+
+def _first_untextual(values: Sequence[Any]) -> int | None:
+    """The index of the first string that UTF-8 cannot encode (a lone surrogate), if any."""
+    for i, value in enumerate(values):
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return i
+    return None
 
 
 def _enum_strings(values: Sequence[Any], enum: Sequence[Any]) -> pa.Array | None:

@@ -28,7 +28,9 @@ def test_a_tracked_cuda_adamw_step_is_exact_to_the_allocators_byte(fresh_cuda: A
     nn = torch.nn
     keep = []
     with record(tmp_path / "rec") as rec:
-        model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)).to("cuda")
+        # made on the GPU: a model made on the CPU and moved would put the CPU's peak (its 128 MiB of
+        # weights) before the optimizer's step tensors exist
+        model = nn.Sequential(nn.Linear(2048, 8192, device="cuda"), nn.GELU(), nn.Linear(8192, 2048, device="cuda"))
         opt = torch.optim.AdamW(model.parameters())
         rec.track(model, opt)
         x = torch.randn(512, 2048, device="cuda")
