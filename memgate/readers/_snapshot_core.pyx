@@ -214,11 +214,11 @@ cdef class _Reader:
     cdef PyObject* xkeyp[8]  # keys outside the fields
     cdef int n_xkeys
     cdef PyObject* actp[16]  # action strings, with their codes
+    cdef int actcode[16]
+    cdef int n_act
     cdef list texts  # [(UTF-8 bytes, str)], at most TEXTS: one str object for each, the entries' values share it
     cdef uint64_t recent_hash[RECENT]  # stacks met lately, by ptr_hash slot: the hash and the stack id (-1: none)
     cdef int recent_sid[RECENT]
-    cdef int actcode[16]
-    cdef int n_act
 
     def __init__(self, fh, long long file_size, long long max_built, tuple actions, tuple moves):
         self.fh = fh
