@@ -497,12 +497,20 @@ def _marker_suggestions(entries: list[dict[str, Any]], factor: Decimal) -> list[
     return out
 
 
+def _shown_heading(test: str) -> str:
+    """A marker's test id as its heading comment shows it: quoted where it is blank or starts or ends with
+    a space (``#   `` would read as a line of the marker before it, a trailing space as nothing)."""
+    shown = printable(test)
+    return f'"{shown}"' if shown != shown.strip() or not shown else shown
+
+
 def _marker_text(found: list[Suggested]) -> str:
     lines: list[str] = []
     for marker in found:
         if lines:
             lines.append("")
-        lines.append(f"# {marker.heading}" if marker.heading else f"# {marker.profiles} profile(s), judged together")
+        lines.append(f"# {_shown_heading(marker.heading)}" if marker.heading
+                     else f"# {marker.profiles} profile(s), judged together")
         lines += [f"#   {key}: {comment}" for key, comment in marker.comments.items()]
         lines += marker.remarks
         lines.append("@pytest.mark.memgate(" + ", ".join(f"{key}={_py_value(value)}" for key, value in marker.values.items()) + ")")

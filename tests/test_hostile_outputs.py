@@ -103,7 +103,11 @@ def read_back(text: str, form: str) -> list[dict[str, Any]]:
 
 
 def _heading(s: Suggested) -> str:
-    return printable(s.heading) if s.heading else f"{s.profiles} profile(s), judged together"
+    """The heading comment of a marker: its test id, in quotes where spaces begin or end it."""
+    if not s.heading:
+        return f"{s.profiles} profile(s), judged together"
+    shown = printable(s.heading)
+    return f'"{shown}"' if shown.strip() != shown else shown
 
 
 def _entry(path: str, *, test: str | None = None, ops: dict[str, int] | None = None,
