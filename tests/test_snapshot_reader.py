@@ -197,6 +197,11 @@ ODD_ENTRIES = {
     "oom": [_entry(), {"action": "oom", "device_free": 5, "time_us": 11, "frames": [_FRAME]}],
     "markers-only": [{"action": "snapshot"}, {"action": "workspace_snapshot", "time_us": 3}],
     "out-of-order": [_entry(time_us=20, frames=[_FRAME]), _entry(addr=4096, time_us=5, frames=[_FRAME, _FRAME])],
+    # a malformed frame in the second distinct stack, first held by a free (whose frames no load reads)
+    "bad-frame-later": [_entry(frames=[_FRAME]),
+                        _entry(action="free_requested", frames=[{"filename": "m.py", "line": "3", "name": "f"}]),
+                        _entry(addr=4096, frames=[_FRAME]),
+                        _entry(addr=8192, frames=[{"filename": "m.py", "line": "3", "name": "f"}])],
 }
 
 
@@ -505,6 +510,34 @@ def test_a_long_varied_trace_reads_the_same_and_mostly_fast(tmp_path: Path) -> N
     assert same(path)[0] == "ok"
     assert used_compiled(path)
     assert _fast_count(path) > 2000
+
+
+@compiled
+def test_the_columns_hold_their_entries_and_nothing_more(tmp_path: Path) -> None:
+    """Grown in place past many doublings, then cut to the entries read: each column owns its memory and
+    has no spare room (a column that kept its growth's slack, or a view into it, would hold up to 2x)."""
+    path = tmp_path / "snapshot.pickle"
+    doc = _varied_doc(3000)
+    n = len(doc["device_traces"][0])
+    path.write_bytes(pickle.dumps(doc, protocol=4))
+    trace = snapshot_columns.load(path, max_bytes=1 << 30, actions=ACTIONS, moves=MEMORY_ACTIONS)["device_traces"][0]
+    assert isinstance(trace, snapshot_columns.TraceColumns)
+    for name in ("code", "addr", "size", "stream", "time_us", "device_free", "has", "xid"):
+        column = getattr(trace, name)
+        assert (len(column), column.base, column.flags.owndata) == (n, None, True), name
+    assert (len(trace.frames.sid), trace.frames.sid.base) == (n, None)
+    assert trace[n - 1] == trace[-1] and trace[0]["action"] == doc["device_traces"][0][0]["action"]
+
+
+def test_stack_refs_read_as_the_lists_they_stand_for() -> None:
+    """The compiled reader's frames per entry: a stack looked up when asked, as a list of them reads."""
+    a, b = [_FRAME], [_FRAME, {"filename": "model.py", "line": 7, "name": "forward"}]
+    refs = snapshot_columns.StackRefs([a, b], np.array([1, -1, 0, 1], dtype=np.int32))
+    assert len(refs) == 4 and list(refs) == [b, None, a, b]
+    assert refs[0] is b and refs[1] is None and refs[np.int64(2)] is a and refs[-1] is b
+    assert refs[1:3] == [None, a] and refs[::-2] == [b, None]
+    with pytest.raises(IndexError):
+        refs[4]
 
 
 class _Asm:

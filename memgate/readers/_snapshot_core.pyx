@@ -47,6 +47,8 @@ cdef object CONSUMED = object()  # a memo slot of a trace entry turned into colu
 cdef long long INT64_MAX = 9223372036854775807
 cdef long long TIME_US_MAX = 9223372036854775  # the schema's maximum for time_us
 cdef Py_ssize_t CHUNK = 1 << 22
+# A trace's columns, in _Trace's order: code, addr, size, stream, time_us, device_free, has, sid, xid
+_DTYPES = (np.int8, np.int64, np.int64, np.int64, np.int64, np.int64, np.uint16, np.int32, np.int32)
 cdef Py_ssize_t MAX_MARKS = 100000
 cdef long long MARGIN = 1024  # containers: near the cap the reference's own count decides
 # The fast path (``_Reader.fast_entry``) reads an entry of at most this many frames and extra keys; a
@@ -118,21 +120,36 @@ cdef class _Trace:
         self._alloc(64)
 
     cdef void _alloc(self, Py_ssize_t cap) except *:
+        """Give every column room for ``cap`` entries, in place where it can: ``ndarray.resize`` reallocs
+        (a large block moves by remapping its pages, not copying them), so growing never holds a column
+        twice, as a new array and a copy would."""
+        cdef Py_ssize_t n = self._release()
+        if self.a_code is None:
+            (self.a_code, self.a_addr, self.a_size, self.a_stream, self.a_time, self.a_devfree, self.a_has,
+             self.a_sid, self.a_xid) = [np.zeros(cap, dtype=dtype) for dtype in _DTYPES]
+        else:
+            for arr in self._arrays():
+                arr.resize(cap, refcheck=False)  # only this trace holds them, and no view is held now
+        self._view()
+        self.n, self.cap = n, cap
+
+    cdef Py_ssize_t _release(self):
+        """Let go of the typed views (an array with views exported cannot be resized); the entry count."""
         cdef Py_ssize_t n = self.n
-        arrays = []
-        for old, dtype in ((self.a_code, np.int8), (self.a_addr, np.int64), (self.a_size, np.int64),
-                           (self.a_stream, np.int64), (self.a_time, np.int64), (self.a_devfree, np.int64),
-                           (self.a_has, np.uint16), (self.a_sid, np.int32), (self.a_xid, np.int32)):
-            new = np.zeros(cap, dtype=dtype)
-            if old is not None and n:
-                new[:n] = old[:n]
-            arrays.append(new)
-        (self.a_code, self.a_addr, self.a_size, self.a_stream, self.a_time, self.a_devfree, self.a_has,
-         self.a_sid, self.a_xid) = arrays
+        self.code = None
+        self.addr = self.size = self.stream = self.time_us = self.device_free = None
+        self.has = None
+        self.sid = self.xid = None
+        return n
+
+    cdef void _view(self):
         self.code, self.addr, self.size, self.stream = self.a_code, self.a_addr, self.a_size, self.a_stream
         self.time_us, self.device_free, self.has, self.sid = self.a_time, self.a_devfree, self.a_has, self.a_sid
         self.xid = self.a_xid
-        self.cap = cap
+
+    cdef list _arrays(self):
+        return [self.a_code, self.a_addr, self.a_size, self.a_stream, self.a_time, self.a_devfree, self.a_has,
+                self.a_sid, self.a_xid]
 
     cdef void put(self, int code, long long addr, long long size, long long stream, long long time_us,
                   long long device_free, int has, int sid, int xid, int moves_mask) except *:
@@ -155,11 +172,15 @@ cdef class _Trace:
         self.n = i + 1
 
     def columns(self):
-        n = self.n
-        return {"code": self.a_code[:n].copy(), "addr": self.a_addr[:n].copy(), "size": self.a_size[:n].copy(),
-                "stream": self.a_stream[:n].copy(), "time_us": self.a_time[:n].copy(),
-                "device_free": self.a_devfree[:n].copy(), "has": self.a_has[:n].copy(), "sid": self.a_sid[:n].copy(),
-                "xid": self.a_xid[:n].copy()}
+        """The columns, cut to the entries read (in place: no copy), handed over: the trace keeps none."""
+        cdef Py_ssize_t n = self._release()
+        arrays = self._arrays()
+        for arr in arrays:
+            arr.resize(n, refcheck=False)
+        self.a_code = self.a_addr = self.a_size = self.a_stream = self.a_time = None
+        self.a_devfree = self.a_has = self.a_sid = self.a_xid = None
+        self.n = self.cap = 0
+        return dict(zip(("code", "addr", "size", "stream", "time_us", "device_free", "has", "sid", "xid"), arrays))
 
 
 cdef inline bint is_builder(object x) noexcept:

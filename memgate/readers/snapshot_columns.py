@@ -43,16 +43,33 @@ def compiled_available() -> bool:
     return _core is not None
 
 
-class StackRefs(list[Any]):
-    """Per entry, its frames list (None without one), as a plain list (indexed at C speed by the loader's
-    per-entry reads); ``stacks`` and ``sid`` keep what it was made of: the distinct stacks and each entry's
-    index among them (-1: no frames), so the grouping by content runs over the distinct stacks only."""
+class StackRefs(Sequence[Any]):
+    """Per entry, its frames list (None without one), looked up when asked: ``stacks`` (the distinct
+    stacks) and ``sid`` (each entry's index among them, -1: no frames) are all it keeps, so the grouping by
+    content runs over the distinct stacks only and no per-entry list is built (a 1M-entry trace's would
+    be 8 MB, and 36 MB more while made)."""
 
     def __init__(self, stacks: list[list[Any]], sid: np.ndarray) -> None:
-        table: list[Any] = [*stacks, None]  # sid -1: the last one, None
-        super().__init__(map(table.__getitem__, sid.tolist()))
+        self._table: list[Any] = [*stacks, None]  # sid -1: the last one, None
         self.stacks = stacks
         self.sid = sid
+
+    def __len__(self) -> int:
+        return len(self.sid)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return list(map(self._table.__getitem__, self.sid[i].tolist()))
+        return self._table[self.sid[i]]
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self._table.__getitem__, self.sid.tolist())
 
 
 @dataclass(frozen=True, eq=False)

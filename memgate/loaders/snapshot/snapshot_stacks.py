@@ -21,9 +21,9 @@ from memgate.errors import InputError
 from memgate.loaders.events import is_torch_file
 from memgate.loaders.snapshot.snapshot_segments import Segments
 from memgate.loaders.snapshot.snapshot_trace import Trace
-from memgate.loaders.snapshot.stack_groups import first_equal, first_of_label
+from memgate.loaders.snapshot.stack_groups import first_equal, first_equal_of_stacks, first_of_label
 from memgate.owners import frame_owner
-from memgate.readers.snapshot_columns import TraceColumns
+from memgate.readers.snapshot_columns import StackRefs, TraceColumns
 from memgate.table import Texts
 
 _OP_FRAME = re.compile(r"at::_ops::([A-Za-z0-9_]+)::(?:call|redispatch)\b")
@@ -113,10 +113,14 @@ def trace_op_owner(path: Path, trace: Trace, at: np.ndarray) -> tuple[Texts, Tex
     def where(j: int) -> str:
         return f"device_traces[{trace.device}][{int(rows[j])}].frames"
 
-    if not trace.grouped:  # grouped on their own
-        return op_owner_each(list(map(trace.frames.__getitem__, rows.tolist())), path, where)
     frames = trace.frames
-    return _op_owner_of_groups(lambda j: frames[int(rows[j])], first_of_label(trace.first_equal[rows]), path, where)
+    if trace.grouped:
+        first = first_of_label(trace.first_equal[rows])
+    elif isinstance(frames, StackRefs):  # the compiled reader's: grouped over the distinct stacks of these rows
+        first = first_equal_of_stacks(frames.stacks, frames.sid[rows])
+    else:  # grouped on their own
+        return op_owner_each(list(map(frames.__getitem__, rows.tolist())), path, where)
+    return _op_owner_of_groups(lambda j: frames[int(rows[j])], first, path, where)
 
 
 def segment_op_owner(path: Path, segs: Segments, rows: np.ndarray) -> tuple[Texts, Texts]:
