@@ -58,7 +58,7 @@ DEFAULT_OUT = Path("/tmp/memgate-bench")
 GENERATOR_VERSION = 1
 # snapshot 2: one frames list per trace entry, like torch's own pickles; csv and ranks64 2: operator_memory's
 # allocation and release totals are the allocator's (blocks and totals agree, as in real profiles)
-ITEM_VERSIONS = {"snapshot": 2, "csv": 2, "ranks64": 2, "kineto": 2}
+ITEM_VERSIONS = {"snapshot": 3, "csv": 2, "ranks64": 2, "kineto": 2}
 ITEMS = ("csv", "trace_view", "kineto", "snapshot", "ranks64")
 
 # Full-scale sizes (× --scale).
@@ -480,7 +480,7 @@ def make_snapshot(target: Path, scale: float) -> dict[str, Any]:
     actions = ("alloc", "free_requested", "free_completed")
     a_list, w_list, t_list = kind.tolist(), who.tolist(), time_us.tolist()
     addr_l, size_l, frames_l = addr.tolist(), size.tolist(), frames_of.tolist()
-    t_first = int(time_us[0]) - 100
+    t_first = int(time_us[0]) - n_segments - 1  # the segments, then the allocs: in time order, as torch records
     trace: list[dict[str, Any]] = [
         {"action": "segment_alloc", "addr": int(seg_addr[s]), "size": slot_size * per_segment, "stream": 0,
          "time_us": t_first + s, "frames": pool[0]} for s in range(n_segments)

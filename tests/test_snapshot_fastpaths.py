@@ -97,6 +97,19 @@ def test_frames_lists_group_with_the_first_list_of_the_same_frames(lists: list[A
         _check_grouping(lists, stack_groups.first_equal(lists).tolist())
 
 
+@given(frames_lists(), st.data())
+def test_grouping_over_distinct_stacks_equals_grouping_the_lists(stacks: list[Any], data: st.DataObject) -> None:
+    """The compiled reader's frames (distinct stacks and a stack id per entry, -1: none; some stacks equal
+    by content, as separate frame dicts make them): the same groups as over the entries' own lists."""
+    import numpy as np
+
+    stacks = [list(x) for x in stacks if x is not None]  # the reader's stacks are lists
+    sid = data.draw(st.lists(st.integers(-1, len(stacks) - 1), max_size=60))
+    lists = [stacks[k] if k >= 0 else None for k in sid]
+    got = stack_groups.first_equal_of_stacks(stacks, np.array(sid, dtype=np.int32))
+    assert got.tolist() == stack_groups.first_equal(lists).tolist()
+
+
 def _naive(lists: list[Any]) -> list[tuple[str | None, str | None]]:
     return [(None, None) if x is None else snapshot_stacks.op_owner(x, None, f"e[{j}].frames") for j, x in enumerate(lists)]
 

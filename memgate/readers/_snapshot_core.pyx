@@ -122,7 +122,8 @@ cdef class _Trace:
     cdef void _alloc(self, Py_ssize_t cap) except *:
         """Give every column room for ``cap`` entries, in place where it can: ``ndarray.resize`` reallocs
         (a large block moves by remapping its pages, not copying them), so growing never holds a column
-        twice, as a new array and a copy would."""
+        twice, as a new array and a copy would. numpy does not refuse to resize an array whose buffer is
+        exported: no typed view of a column may outlive a put() (only put() writes through them)."""
         cdef Py_ssize_t n = self._release()
         if self.a_code is None:
             (self.a_code, self.a_addr, self.a_size, self.a_stream, self.a_time, self.a_devfree, self.a_has,

@@ -257,9 +257,10 @@ def _requested_peak(trace: Trace, segs: Segments, rows: _Entries) -> int:
     """The peak of the allocated level in the bytes the program requested (the rounding overhead is
     the difference)."""
     sizes = trace.size
-    d_requested = np.where(rows.is_alloc, sizes, 0) - np.where(rows.is_free, sizes, 0)
+    levels = _deltas(sizes, rows.is_alloc, rows.is_free)
+    np.cumsum(levels, out=levels)  # in place: it runs at the build's peak, beside the whole model
     start = int(sizes[rows.early_frees].sum() + segs.requested[rows.live_through].sum())
-    return start + max(int(np.cumsum(d_requested).max()), 0)
+    return start + max(int(levels.max()), 0)
 
 
 def _facts(trace: Trace, rows: _Entries, replay: block_sizes.Replayed) -> dict[str, Any]:

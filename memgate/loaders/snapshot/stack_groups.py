@@ -77,14 +77,17 @@ def first_equal_of_stacks(stacks: Sequence[Any], sid: np.ndarray) -> np.ndarray:
     n = len(sid)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    keyed = np.where(sid < 0, len(stacks), sid).astype(np.int64)  # no frames: one more "stack"
-    labels, first_entry, inverse = np.unique(keyed, return_index=True, return_inverse=True)
-    order = np.argsort(first_entry, kind="stable")  # the distinct lists in the order of their first entry
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    distinct = [None if int(label) == len(stacks) else stacks[int(label)] for label in labels[order]]
-    groups = first_equal(distinct)  # per distinct list (in that order), the first equal one
-    return np.asarray(first_entry[order][groups][rank[inverse.reshape(-1)]], dtype=np.int64)
+    none = len(stacks)  # no frames: one more "stack"
+    keyed = np.where(sid < 0, none, sid).astype(np.intp)
+    # each stack's first entry, without sorting the entries (stack ids are small: a table, not a sort)
+    first_entry = np.full(none + 1, n, dtype=np.int64)
+    np.minimum.at(first_entry, keyed, np.arange(n, dtype=np.int64))
+    used = np.flatnonzero(first_entry < n)
+    order = used[np.argsort(first_entry[used], kind="stable")]  # the stacks used, in the order of their first entry
+    groups = first_equal([None if label == none else stacks[label] for label in order.tolist()])
+    entry_of = np.empty(none + 1, dtype=np.int64)  # per stack: the first entry of the first stack equal to it
+    entry_of[order] = first_entry[order][groups]
+    return entry_of[keyed]
 
 
 def _identities(objects: np.ndarray) -> np.ndarray:
