@@ -48,3 +48,18 @@ def test_generated_kineto_trace_is_a_valid_record_with_one_baseline(tmp_path: Pa
         for component in reconcile(device).components.values():
             assert component.pre_window_blocks == 0 and component.open_blocks == 0
             assert component.consistency is not None and component.consistency > 0.5, component
+
+
+def test_generated_snapshot_is_in_time_order_as_torch_records(tmp_path: Path) -> None:
+    """torch records a trace in time order (segments first, then the allocs that use them): a generated
+    trace that is not would make every load sort it, a cost no real torch snapshot has."""
+    import pickle
+
+    generate = _generator()
+    info = generate.make_snapshot(tmp_path / "snapshot", 0.01)
+    with open(info["path"], "rb") as fh:
+        (trace,) = pickle.load(fh)["device_traces"]
+    times = [entry["time_us"] for entry in trace]
+    assert times == sorted(times) and trace[0]["action"] == "segment_alloc"
+    (found,) = discover.discover(Path(info["path"]).parent)
+    assert discover.load(found).devices
