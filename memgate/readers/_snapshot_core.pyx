@@ -47,7 +47,8 @@ cdef object CONSUMED = object()  # a memo slot of a trace entry turned into colu
 cdef long long INT64_MAX = 9223372036854775807
 cdef long long TIME_US_MAX = 9223372036854775  # the schema's maximum for time_us
 cdef Py_ssize_t CHUNK = 1 << 22
-# A trace's columns, in _Trace's order: code, addr, size, stream, time_us, device_free, has, sid, xid
+# A trace's columns, in _Trace's order (_Trace._arrays), and their types
+_COLUMNS = ("code", "addr", "size", "stream", "time_us", "device_free", "has", "sid", "xid")
 _DTYPES = (np.int8, np.int64, np.int64, np.int64, np.int64, np.int64, np.uint16, np.int32, np.int32)
 cdef Py_ssize_t MAX_MARKS = 100000
 cdef long long MARGIN = 1024  # containers: near the cap the reference's own count decides
@@ -124,7 +125,7 @@ cdef class _Trace:
         (a large block moves by remapping its pages, not copying them), so growing never holds a column
         twice, as a new array and a copy would. numpy does not refuse to resize an array whose buffer is
         exported: no typed view of a column may outlive a put() (only put() writes through them)."""
-        cdef Py_ssize_t n = self._release()
+        self._release()
         if self.a_code is None:
             (self.a_code, self.a_addr, self.a_size, self.a_stream, self.a_time, self.a_devfree, self.a_has,
              self.a_sid, self.a_xid) = [np.zeros(cap, dtype=dtype) for dtype in _DTYPES]
@@ -132,16 +133,14 @@ cdef class _Trace:
             for arr in self._arrays():
                 arr.resize(cap, refcheck=False)  # only this trace holds them, and no view is held now
         self._view()
-        self.n, self.cap = n, cap
+        self.cap = cap
 
-    cdef Py_ssize_t _release(self):
-        """Let go of the typed views (an array with views exported cannot be resized); the entry count."""
-        cdef Py_ssize_t n = self.n
+    cdef void _release(self):
+        """Let go of the typed views (an array with views exported cannot be resized)."""
         self.code = None
         self.addr = self.size = self.stream = self.time_us = self.device_free = None
         self.has = None
         self.sid = self.xid = None
-        return n
 
     cdef void _view(self):
         self.code, self.addr, self.size, self.stream = self.a_code, self.a_addr, self.a_size, self.a_stream
@@ -174,14 +173,15 @@ cdef class _Trace:
 
     def columns(self):
         """The columns, cut to the entries read (in place: no copy), handed over: the trace keeps none."""
-        cdef Py_ssize_t n = self._release()
+        cdef Py_ssize_t n = self.n
+        self._release()
         arrays = self._arrays()
         for arr in arrays:
             arr.resize(n, refcheck=False)
         self.a_code = self.a_addr = self.a_size = self.a_stream = self.a_time = None
         self.a_devfree = self.a_has = self.a_sid = self.a_xid = None
         self.n = self.cap = 0
-        return dict(zip(("code", "addr", "size", "stream", "time_us", "device_free", "has", "sid", "xid"), arrays))
+        return dict(zip(_COLUMNS, arrays))
 
 
 cdef inline bint is_builder(object x) noexcept:
