@@ -80,7 +80,7 @@ from memgate.allocation_lines import make_mode, span_frames
 from memgate.owners import KINETO_FRAME, OWNER_FRAME, frame_owner
 from memgate.platforms import conf_text
 from memgate.readers.jsonstream import escape_names
-from memgate.tracking import StorageTracker
+from memgate.tracking import StorageTracker, TracksStorages
 
 TRACE_NAME = "torch_trace.json"
 CUDA_SNAPSHOT = "cuda_snapshot.pickle"
@@ -101,7 +101,7 @@ def _torch() -> ModuleType:
                                   "'pytest-memgate[torch]'", name="torch") from None
 
 
-class Recorder:
+class Recorder(TracksStorages):
     """Profiles a torch run into ``directory``; call :meth:`step` once per training step."""
 
     def __init__(self, directory: str | Path, *, warmup: int = 0, snapshots: bool = True,
@@ -126,23 +126,11 @@ class Recorder:
         self._torch_version: str | None = None
         self._platform: dict[str, dict[str, Any]] | None = None  # the manifest's "platform", found at the start
         self._stopped = False
-        self._to_track: list[Any] = list(track) if isinstance(track, (list, tuple, set)) else [track]
-        self._tracker: StorageTracker | None = None
+        super().__init__(track)
         # The out-of-memory error that stopped the recording (the manifest's "out_of_memory"), and the
         # snapshots dumped at it by torch's out-of-memory observer (kept: not dumped again at the stop)
         self.out_of_memory: dict[str, Any] | None = None
         self._dumped_at_oom: set[Path] = set()
-
-    def track(self, *objects: Any) -> Self:
-        """Note the storages of these models (``nn.Module``) and optimizers at every step end, around
-        every optimizer step and at the stop (:mod:`memgate.tracking`): the blocks live at the peak
-        are then attributed to parameters, buffers, gradients, optimizer state and activations.
-        Held by weak references; may be called before or after :meth:`start`."""
-        if self._tracker is None:
-            self._to_track.extend(objects)
-        else:
-            self._tracker.add(objects)
-        return self
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -153,12 +141,7 @@ class Recorder:
         from torch.profiler import ProfilerActivity, profile, schedule
 
         tracker = StorageTracker(torch)
-        try:
-            tracker.add(self._to_track)  # what is no module or optimizer fails here, before anything starts
-        except TypeError:
-            tracker.close()
-            raise
-        self._tracker, self._to_track = tracker, []
+        self._start_tracking(tracker)
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.snapshots:
             self._start_memory_history(torch)
@@ -189,7 +172,7 @@ class Recorder:
         self._platform = platform_record(torch)
         self._sampler = DeviceMemorySampler(torch)
         self._sampler.sample()
-        self._tracker.active = True
+        tracker.active = True
         _RECORDING.append(self)
         return self
 
@@ -197,9 +180,7 @@ class Recorder:
         """End of one training step (the profiler's ``prof.step()``)."""
         if self._profiler is None or self._stopped:
             raise RuntimeError("the recorder is not running (call start() or use it as a context manager)")
-        if self._tracker is not None:
-            self._tracker.note("step end")
-            self._tracker.step = self.steps + 1
+        self._note_step_end(self.steps)
         self._profiler.step()
         self.steps += 1
         if self._sampler is not None:
@@ -215,9 +196,7 @@ class Recorder:
         try:
             self._stop_lines()
             gc.collect()  # what only a reference cycle held is freed while the profiler sees it (left_allocated)
-            if self._tracker is not None:
-                self._tracker.note("stop")
-                self._tracker.close()
+            self._stop_tracking()
             if self._sampler is not None:
                 self._sampler.sample()
             try:

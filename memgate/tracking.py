@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
 
 from memgate.categories import NOTE_PREFIX
 
@@ -156,3 +156,45 @@ class StorageTracker:
 
 def _alive(refs: list[weakref.ref[Any]]) -> list[Any]:
     return [obj for obj in (ref() for ref in refs) if obj is not None]
+
+
+class TracksStorages:
+    """What a recording (:class:`memgate.record.Recorder`) and an estimate
+    (:class:`memgate.estimation.api.Estimator`) share about tracking: :meth:`track` before or after the
+    start, the tracker made at the start, a moment at each step end and one at the stop."""
+
+    def __init__(self, track: Any = ()) -> None:
+        self._to_track: list[Any] = list(track) if isinstance(track, (list, tuple, set)) else [track]
+        self._tracker: StorageTracker | None = None
+
+    def track(self, *objects: Any) -> Self:
+        """Note the storages of these models (``nn.Module``) and optimizers at every step end, around
+        every optimizer step and at the stop (module docstring): the blocks live at the peak are then
+        attributed to parameters, buffers, gradients, optimizer state and activations. Held by weak
+        references; may be called before or after the start."""
+        if self._tracker is None:
+            self._to_track.extend(objects)
+        else:
+            self._tracker.add(objects)
+        return self
+
+    def _start_tracking(self, tracker: StorageTracker) -> None:
+        """Hand ``tracker`` what :meth:`track` was given so far. What is no module or optimizer is a
+        TypeError here, before anything starts (the tracker closed)."""
+        try:
+            tracker.add(self._to_track)
+        except TypeError:
+            tracker.close()
+            raise
+        self._tracker, self._to_track = tracker, []
+
+    def _note_step_end(self, steps: int) -> None:
+        """The moment at the end of step ``steps`` (0-based); later moments fall in the next step."""
+        if self._tracker is not None:
+            self._tracker.note("step end")
+            self._tracker.step = steps + 1
+
+    def _stop_tracking(self) -> None:
+        if self._tracker is not None:
+            self._tracker.note("stop")
+            self._tracker.close()

@@ -261,3 +261,38 @@ ODD_EVENT = """  {
     "dur": 1.5
   },
 """
+
+# The marked tests of samples/torch_cuda/h200_marker_test_leaks (its PROVENANCE.md), as written for CUDA: run
+# on a GPU by tests/gpu and estimated on the CPU by tests/test_estimation.py.
+H200_MARKER_TESTS = """
+import pytest
+import torch
+import torch.nn as nn
+
+LEAK = 3 * 1024 * 1024 + 4096
+
+
+def train(rec, leak):
+    model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(512, 2048, device="cuda")
+    kept = []
+    for _ in range(8):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if leak:
+            kept.append(torch.empty(LEAK, dtype=torch.uint8, device="cuda"))
+        rec.step()
+
+
+@pytest.mark.memgate(step_growth="1 MiB", devices="cuda:*")
+def test_leaks(memgate_record):
+    train(memgate_record, True)
+
+
+@pytest.mark.memgate(step_growth="1 MiB", devices="cuda:*")
+def test_clean(memgate_record):
+    train(memgate_record, False)
+"""

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import H200_MARKER_TESTS
 
 from memgate.errors import ConfigError
 from memgate.estimation.allocator import Allocator
@@ -378,37 +379,13 @@ def test_a_share_of_the_estimated_device_is_a_limit(tmp_path: Path) -> None:
     assert "rank 0 cuda:0 (estimate for NVIDIA L4)" in outcome.message
 
 
-PROVENANCE_MARKER_TEST = """
-import pytest, torch, torch.nn as nn
-
-LEAK = 3 * 1024 * 1024 + 4096
-
-def train(rec, leak):
-    model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)).cuda()
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(512, 2048, device="cuda")
-    kept = []
-    for _ in range(8):
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if leak:
-            kept.append(torch.empty(LEAK, dtype=torch.uint8, device="cuda"))
-        rec.step()
-
-@pytest.mark.memgate(step_growth="1 MiB", devices="cuda:*")
-def test_leaks(memgate_record):
-    train(memgate_record, True)
-"""
-
-
 def test_the_h200_marker_test_estimated_finds_its_leak(pytester: pytest.Pytester) -> None:
-    """h200_marker_test_leaks (samples/torch_cuda/PROVENANCE.md), its test as written for CUDA: 3149824 B a step."""
+    """h200_marker_test_leaks (samples/torch_cuda/PROVENANCE.md), its tests as written for CUDA: the leak of 3149824 B
+    a step fails, the clean loop passes."""
     pytest.importorskip("torch")
-    pytester.makepyfile(test_cuda_budget=PROVENANCE_MARKER_TEST)
+    pytester.makepyfile(test_cuda_budget=H200_MARKER_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memgate-estimate=cuda")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=1, passed=1)
     line = "step_growth 3.00 MiB exceeds budget 1.00 MiB by 2.00 MiB (+200.4%) — rank 0 cuda:0 (estimate for NVIDIA H200)*"
     result.stdout.fnmatch_lines([line])
 

@@ -39,6 +39,7 @@ from memgate.estimation.tracked import placed
 from memgate.estimation.workspaces import DEFAULT_DEVICE, DEVICES, Device, Workspaces, sizes
 from memgate.loaders.snapshot.block_sizes import Settings
 from memgate.platforms import conf_text
+from memgate.tracking import TracksStorages
 
 ESTIMATE_SNAPSHOT = "estimated_cuda_snapshot.pickle"
 ESTIMATED = "estimated: "  # a platform's device name for an estimate: "estimated: NVIDIA H200"
@@ -92,7 +93,7 @@ def allocator_settings(conf: str) -> Settings:
     return Settings.of(raw)
 
 
-class Estimator:
+class Estimator(TracksStorages):
     """Runs the code between :meth:`start` and :meth:`stop` on meta tensors and writes the estimate into
     ``directory`` (module docstring); the same calls as :class:`memgate.record.Recorder`."""
 
@@ -113,18 +114,7 @@ class Estimator:
         self._torch_version = ""
         self._compiled: list[str] = []
         self._stopped = False
-        self._to_track: list[Any] = list(track) if isinstance(track, (list, tuple, set)) else [track]
-        self._tracker: Any = None
-
-    def track(self, *objects: Any) -> Self:
-        """Note the storages of these models and optimizers, as :meth:`memgate.record.Recorder.track` does:
-        the blocks live at the peak are then attributed to parameters, buffers, gradients, optimizer state
-        and activations (:mod:`memgate.estimation.tracked`)."""
-        if self._tracker is None:
-            self._to_track.extend(objects)
-        else:
-            self._tracker.add(objects)
-        return self
+        super().__init__(track)
 
     def start(self) -> Self:
         if self._stack is not None:
@@ -142,8 +132,7 @@ class Estimator:
         from memgate.estimation.tracked import EstimateTracker
 
         tracker = EstimateTracker(torch, self._storages)
-        tracker.add(self._to_track)  # what is no module or optimizer fails here, before anything starts
-        self._tracker, self._to_track = tracker, []
+        self._start_tracking(tracker)
         function_mode, dispatch_mode = redirect.make_modes(torch, self._storages)
         stack = contextlib.ExitStack()
         stack.enter_context(redirect.cuda_defaults(torch))
@@ -159,8 +148,7 @@ class Estimator:
         """End of one training step."""
         if self._stack is None or self._stopped:
             raise RuntimeError("the estimator is not running (call start() or use it as a context manager)")
-        self._tracker.note("step end")
-        self._tracker.step = self.steps + 1
+        self._note_step_end(self.steps)
         self._storages.mark("step")
         self.steps += 1
 
@@ -171,8 +159,7 @@ class Estimator:
         self._stopped = True
         gc.collect()  # what only a reference cycle held dies while we watch (as Recorder.stop does)
         self._storages.poll()
-        self._tracker.note("stop")
-        self._tracker.close()
+        self._stop_tracking()
         self._stack.close()
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / ESTIMATE_SNAPSHOT

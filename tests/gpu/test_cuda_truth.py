@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import H200_MARKER_TESTS
 
 from memgate.discover import discover, load
 from memgate.metrics import profile_metrics
@@ -310,39 +311,6 @@ def test_filled_ring_buffer_takes_the_trace_figures(fresh_cuda: Any, tmp_path: P
 
 # ---- 8, 9. the pytest marker on a CUDA host ---------------------------------------------------------------
 
-MARKER_TESTS = """
-import pytest
-import torch
-import torch.nn as nn
-
-LEAK = 3 * 1024 * 1024 + 4096
-
-
-def train(rec, leak):
-    model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)).cuda()
-    opt = torch.optim.AdamW(model.parameters())
-    x = torch.randn(512, 2048, device="cuda")
-    kept = []
-    for _ in range(8):
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if leak:
-            kept.append(torch.empty(LEAK, dtype=torch.uint8, device="cuda"))
-        rec.step()
-
-
-@pytest.mark.memgate(step_growth="1 MiB", devices="cuda:*")
-def test_leaks(memgate_record):
-    train(memgate_record, True)
-
-
-@pytest.mark.memgate(step_growth="1 MiB", devices="cuda:*")
-def test_clean(memgate_record):
-    train(memgate_record, False)
-"""
-
 CPU_ON_CUDA_HOST = """
 import pytest
 import torch
@@ -377,7 +345,7 @@ def _run_marker_tests(pytester: pytest.Pytester, source: str) -> tuple[pytest.Ru
 
 
 def test_marker_fails_the_leaking_cuda_loop_once(cuda_torch: Any, pytester: pytest.Pytester) -> None:
-    result, report = _run_marker_tests(pytester, MARKER_TESTS)
+    result, report = _run_marker_tests(pytester, H200_MARKER_TESTS)
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(["*step_growth 3.00 MiB exceeds budget 1.00 MiB*cuda:0*"])
     result.stdout.fnmatch_lines(["FAILED test_gpu.py::test_leaks - step_growth 3.00 MiB exceeds*"])
