@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders.registry import FORMATS, Format, format_named, import_loaders
-from memgate.readers.files import check_not_lfs_file
+from memgate.readers.files import check_not_lfs_file, is_lfs_pointer
 
 if TYPE_CHECKING:
     from memgate.model import Profile
@@ -74,6 +74,14 @@ def _check_not_lfs_pointer(path: Path) -> None:
         return
 
 
+def _named_pointer(path: Path) -> Format | None:
+    """The format that names a file which is a Git LFS pointer (``snapshot.pickle`` not pulled): found, its load
+    says what it is. Skipped, the profile would be missing from the run without a word."""
+    if not is_lfs_pointer(path):
+        return None
+    return next((f for f in FORMATS if f.named is not None and f.named(path)), None)
+
+
 def _file_kind(path: Path) -> str:
     mode = path.stat().st_mode
     kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
@@ -119,7 +127,7 @@ def _discover(root: Path) -> list[Found]:
             continue
         for name in sorted(files):
             path = here / name
-            if (fmt := _claim(path)) is not None:
+            if (fmt := _claim(path)) is not None or (fmt := _named_pointer(path)) is not None:
                 found.append(Found(path, fmt))
     if not found:
         raise InputError(

@@ -24,6 +24,7 @@ from memgate.html_text import escape as _e  # short: the markup calls it on ever
 from memgate.html_text import exact_text, size_text, when_html
 from memgate.metric_specs import BUDGET_SPECS, OOM, OOM_KEY, SPEC_OF, SPECS, keys_where
 from memgate.model import DeviceModel, Profile
+from memgate.reconcile import series_consistency_sentence
 from memgate.sizes import format_size
 
 
@@ -62,6 +63,10 @@ CONSISTENCY_NOTE = ("consistency: the share of the checked allocations (those th
                     "then; below 100% the totals count memory the block rows do not show (or the reverse), so a curve "
                     "rebuilt from blocks alone is approximate — the peaks above come from the recorded series")
 SUM_CHECK_HELP = "a combined series (PTA+GE) checked row by row against the sum of its parts (PTA + GE)"
+SERIES_CONSISTENCY_HELP = ("the blocks of a component against the series of the same name in another file: the "
+                           "share of the blocks' time window the series covers, and how many blocks' recorded totals "
+                           "equal a sample of the series at their allocation time (all of them when both files tell "
+                           "of the same allocations)")
 COLUMN_HELP = {
     # budgets
     "rank": "the rank (process) the profile belongs to; the link goes to the profile",
@@ -429,6 +434,8 @@ def _reconciliation(device_entry: dict[str, Any]) -> str:
         parts.append(f'<p class="note">{_e(CONSISTENCY_NOTE)}</p>')
     else:
         parts.append('<p class="note">no per-block data to reconcile</p>')
+    for name, across in (rec.get("consistency") or {}).items():
+        parts.append(f'<p class="fact" title="{_e(SERIES_CONSISTENCY_HELP)}">{_e(series_consistency_sentence(name, across))}</p>')
     for total, share in (rec.get("sum_checks") or {}).items():
         parts.append(f'<p class="fact" title="{_e(SUM_CHECK_HELP)}">{_e(total)} equals the sum of its parts on '
                      f"{share:.2%} of its rows</p>")

@@ -18,6 +18,7 @@ together at all (no time overlap, other devices).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memgate.lazy import lazy_module
@@ -65,6 +66,20 @@ class SeriesConsistency:
         return {"series_source": self.series_source, "blocks_source": self.blocks_source,
                 "window_overlap": self.window_overlap, "checked_blocks": self.checked_blocks,
                 "agreeing_blocks": self.agreeing_blocks, "agreement": self.agreement}
+
+
+def series_consistency_sentence(component: str, doc: dict[str, Any]) -> str:
+    """``GE blocks against the GE series of memory_record.csv: their windows overlap 0.0%, 0 of 28 blocks'
+    totals found in it`` (a ``SeriesConsistency`` as JSON): whether two files tell of the same allocations,
+    which the blocks' agreement with their own baseline cannot show."""
+    overlap, checked = doc.get("window_overlap"), doc.get("checked_blocks") or 0
+    source = Path(str(doc.get("series_source") or "").split(", ")[0]).name
+    parts = [f"windows overlap {overlap:.1%}" if overlap is not None else "no times to compare"]
+    if checked:
+        parts.append(f"{doc.get('agreeing_blocks')} of {checked} blocks' totals found in it")
+    sentence = f"{component} blocks against the {component} series of {source}: {', '.join(parts)}"
+    doubtful = (overlap is not None and overlap < 0.5) or (checked and (doc.get("agreement") or 0) < 0.5)
+    return sentence + (" (from different windows or runs?)" if doubtful else "")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from memgate.metric_specs import BUDGET_SPECS, OOM, keys_where
 from memgate.metrics import DeviceMetrics
 from memgate.model import ProfileInfo
 from memgate.platforms import device_platform
+from memgate.reconcile import series_consistency_sentence
 from memgate.sizes import format_size
 from memgate.verdict import Outcome, oom_sentence
 
@@ -207,10 +208,13 @@ def inspect_text(entry: dict[str, Any]) -> list[str]:
                 lines.append(f"    at the OOM: {format_size(block['size']):>12}  "
                              f"{block.get('op') or block.get('owner') or '(no op)'}"
                              + (f"  ({block['category']})" if block.get("category") else ""))
-        for name, facts in dev["reconciliation"]["components"].items():
+        reconciliation = dev["reconciliation"]
+        for name, facts in reconciliation["components"].items():
             if facts["consistency"] is not None:
                 lines.append(
                     f"    reconciled {name}: baseline {format_size(facts['baseline_bytes'])}, "
-                    f"{facts['consistency']:.1%} of {facts['checked_blocks']} blocks agree"
+                    f"{facts['consistency']:.1%} of {facts['checked_blocks']} blocks agree on it"
                 )
+        for name, across in (reconciliation.get("consistency") or {}).items():
+            lines.append(f"    {series_consistency_sentence(name, across)}")
     return lines

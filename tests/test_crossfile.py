@@ -86,3 +86,26 @@ def test_blocks_outside_the_totals_window_are_refused_naming_the_db_table(root: 
     assert err.message == ("npu:0: the blocks and the allocator totals of profile.db do not overlap in time: they "
                            "come from different runs or profiling windows")
     assert (err.expected, err.found) == (f"blocks inside the window of {db} (100..200 ns)", "blocks from 1000..2000 ns")
+
+
+
+def test_steps_that_end_before_the_memory_records_begin_are_refused(root: Path) -> None:
+    """A kernel_details.csv of another run beside the memory files (a real MindStudio fixture: its steps 134 days
+    before its operator rows): each step would measure memory it never saw."""
+    device = DeviceModel("npu:0", series={"PTA": _series("PTA", [1000, 2000], root / "memory_record.csv")},
+                         blocks=_blocks([(1200, 1500)]), blocks_source=str(root / "operator_memory.csv"))
+    early = Table.from_pandas(pd.DataFrame([(1, 10, 20), (2, 20, 30)], columns=["step", "t_start", "t_end"]).astype("Int64"))
+    with pytest.raises(InputError) as info:
+        cross_file_facts([device], root, early, str(root / "kernel_details.csv"))
+    err = info.value
+    assert err.file == str(root / "kernel_details.csv")
+    assert err.message == ("the steps of kernel_details.csv all end before the memory records (memory_record.csv, "
+                           "operator_memory.csv) begin: they come from another run or profiling window")
+    assert (err.expected, err.found) == ("steps that meet the memory records' window (1000..2000 ns)",
+                                         "steps from 10..30 ns")
+    # steps after the last record stand (graph mode allocates before its steps), as do steps that meet the records
+    for steps in ([(1, 3000, 4000)], [(1, 900, 1000)]):
+        table = Table.from_pandas(pd.DataFrame(steps, columns=["step", "t_start", "t_end"]).astype("Int64"))
+        facts = cross_file_facts([device], root, table, str(root / "kernel_details.csv"))
+        assert facts["window_ns_by_file"]["kernel_details.csv"] == list(steps[0][1:])
+

@@ -123,6 +123,21 @@ def test_a_history_of_one_entry_without_frames_is_said_and_not_judged(tmp_path: 
     assert metrics.values["allocated_at_dump_bytes"] == 501354496  # the dump needs no history
 
 
+def test_a_legacy_history_of_the_dump_marker_alone_says_so(tmp_path: Path) -> None:
+    """The legacy recording may keep only the dump's own ``snapshot`` entry, without frames or a time (a real
+    file in a public repository holds exactly that): the reason given is that recording, not "no history"."""
+    data = sample_pickle(CUDA / "h200_record_leak" / "cuda_snapshot.pickle")
+    data["device_traces"][0] = [{"action": "snapshot", "addr": 0, "size": 11840159744, "stream": 0}]
+    path = tmp_path / "marker.pickle"
+    path.write_bytes(pickle.dumps(data))
+    [metrics] = profile_metrics(load(discover(path)[0]))
+    assert metrics.values["peak_allocated_bytes"] is None
+    why = metrics.missing["peak_allocated_bytes"]
+    assert "the history holds one entry, without frames" in why and "no allocation history" not in why
+    assert "max_entries" in why.split("trace_alloc_max_entries=1")[1]
+    assert metrics.values["allocated_at_dump_bytes"] == 501354496
+
+
 def test_a_history_of_one_entry_with_frames_is_judged(tmp_path: Path) -> None:
     """The current API records stacks: a trace of one framed entry is a run that allocated once."""
     [metrics] = profile_metrics(load(discover(_one_entry(tmp_path, frames=True))[0]))

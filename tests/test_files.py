@@ -73,6 +73,20 @@ def test_a_git_lfs_pointer_is_named_as_one(tmp_path: Path, name: str) -> None:
     assert "version https://git-lfs.github.com/spec/v1'" in info.value.one_line()  # the first line only
 
 
+def test_a_git_lfs_pointer_in_a_profile_folder_is_an_error_not_a_skip(tmp_path: Path) -> None:
+    """In a folder, a pointer named like a profile (``memory.pickle``) is found and named as a pointer:
+    skipped, the profile would be missing from the run without a word (rc 0). A pointer no format names
+    (model weights kept in LFS beside the profiles) is not a profile, and stays out of the run."""
+    from memgate.discover import discover, load
+
+    (tmp_path / "memory.pickle").write_bytes(POINTER)
+    (tmp_path / "weights.bin").write_bytes(POINTER)
+    (found,) = discover(tmp_path)
+    assert found.path == tmp_path / "memory.pickle"
+    with pytest.raises(InputError, match="a Git LFS pointer"):
+        load(found)
+
+
 def test_a_file_that_only_mentions_lfs_is_not_a_pointer(tmp_path: Path) -> None:
     path = tmp_path / "memory_record.csv"
     path.write_bytes(b"Component,version https://git-lfs.github.com/spec/v1\n")

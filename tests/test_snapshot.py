@@ -344,6 +344,10 @@ def test_other_structural_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a memory snapshot") as info:
         snapshot.load(write("segments"))
     assert info.value.found == "str"
+    # another pickled dict named like a snapshot (a real one in a public repository: a word list)
+    with pytest.raises(InputError, match="not a memory snapshot: a pickled dict without 'segments'") as info:
+        snapshot.load(write({"graag gedaan!": "you're welcome", "dank je": "thank you"}))
+    assert (info.value.column, info.value.found) == ("(top level)", "a dict of 2 keys, the first 'graag gedaan!'")
     data = raw(EORNN)
     data["device_traces"][0][10].pop("time_us")
     with pytest.raises(InputError, match="without time_us") as info:

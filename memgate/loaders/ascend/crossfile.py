@@ -10,7 +10,10 @@ the report shows under ``metadata["cross_file"]``) and refuses what cannot be on
   (``operator_memory.csv`` of ``npu:1`` beside a ``memory_record.csv`` of ``npu:0``): the allocator
   writes a total with every block, so a real export has both on every device with blocks;
 - blocks whose time window does not overlap the allocator totals' window at all on a device (the
-  same allocations are written to both files, so their windows always overlap in a real export).
+  same allocations are written to both files, so their windows always overlap in a real export);
+- steps (``kernel_details``, ``step_trace_time``, ``STEP_TIME``) that all end before the first memory
+  record: the profiler records both in the same active steps (steps after the last record stand: a
+  graph-mode run allocates before its steps).
 
 How far overlapping files agree (the share of the blocks' window the totals cover, the share of
 blocks whose recorded total matches the series) is :mod:`memgate.reconcile`'s consistency figure.
@@ -119,6 +122,7 @@ def cross_file_facts(models: Sequence[DeviceModel], root: Path, steps: Table | N
     if steps is not None and steps_source is not None:
         steps_span = _span([steps.ints("t_start"), steps.ints("t_end")])
         if steps_span is not None:
+            _check_steps_meet(steps_span, _where(steps_source)[0], windows)
             windows[_where(steps_source)[0]] = steps_span
     base = root if root.is_dir() else root.parent
 
@@ -129,3 +133,18 @@ def cross_file_facts(models: Sequence[DeviceModel], root: Path, steps: Table | N
         "devices_by_file": {short(name): sorted(labels) for name, labels in sorted(devices.items())},
         "window_ns_by_file": {short(name): list(span) for name, span in sorted(windows.items())},
     }
+
+
+def _check_steps_meet(steps_span: tuple[int, int], steps_file: str, windows: dict[str, tuple[int, int]]) -> None:
+    """Steps that all end before the first memory record come from another run: each step would measure
+    memory it never saw (an empty step reads as zero growth). Steps after the last record are a run
+    that allocated nothing more while they ran (graph mode allocates at compile time): those stand."""
+    if not windows:
+        return
+    lo, hi = min(span[0] for span in windows.values()), max(span[1] for span in windows.values())
+    if steps_span[1] < lo:
+        files = ", ".join(sorted(Path(name).name for name in windows))
+        raise InputError(
+            f"the steps of {Path(steps_file).name} all end before the memory records ({files}) begin: they come "
+            "from another run or profiling window", file=steps_file,
+            expected=f"steps that meet the memory records' window ({_ns((lo, hi))})", found=f"steps from {_ns(steps_span)}")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from memgate import fastexit
-from memgate.errors import InputError
+from memgate.errors import InputError, show
 from memgate.lazy import arrow_without_pandas
 from memgate.loaders import registry
 from memgate.loaders.registry import rank_of_file as _rank_of  # the rank a snapshot's file or folder name states
@@ -209,6 +209,11 @@ def _era(path: Path, data: Any, schema: dict[str, Any]) -> tuple[str, dict[str, 
     if isinstance(data, list):
         return "bare_list", {"segments": data, "device_traces": []}
     if isinstance(data, dict):
+        if "segments" not in data and "device_traces" not in data:  # another pickle named like a snapshot
+            raise InputError("not a memory snapshot: a pickled dict without 'segments' or 'device_traces'", file=path,
+                             column="(top level)",
+                             expected="what torch.cuda.memory._dump_snapshot() writes: a dict with 'segments' and "
+                                      "'device_traces'", found=f"a dict of {len(data)} keys" + (f", the first {show(next(iter(data)))}" if data else ""))
         check_records([data], schema["$defs"]["snapshot"], file=path, where=lambda i: "", root=schema)
         return "dict", data
     raise InputError("not a memory snapshot", file=path, column="(top level)",
@@ -300,9 +305,13 @@ def _not_measurable(notes: dict[str, Any], history: bool) -> dict[str, Any]:
            if facts.get("history_truncated")}
     if not history:
         # Only the final state: no history to find a peak, a growth or a leak in. The pool state at
-        # the dump (DeviceModel.dump_state) needs none, so its metrics are never marked here.
-        why = ("the snapshot has no allocation history (device_traces hold no allocation or free): record with "
-               "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()")
+        # the dump (DeviceModel.dump_state) needs none, so its metrics are never marked here. A legacy
+        # recording's one entry (a marker, say) was recorded: what it lost is the reason.
+        legacy = [f"{label}: {facts['history_truncated']}" for label, facts in notes.items()
+                  if facts.get("history_truncated")]
+        why = _truncated_why(legacy[0]) if legacy else (
+            "the snapshot has no allocation history (device_traces hold no allocation or free): record with "
+            "torch.cuda.memory._record_memory_history() before the run, then _dump_snapshot()")
         # A one-sample series would otherwise read as a peak, and as "reserved never grew".
         return {"not_measurable": not_measurable({Fact.HISTORY: why}, stand_ins=True)}
     return {NOT_MEASURABLE_BY_DEVICE: cut} if cut else {}
@@ -310,9 +319,12 @@ def _not_measurable(notes: dict[str, Any], history: bool) -> dict[str, Any]:
 
 def truncated_window(reason: str) -> dict[str, str]:
     """The figures a history that lost its oldest entries covers only in part, each with how to record it all."""
-    why = (f"{reason}: this figure would cover only the entries kept; record the whole window with a larger "
-           "_record_memory_history(max_entries=...) (memgate.record: Recorder(max_entries=...))")
-    return not_measurable({Fact.HISTORY: why})
+    return not_measurable({Fact.HISTORY: _truncated_why(reason)})
+
+
+def _truncated_why(reason: str) -> str:
+    return (f"{reason}: this figure would cover only the entries kept; record the whole window with a larger "
+            "_record_memory_history(max_entries=...) (memgate.record: Recorder(max_entries=...))")
 
 
 def load_every_frame(path: Path) -> Profile:
