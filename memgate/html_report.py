@@ -435,7 +435,8 @@ def _reconciliation(device_entry: dict[str, Any]) -> str:
     else:
         parts.append('<p class="note">no per-block data to reconcile</p>')
     for name, across in (rec.get("consistency") or {}).items():
-        parts.append(f'<p class="fact" title="{_e(SERIES_CONSISTENCY_HELP)}">{_e(series_consistency_sentence(name, across))}</p>')
+        parts.append(f'<p class="fact" title="{_e(SERIES_CONSISTENCY_HELP)}">'
+                     f"{_e(series_consistency_sentence(name, across))}</p>")
     for total, share in (rec.get("sum_checks") or {}).items():
         parts.append(f'<p class="fact" title="{_e(SUM_CHECK_HELP)}">{_e(total)} equals the sum of its parts on '
                      f"{share:.2%} of its rows</p>")

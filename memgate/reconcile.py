@@ -69,9 +69,9 @@ class SeriesConsistency:
 
 
 def series_consistency_sentence(component: str, doc: dict[str, Any]) -> str:
-    """``GE blocks against the GE series of memory_record.csv: their windows overlap 0.0%, 0 of 28 blocks'
-    totals found in it`` (a ``SeriesConsistency`` as JSON): whether two files tell of the same allocations,
-    which the blocks' agreement with their own baseline cannot show."""
+    """``GE blocks against the GE series of memory_record.csv: windows overlap 0.0%, 0 of 28 blocks' totals
+    found in it (from different windows or runs?)`` (a ``SeriesConsistency`` as JSON): whether two files tell
+    of the same allocations, which the blocks' agreement with their own baseline cannot show."""
     overlap, checked = doc.get("window_overlap"), doc.get("checked_blocks") or 0
     source = Path(str(doc.get("series_source") or "").split(", ")[0]).name
     parts = [f"windows overlap {overlap:.1%}" if overlap is not None else "no times to compare"]

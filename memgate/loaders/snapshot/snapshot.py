@@ -210,10 +210,11 @@ def _era(path: Path, data: Any, schema: dict[str, Any]) -> tuple[str, dict[str, 
         return "bare_list", {"segments": data, "device_traces": []}
     if isinstance(data, dict):
         if "segments" not in data and "device_traces" not in data:  # another pickle named like a snapshot
+            first = f", the first {show(next(iter(data)))}" if data else ""
             raise InputError("not a memory snapshot: a pickled dict without 'segments' or 'device_traces'", file=path,
-                             column="(top level)",
+                             column="(top level)", found=f"a dict of {len(data)} keys{first}",
                              expected="what torch.cuda.memory._dump_snapshot() writes: a dict with 'segments' and "
-                                      "'device_traces'", found=f"a dict of {len(data)} keys" + (f", the first {show(next(iter(data)))}" if data else ""))
+                                      "'device_traces'")
         check_records([data], schema["$defs"]["snapshot"], file=path, where=lambda i: "", root=schema)
         return "dict", data
     raise InputError("not a memory snapshot", file=path, column="(top level)",
