@@ -554,9 +554,15 @@ def entry() -> None:
 def as_command() -> None:
     """What only the command's own process may do: leave the loads' Python objects to the process
     exit (memgate.fastexit) instead of freeing them one by one just before it, and let Arrow read
-    a snapshot without importing pandas (memgate.lazy.arrow_without_pandas)."""
+    a snapshot without importing pandas (memgate.lazy.arrow_without_pandas); and keep numpy's BLAS
+    to one thread (before numpy is imported)."""
     from memgate import fastexit
 
+    # OpenBLAS starts a thread per core when numpy is imported, and they spin waiting for work:
+    # memgate multiplies no matrices, and on a 2-core runner the spinning thread took the other
+    # core (~9% of a snapshot load's CPU samples, ~0.1 s). The --jobs workers inherit it; a value
+    # the user set stands. Never in the pytest plugin: the tests' own numpy is theirs.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     fastexit.as_command(_physical_memory() // 32)
 
 

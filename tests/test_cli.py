@@ -378,6 +378,23 @@ def test_keeping_is_off_unless_the_command_turns_it_on_and_stays_within_its_budg
     assert done.stdout.split() == ["False", "True", "False", "True", "True"]
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="counts threads in /proc (Linux)")
+def test_the_command_keeps_numpys_blas_to_one_thread_unless_the_user_set_it() -> None:
+    """OpenBLAS starts a spinning thread per core when numpy is imported; memgate multiplies no matrices.
+    The command's process (and its --jobs workers, which inherit its environment) runs one thread; a
+    value the user set stands."""
+    probe = ("import os, re\nfrom memgate.cli import as_command\nas_command()\nimport numpy\n"
+             "print(os.environ['OPENBLAS_NUM_THREADS'], re.search(r'Threads:\\s+(\\d+)', "
+             "open('/proc/self/status').read()).group(1))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60,
+                          check=True)
+    assert done.stdout.split() == ["1", "1"]
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True,
+                          env={**env, "OPENBLAS_NUM_THREADS": "2"})
+    assert done.stdout.split()[0] == "2"
+
+
 @pytest.mark.parametrize("profile", [PTA21_L1, _SMALL_SNAPSHOT], ids=["csv", "snapshot-kept-until-exit"])
 def test_broken_pipe_is_not_an_error(profile: Path) -> None:
     """`memgate inspect --json | head -c0`: the reader is gone before memgate writes; no error, no
