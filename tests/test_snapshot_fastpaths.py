@@ -160,6 +160,42 @@ def test_each_frame_is_read_once_however_many_stacks_share_it(monkeypatch: pytes
     assert owners.tolist() == [f"step (/w/train.py:{k})" for k in range(50) for _ in range(3)]
 
 
+def _cpp(name: str, filename: str = "??") -> dict[str, Any]:
+    return {"name": name, "filename": filename, "line": 0}
+
+
+# A backward allocation on the GPU as torch records it with stacks="all" (a real training snapshot's
+# frames, shortened): autograd's own thread, no Python frame.
+_BACKWARD = [
+    _cpp("torch::unwind::unwind()"), _cpp("torch::CapturedTraceback::gather(bool, bool, bool)"),
+    _cpp("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long)",
+         "CUDACachingAllocator.cpp"),
+    _cpp("at::detail::empty_cuda(c10::ArrayRef<long>, c10::TensorOptions const&)"),
+    _cpp("at::(anonymous namespace)::create_out(c10::ArrayRef<long>, c10::ArrayRef<long>, c10::TensorOptions const&)",
+         "RegisterCUDA.cpp"),
+    _cpp("at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)"),
+    _cpp("torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)"),
+    _cpp("torch::autograd::Node::operator()(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)"),
+    _cpp("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+]
+
+
+def test_a_backward_allocation_without_python_frames_is_owned_by_its_autograd_node() -> None:
+    """Its innermost frame outside the allocator (``create_out(...) (RegisterCUDA.cpp:0)``) named no one a
+    user knows; the node running (``BmmBackward0``, a grad_fn's name) does. A user's Python frame still
+    comes first (a backward on the CPU runs on the caller's thread), and a stack with neither keeps the
+    innermost frame outside the allocator."""
+    assert snapshot_stacks.op_owner(_BACKWARD, None, "e") == ("aten::bmm", "BmmBackward0")
+    accumulate = [*_BACKWARD[:4], _cpp("torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)")]
+    assert snapshot_stacks.op_owner(accumulate, None, "e") == (None, "AccumulateGrad")
+    on_the_cpu = [*_BACKWARD, {"name": "train", "filename": "/w/train.py", "line": 30}]
+    assert snapshot_stacks.op_owner(on_the_cpu, None, "e") == ("aten::bmm", "train (/w/train.py:30)")
+    forward_in_cpp = [f for f in _BACKWARD if "autograd" not in f["name"]]
+    assert snapshot_stacks.op_owner(forward_in_cpp, None, "e")[1] == (
+        "at::(anonymous namespace)::create_out(c10::ArrayRef<long>, c10::ArrayRef<long>, c10::TensorOptions const&) "
+        "(RegisterCUDA.cpp:0)")
+
+
 # ---- check_records: optional keys proved absent by the key counts ----------------------------------
 
 SCHEMA = load_schema("torch_snapshot")

@@ -2,9 +2,11 @@
 
 ``op`` is the innermost ``at::_ops::<name>`` C++ frame (``aten::<name>``, overload suffix kept),
 ``owner`` the innermost Python frame in user code (``function (file:line)``,
-:func:`memgate.owners.frame_owner`; torch's own files are skipped), else the innermost frame that is no allocator or interpreter internal. Each distinct stack
-is read once (:func:`op_owner_each`, over :mod:`memgate.loaders.snapshot.stack_groups`), and each frame dict
-once however many stacks share it.
+:func:`memgate.owners.frame_owner`; torch's own files are skipped), else the autograd node running
+(``MmBackward0``, ``AccumulateGrad``: a backward pass on the GPU allocates on autograd's own thread,
+whose stack has no Python frame), else the innermost frame that is no allocator or interpreter
+internal. Each distinct stack is read once (:func:`op_owner_each`, over
+:mod:`memgate.loaders.snapshot.stack_groups`), and each frame dict once however many stacks share it.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from memgate.readers.snapshot_columns import StackRefs, TraceColumns
 from memgate.table import Texts
 
 _OP_FRAME = re.compile(r"at::_ops::([A-Za-z0-9_]+)::(?:call|redispatch)\b")
+# torch::autograd::generated::MmBackward0::apply(...), torch::autograd::AccumulateGrad::apply(...)
+_NODE_FRAME = re.compile(r"\btorch::autograd::(?:generated::)?([A-Za-z0-9_]+)::apply\(")
 _INTERNAL = ("unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp", "CachingAllocator", "_start",
              "__libc_start_main", "PyEval_", "PyObject_", "PyFunction_")
 
-# What one frame tells: the op it names, the owner it is (a .py frame), the fallback owner it can be.
-_Role = tuple[str | None, str | None, str | None]
+# What one frame tells: the op it names, the owner it is (a .py frame), the autograd node it runs, the
+# fallback owner it can be.
+_Role = tuple[str | None, str | None, str | None, str | None]
 
 
 def op_owner(frames: Any, path: Path | None, where: str,
@@ -46,6 +51,7 @@ def op_owner(frames: Any, path: Path | None, where: str,
                          found=type(frames).__name__)
     op: str | None = None
     owner: str | None = None
+    node: str | None = None
     fallback: str | None = None
     for i, frame in enumerate(frames):
         role = roles.get(id(frame)) if roles is not None else None
@@ -55,10 +61,11 @@ def op_owner(frames: Any, path: Path | None, where: str,
                 roles[id(frame)] = role
         op = op if op is not None else role[0]
         owner = owner if owner is not None else role[1]
-        fallback = fallback if fallback is not None else role[2]
+        node = node if node is not None else role[2]
+        fallback = fallback if fallback is not None else role[3]
         if op is not None and owner is not None:
             break
-    return op, owner or fallback
+    return op, owner or node or fallback
 
 
 def _role(frame: Any, path: Path | None, where: str) -> _Role:
@@ -71,10 +78,11 @@ def _role(frame: Any, path: Path | None, where: str) -> _Role:
     # the innermost frame in user code: torch's own Python files (under a torch/torch_npu package) are skipped
     owner = frame_owner(filename, frame["line"], name) if filename.endswith(".py") and not is_torch_file(filename) \
         else None
+    node = m.group(1) if (m := _NODE_FRAME.search(name)) else None
     fallback = None
     if filename not in ("??", "") and not any(s in name for s in _INTERNAL):
         fallback = frame_owner(filename, frame["line"], name) if filename != "none" else name
-    return op, owner, fallback
+    return op, owner, node, fallback
 
 
 def op_owner_each(frames: Sequence[Any], path: Path | None, where: Callable[[int], str]) -> tuple[Texts, Texts]:
