@@ -39,6 +39,7 @@ from memgate.schemas import load_schema
 
 TORCH = Path(__file__).parent / "data" / "samples" / "torch"
 LEAK = TORCH / "cpu_train_leak_profile_memory.json"
+H200_TRACE = TORCH.parent / "torch_cuda" / "h200_trace_leak" / "train.1795846944832606968.pt.trace.json"
 CLEAN = TORCH / "cpu_train_profile_memory.json"
 LEAK6 = TORCH / "cpu_train_active6_leak_profile_memory.json"  # 6 active steps: growth is measurable
 CLEAN6 = TORCH / "cpu_train_active6_profile_memory.json"
@@ -960,6 +961,29 @@ def test_an_escaped_half_surrogate_pair_is_named_as_such(tmp_path: Path) -> None
     with pytest.raises(InputError) as info:
         kineto.load(path)
     assert "surrogate" in info.value.message and info.value.column.startswith("traceEvents["), info.value.one_line()
+
+
+@pytest.mark.parametrize("reader", ["json", "ijson"])
+def test_the_header_after_trace_events_counts_as_before_it(reader: str, tmp_path: Path) -> None:
+    """Key order is no part of JSON: a tool that saves a trace again may put Kineto's header after traceEvents
+    (real TraceLens test traces: a harness's metadata first, then traceEvents, then deviceProperties), which
+    read as no capacity, no platform, time base 0 and rank 0 for rank 1. Both readers (ijson's takes a file
+    with an escaped astral character) read the header wherever it is."""
+    trace = json.loads(H200_TRACE.read_text())
+    trace["distributedInfo"] = {"backend": "nccl", "rank": 3}
+    if reader == "ijson":
+        trace["traceName"] = "\U0001f600"  # written as a surrogate pair escape: the json reader gives up
+    header = {k: v for k, v in trace.items() if k != "traceEvents"}
+    assert header["deviceProperties"] and header["baseTimeNanoseconds"]
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(json.dumps(trace))
+    after.write_text(json.dumps({"metadata": {"harness": 1}, "traceEvents": trace["traceEvents"], **header}))
+    expected, got = kineto.load(before), kineto.load(after)
+    assert got.rank == expected.rank == "3"
+    assert got.metadata["base_time_ns"] == expected.metadata["base_time_ns"] == header["baseTimeNanoseconds"]
+    assert got.metadata["device_capacity_bytes"] == expected.metadata["device_capacity_bytes"]
+    assert got.metadata["platform"] == expected.metadata["platform"] and got.metadata["platform"]["cuda:0"]["driver"]
+    assert [d.values for d in profile_metrics(got)] == [d.values for d in profile_metrics(expected)]
 
 
 @pytest.mark.parametrize(("head", "column"), [

@@ -140,8 +140,9 @@ def with_decimals(event: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def json_batches(reader: GuardedReader) -> Iterator[Events]:
-    """The traceEvents array as lists of events, one list per chunk of bytes parsed by the json module.
+def json_batches(reader: GuardedReader, members: dict[str, Any] | None = None) -> Iterator[Events]:
+    """The traceEvents array as lists of events, one list per chunk of bytes parsed by the json module;
+    ``members`` receives the top-level members outside it (before and after), once the array is read.
 
     Anything this reader does not vouch for (a syntax error, a limit of the reader or of rows, a
     surrogate escape, an event that is not an object, an event over 64 MiB, a key repeated with
@@ -151,7 +152,7 @@ def json_batches(reader: GuardedReader) -> Iterator[Events]:
     max_rows = limits.current().max_rows
     events = 0
     try:
-        for batch in _json_chunks(reader):
+        for batch in _json_chunks(reader, {} if members is None else members):
             events += len(batch)
             if events > max_rows:
                 raise Unproven("too many events")  # ijson's reader names the event
@@ -160,8 +161,9 @@ def json_batches(reader: GuardedReader) -> Iterator[Events]:
         raise Unproven(str(exc)) from exc
 
 
-def _json_chunks(reader: GuardedReader) -> Iterator[Events]:
-    """Parse the array a chunk at a time: the complete events of the bytes read so far, the rest kept."""
+def _json_chunks(reader: GuardedReader, members: dict[str, Any]) -> Iterator[Events]:
+    """Parse the array a chunk at a time: the complete events of the bytes read so far, the rest kept;
+    then the members around the array into ``members``."""
     rest, head = _after_events_key(reader)
     buf = bytearray(b"[") + rest  # the pending bytes, always after a '['
     in_tail = False  # the array has ended: the rest closes the document
@@ -177,7 +179,9 @@ def _json_chunks(reader: GuardedReader) -> Iterator[Events]:
             yield taken[0]
         if len(buf) > _PENDING_MAX:
             raise Unproven("no complete event in 64 MiB")
-    yield _last_events(buf, head)
+    events, tail = _last_events(buf, head)
+    members.update((key, value) for key, value in {**head, **tail}.items() if _kept_member(key, value))
+    yield events
 
 
 def _leading_events(buf: bytearray) -> tuple[list[dict[str, Any]], int] | None:
@@ -296,9 +300,10 @@ def _events(buf: bytearray, end: int) -> list[dict[str, Any]] | None:
     return _objects(events) if stop == len(text) else None
 
 
-def _last_events(buf: bytearray, head: dict[str, Any]) -> list[dict[str, Any]]:
-    """The events up to the array's ``]`` (``buf`` starts with '['); the rest must close the top-level
-    object, and repeat no key of ``head`` (the members before the array) with another value."""
+def _last_events(buf: bytearray, head: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The events up to the array's ``]`` (``buf`` starts with '['), and the members after it: the rest
+    must close the top-level object, and repeat no key of ``head`` (the members before the array) with
+    another value."""
     text = _text(buf)
     events, end = _DECODER.raw_decode(text)
     if '""' in text[end:] or "" in head:
@@ -308,7 +313,8 @@ def _last_events(buf: bytearray, head: dict[str, Any]) -> list[dict[str, Any]]:
         raise Unproven("a second traceEvents key")  # the ijson reader names it
     if any(key in head and not same_json(head[key], value) for key, value in others.items()):
         raise Unproven("a top-level key repeated with another value")
-    return _objects(events)
+    del others[""]
+    return _objects(events), others
 
 
 def _objects(events: list[Any]) -> list[dict[str, Any]]:
@@ -322,7 +328,7 @@ def ijson_batches(path: Path, fh: Readable, gz: bool, escaped: bool = False) -> 
 
     Objects are built as unique_keys() maps, so a key an event repeats with another value is named
     with the event's path once the event is complete; each event and its args are handed on as
-    plain dicts. Then a second pass checks the keys outside traceEvents (:func:`_top_level_conflict`).
+    plain dicts. Then a second pass reads and checks the keys outside traceEvents (:func:`_top_level_members`).
     """
     batch: list[dict[str, Any]] = []
     position = [-1]  # the index of the last event read (for the errors of ijson_errors)
@@ -383,24 +389,51 @@ def ijson_errors(path: Path, gz: bool, where: Callable[[], str], prefix: str, el
 _EVENTS_END = ("traceEvents", "end_array", None)  # ijson.parse's event at the end of the top-level array
 
 
-def _top_level_conflict(path: Path, gz: bool, repair: bool = False) -> None:
-    """InputError for a key repeated with another value outside traceEvents: in the top-level object
-    (a second traceEvents array included) or in an object among its other members.
+# The top-level members outside traceEvents that are kept whole (a writer's header, before or after the array:
+# Kineto's deviceProperties and distributedInfo); of the others, only the scalars (a member may be huge).
+HEADER_OBJECTS = ("deviceProperties", "distributedInfo")
+_HEADER_EVENTS_MAX = 1 << 20  # ijson events one kept member may take: a real header takes a few hundred
+
+
+def _kept_member(key: str, value: Any) -> bool:
+    return key in HEADER_OBJECTS or (key != "traceEvents" and not isinstance(value, (dict, list)))
+
+
+def _top_level_members(path: Path, gz: bool, repair: bool = False) -> dict[str, Any]:
+    """The top-level members outside traceEvents the json reader gives too (:data:`HEADER_OBJECTS` and
+    the scalars, before or after the array); InputError for a key repeated with another value outside
+    traceEvents: in the top-level object (a second traceEvents array included) or in an object among
+    its other members.
 
     The ijson reader's second pass: ijson.parse's events, the traceEvents array's skipped in C
-    (``takewhile``), the rest kept as digests per key (:class:`_Members`), never as values.
+    (``takewhile``); repeated keys are found from digests per key (:class:`_Members`).
     """
     members = _Members(path)
+    found: dict[str, Any] = {}
+    builder: ijson.ObjectBuilder | None = None
+    taken = 0  # events of the member being built
     with open_trace(path, repair=repair) as fh, ijson_errors(path, gz, lambda: "(top level)", "item", lambda: 0,
                                                          escaped=repair):
         events = ijson.parse(guard(fh, path))
         feed = members.feed
+        key = ""
         for prefix, event, value in events:
             if prefix == "traceEvents" and event == "start_array":
                 deque(takewhile(partial(ne, _EVENTS_END), events), maxlen=0)
                 feed("traceEvents", "events", None)
-            else:
-                feed(prefix, event, value)
+                continue
+            feed(prefix, event, value)
+            if prefix:  # inside a top-level member's value
+                if builder is not None and (taken := taken + 1) <= _HEADER_EVENTS_MAX \
+                        and (key in HEADER_OBJECTS or event not in ("start_map", "start_array")):
+                    builder.event(event, value)
+                else:
+                    builder = None
+            elif event in ("map_key", "end_map"):  # a member ends where the next begins, or the document ends
+                if builder is not None and _kept_member(key, builder.value):
+                    found[key] = builder.value
+                key, builder, taken = (value, ijson.ObjectBuilder(), 0) if event == "map_key" else ("", None, 0)
+    return found
 
 
 class _Frame:
@@ -478,14 +511,17 @@ def _scalar_digest(value: Any) -> bytes:
     return b'"' + str(value).encode("utf-8", "surrogatepass")
 
 
-def read_events(path: Path, gz: bool, collect: Callable[[Iterator[Events]], _T]) -> tuple[_T, NameRepair | None]:
+def read_events(path: Path, gz: bool,
+                collect: Callable[[Iterator[Events]], _T]) -> tuple[_T, NameRepair | None, dict[str, Any]]:
     """``collect`` of the file's event batches, read with the json reader, or with ijson's when the
-    json reader cannot vouch for the file (``collect`` may then be called twice: it starts afresh).
+    json reader cannot vouch for the file (``collect`` may then be called twice: it starts afresh);
+    with the top-level members outside traceEvents, before and after it (a writer may put Kineto's
+    header anywhere in the object: key order is no part of JSON).
 
     torch's unescaped names (``"name": "...(0):     "seed",",``, see jsonstream.escape_names): only
     after a syntax error, and only if such a line comes before it, the file is read again through
     :class:`NameRepair` (streamed; the lines are kept, so another error names the file's own line).
-    Returned with what ``collect`` gave: that repairing stream, or None.
+    Returned with what ``collect`` gave: that repairing stream, or None; then the members.
     """
     with collector_paused():
         try:
@@ -500,18 +536,18 @@ def read_events(path: Path, gz: bool, collect: Callable[[Iterator[Events]], _T])
 
 
 def _read_events(path: Path, gz: bool, collect: Callable[[Iterator[Events]], _T], *,
-                 repair: bool) -> tuple[_T, NameRepair | None]:
+                 repair: bool) -> tuple[_T, NameRepair | None, dict[str, Any]]:
     try:
         with open_trace(path, repair=repair) as fh:
-            got = collect(json_batches(guard(fh, path)))
-            return got, fh if isinstance(fh, NameRepair) else None
+            members: dict[str, Any] = {}
+            got = collect(json_batches(guard(fh, path), members))
+            return got, fh if isinstance(fh, NameRepair) else None, members
     except Unproven:
         pass
     with open_trace(path, repair=repair) as fh:
         got = collect(ijson_batches(path, fh, gz, escaped=repair))
         repaired = fh if isinstance(fh, NameRepair) else None
-    _top_level_conflict(path, gz, repair)
-    return got, repaired
+    return got, repaired, _top_level_members(path, gz, repair)
 
 
 def _has_bad_name(path: Path, offset: int) -> bool:

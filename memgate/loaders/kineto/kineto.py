@@ -122,7 +122,8 @@ def claims(path: Path) -> bool:
 
 
 def _head_fields(head: bytes) -> dict[str, Any]:
-    """Top-level scalars written before ``traceEvents`` (Kineto's header), plus ``distributedInfo.rank``."""
+    """Top-level scalars written before ``traceEvents`` (Kineto's header), plus ``distributedInfo.rank``: the
+    time base the events are read with (the whole read's members, :func:`_member_fields`, complete them)."""
     fields: dict[str, Any] = {}
     props: list[dict[str, Any]] = []
     try:
@@ -142,7 +143,23 @@ def _head_fields(head: bytes) -> dict[str, Any]:
     return fields
 
 
-_PROPS = tuple(f"deviceProperties.item.{name}" for name in ("id", "totalGlobalMem", "name", "computeMajor", "computeMinor"))
+_PROP_NAMES = ("id", "totalGlobalMem", "name", "computeMajor", "computeMinor")
+_PROPS = tuple(f"deviceProperties.item.{name}" for name in _PROP_NAMES)
+
+
+def _member_fields(members: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`_head_fields` takes from the header, from the top-level members the whole read found
+    (before and after ``traceEvents``): the scalars, ``deviceProperties`` and ``distributedInfo.rank``."""
+    fields: dict[str, Any] = {key: value for key, value in members.items()
+                              if value is not None and not isinstance(value, (dict, list))}
+    props = members.get("deviceProperties")
+    if isinstance(props, list):
+        fields["deviceProperties"] = [{k: p[k] for k in _PROP_NAMES if k in p and not isinstance(p[k], (dict, list))}
+                                      for p in props if isinstance(p, dict)]
+    info = members.get("distributedInfo")
+    if isinstance(info, dict) and info.get("rank") is not None and not isinstance(info["rank"], (dict, list)):
+        fields["distributedInfo.rank"] = info["rank"]
+    return fields
 
 
 def _cuda_release(value: Any) -> str | None:
@@ -261,7 +278,7 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
         fields = _head_fields(head)
         base = fields.get("baseTimeNanoseconds", 0)
         valid_base = base if _valid_base(base) else 0  # an invalid one is reported once the events are read
-        got, repaired = read_events(path, gz, lambda batches: Collected.of(batches, path, schema, valid_base))
+        got, repaired, members = read_events(path, gz, lambda batches: Collected.of(batches, path, schema, valid_base))
     except PermissionError:
         raise InputError("file is not readable (permission denied)", file=path) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -271,6 +288,8 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
     if fields.get("traceEvents", "start_array") != "start_array":
         raise InputError("traceEvents is not an array", file=path, column="traceEvents", expected="an array of events",
                          found=str(fields["traceEvents"]).replace("start_map", "an object"))
+    fields = {**fields, **_member_fields(members)}  # the header wherever the writer put it (after traceEvents too)
+    base = fields.get("baseTimeNanoseconds", 0)
     if not _valid_base(base):
         raise InputError("baseTimeNanoseconds must be a non-negative integer", file=path,
                          column="baseTimeNanoseconds", expected=f"ns since the epoch, at most {_BASE_MAX}",
@@ -565,10 +584,13 @@ def _spans(path: Path, kept: Kept, base: int) -> tuple[np.ndarray, np.ndarray, n
     if kept.problem is not None:
         raise kept.problem
     start = _add_base(kept, base, path)
-    if kept.past_end is not None:
+    dur = kept.column("dur")
+    # (checked as the events were read against the base before traceEvents; again against a base after it)
+    past = dur > I64_MAX - np.maximum(start, 0)
+    if kept.past_end is not None or past.any():
         raise InputError("ts + dur is past the year 2262 (int64 ns)", file=path, expected="a shorter dur",
-                         found=kept.past_end)
-    return start, start + kept.column("dur"), kept.column("thread"), kept.column("name")
+                         found=kept.past_end or f"{int(dur[int(np.argmax(past))])} ns")
+    return start, start + dur, kept.column("thread"), kept.column("name")
 
 
 def _owners(path: Path, got: Collected, t_mem: np.ndarray, mem_thread: np.ndarray, base: int) -> np.ndarray:
