@@ -245,12 +245,11 @@ def _report_errors(results: list[ProfileResult]) -> list[ErrorRow]:
 
 
 def _exit_status(results: list[ProfileResult]) -> int:
-    """2 with the first bad profile's one-line error on stderr, else 0."""
-    error = next((r.error.one_line() for r in results if r.error is not None), None)
-    if error is not None:
+    """2 with every bad profile's one-line error on stderr (the third bad rank of 64 is named too), else 0."""
+    errors = [r.error.one_line() for r in results if r.error is not None]
+    for error in errors:
         print(f"memgate: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    return EXIT_OK
+    return EXIT_BAD_INPUT if errors else EXIT_OK
 
 
 def _inspect(args: argparse.Namespace) -> int:

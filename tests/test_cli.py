@@ -378,6 +378,21 @@ def test_keeping_is_off_unless_the_command_turns_it_on_and_stays_within_its_budg
     assert done.stdout.split() == ["False", "True", "False", "True", "True"]
 
 
+def test_every_bad_profile_of_a_folder_is_named_not_only_the_first(tmp_path: Path) -> None:
+    """Of 64 ranks, the third bad one is named too: each unreadable profile gets its one line on stderr (the
+    JSON report's errors list them all), the good one is reported, and the exit code is 2."""
+    for name in ("a.pt.trace.json", "b.pt.trace.json"):
+        (tmp_path / name).write_text('{"traceEvents": []}')
+    (tmp_path / "c.pickle").write_bytes(_SMALL_SNAPSHOT.read_bytes())
+    for command in (["inspect"], ["validate"], ["inspect", "--json"]):
+        result = run_cli([*command, tmp_path])
+        assert result.rc == 2, result.stderr
+        lines = result.stderr.splitlines()
+        assert [line.split(":")[0] for line in lines] == ["memgate"] * 2, lines
+        assert [str(tmp_path / n) in line for n, line in zip(("a.pt.trace.json", "b.pt.trace.json"), lines)] == [True] * 2
+        assert "c.pickle" in result.stdout
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="counts threads in /proc (Linux)")
 def test_the_command_keeps_numpys_blas_to_one_thread_unless_the_user_set_it() -> None:
     """OpenBLAS starts a spinning thread per core when numpy is imported; memgate multiplies no matrices.

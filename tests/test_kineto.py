@@ -1010,3 +1010,16 @@ def test_header_values_memgate_acts_on_are_checked(head: dict[str, Any], column:
     with pytest.raises(InputError) as info:
         kineto.load(path)
     assert info.value.column == column and info.value.file == str(path), info.value.one_line()
+
+
+def test_each_gpus_platform_is_labelled_as_its_memory_events_are() -> None:
+    """A ROCm trace's memory events are on ``hip:0`` (real TraceLens MI300X traces): its platform is ``hip:0``'s,
+    not a ``cuda:0`` no device has; an idle GPU of the node (no memory events, real Holistic Trace Analysis
+    test data) is ``cuda:<id>`` with the memory deviceProperties lists."""
+    fields = {"deviceProperties": [
+        {"id": 0, "name": "AMD Instinct MI300X", "totalGlobalMem": 206141652992, "computeMajor": 9, "computeMinor": 4},
+        {"id": 1, "name": "AMD Instinct MI300X", "totalGlobalMem": 206141652992}]}
+    platforms = kineto._platforms(fields, {"hip:0": 206141652992})
+    assert sorted(platforms) == ["cuda:1", "hip:0"]
+    assert platforms["hip:0"]["device_name"] == "AMD Instinct MI300X" and platforms["hip:0"]["compute"] == "9.4"
+    assert platforms["cuda:1"]["total_memory"] == 206141652992 and platforms["cuda:1"]["compute"] is None

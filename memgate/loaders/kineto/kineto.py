@@ -169,16 +169,21 @@ def _cuda_release(value: Any) -> str | None:
 
 def _platforms(fields: dict[str, Any], capacity: dict[str, int]) -> dict[str, Any]:
     """``metadata["platform"]`` (:mod:`memgate.platforms`): each GPU's name, memory and compute capability
-    as ``deviceProperties`` lists them by ``id``, and the CUDA driver and runtime the header names."""
+    as ``deviceProperties`` lists them by ``id``, and the CUDA driver and runtime the header names. A GPU
+    is labelled as the trace's memory events label it (``hip:0`` on ROCm), else ``cuda:<id>``; one without
+    memory events (an idle GPU of the node) still gets its memory."""
     out: dict[str, Any] = {}
     driver, runtime = _cuda_release(fields.get("cuda_driver_version")), _cuda_release(fields.get("cuda_runtime_version"))
+    labels = {int(number): label for label in capacity
+              if (number := label.partition(":")[2]).isascii() and number.isdigit()}
     for p in fields["deviceProperties"]:
-        device = f"cuda:{p['id']}" if type(p.get("id")) is int else None
-        if device is None:
+        if type(p.get("id")) is not int:
             continue
+        device = labels.get(p["id"], f"cuda:{p['id']}")
         major, minor = p.get("computeMajor"), p.get("computeMinor")
+        total = p.get("totalGlobalMem")  # (checked by _capacities, as every listed device's)
         out[device] = {"device_name": p["name"] if isinstance(p.get("name"), str) else None,
-                       "total_memory": capacity.get(device),
+                       "total_memory": capacity.get(device, total if type(total) is int else None),
                        "compute": f"{major}.{minor}" if type(major) is int and type(minor) is int else None,
                        "driver": driver and f"CUDA driver {driver}", "runtime": runtime and f"CUDA {runtime}"}
     return out
