@@ -82,6 +82,29 @@ def _named_pointer(path: Path) -> Format | None:
     return next((f for f in FORMATS if f.named is not None and f.named(path)), None)
 
 
+def _by_content(path: Path, *, given: bool) -> Format | None:
+    """The format a file whose name no format took is in by its first bytes: torch writes a snapshot as a
+    pickle whatever the file is called (``_dump_snapshot("memory_snapshot.json")``, a real one in a public
+    repository), and ``export_memory_timeline`` a ``[times, sizes]`` JSON under any name (that one only for a
+    file ``given`` by name: in a folder, an array of arrays may be any data)."""
+    try:
+        if not path.is_file():
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return None
+    if head[:1] == b"\x80":  # a binary pickle's PROTO: only the snapshot loader reads pickles
+        from memgate.loaders.snapshot import snapshot
+
+        return format_named(snapshot.FORMAT) if snapshot.is_snapshot_head(head) else None
+    if given:
+        from memgate.loaders.kineto import memory_timeline
+
+        return format_named(memory_timeline.TIMELINE_FORMAT) if memory_timeline.is_timeline_content(path) else None
+    return None
+
+
 def _file_kind(path: Path) -> str:
     mode = path.stat().st_mode
     kinds = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
@@ -102,7 +125,8 @@ def _discover(root: Path) -> list[Found]:
     if fmt is not None:
         return [Found(root, fmt)]
     if not root.is_dir():
-        named = next((f for f in FORMATS if f.named is not None and f.named(root)), None)
+        named = next((f for f in FORMATS if f.named is not None and f.named(root)), None) \
+            or _by_content(root, given=True)
         if named is not None:
             return [Found(root, named)]
         if not root.is_file():  # a FIFO, a device (/dev/zero), a socket: never read (a read could block or never end)
@@ -127,7 +151,7 @@ def _discover(root: Path) -> list[Found]:
             continue
         for name in sorted(files):
             path = here / name
-            if (fmt := _claim(path)) is not None or (fmt := _named_pointer(path)) is not None:
+            if (fmt := _claim(path) or _named_pointer(path) or _by_content(path, given=False)) is not None:
                 found.append(Found(path, fmt))
     if not found:
         raise InputError(

@@ -101,3 +101,23 @@ def test_a_file_named_as_a_format_names_it_says_what_is_wrong(tmp_path: Path, na
     (tmp_path / "other.bin").write_bytes(content)
     with pytest.raises(InputError, match="not a profile file of any known format"):
         discover(tmp_path / "other.bin")
+
+
+def test_a_snapshot_or_a_memory_timeline_under_another_name_is_known_by_its_content(tmp_path: Path) -> None:
+    """torch writes a snapshot as a pickle whatever the file is called (``_dump_snapshot("memory_snapshot.json")``,
+    a real file in a public repository) and ``export_memory_timeline`` its ``[times, sizes]`` JSON under any
+    name: given by name, each is read as what it is, not "not a profile file of any known format". In a
+    folder the pickle is found too (skipped, the run would pass without it); a JSON array of arrays there may
+    be any data, and stays out."""
+    torch = SAMPLES / "torch"
+    pickled = tmp_path / "memory_snapshot.json"
+    shutil.copyfile(torch / "snapshot_modern_small_cs336.pickle", pickled)
+    timeline = tmp_path / "train_memory.json"
+    shutil.copyfile(torch / "cpu_memory_timeline.json", timeline)
+    assert [(f.path, f.format.name) for f in discover(pickled)] == [(pickled, "torch_snapshot")]
+    assert [(f.path, f.format.name) for f in discover(timeline)] == [(timeline, "torch_memory_timeline")]
+    assert load(discover(pickled)[0]).devices and load(discover(timeline)[0]).devices
+    assert [(f.path, f.format.name) for f in discover(tmp_path)] == [(pickled, "torch_snapshot")]
+    other = tmp_path / "other.pickle"  # a pickle of anything else, under a snapshot's name: still not claimed
+    other.write_bytes(pickle.dumps({"weights": [1, 2]}))
+    assert [f.path for f in discover(tmp_path)] == [pickled]

@@ -17,6 +17,7 @@ import importlib
 import io
 import json
 import pickle
+import pickletools
 import tempfile
 from collections.abc import Callable
 from dataclasses import replace
@@ -103,8 +104,25 @@ def test_reduce_to_os_system_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "evil.pkl"
     # The classic payload, hand-assembled: GLOBAL posix system, a string, TUPLE1, REDUCE.
     path.write_bytes(b"\x80\x02cposix\nsystem\nX\x0c\x00\x00\x00touch /tmp/x\x85R.")
-    with pytest.raises(InputError, match="refused to load 'posix.system'"):
+    with pytest.raises(InputError, match="refused to load 'posix.system'") as info:
         safepickle.load(path)
+    assert info.value.column == "byte 2"  # the GLOBAL itself, not the end of what the unpickler was handed
+
+
+def test_a_refused_class_is_located_at_its_opcode_not_where_reading_stopped(tmp_path: Path) -> None:
+    """The unpickler reads ahead (a 4 MB replay buffer's deque at byte 6 was "byte 131072"): the error names the
+    byte of the opcode that references code, in a small file, past a large plain prefix, and in a framed one."""
+    from collections import deque
+
+    for protocol in (2, 4):
+        for prefix in (0, 300_000):
+            data = pickle.dumps([list(range(prefix)), deque([1])], protocol=protocol)
+            path = tmp_path / f"p{protocol}_{prefix}.pickle"
+            path.write_bytes(data)
+            at = next(pos for op, _, pos in pickletools.genops(data) if op.name in ("GLOBAL", "STACK_GLOBAL"))
+            with pytest.raises(InputError, match="refused to load 'collections.deque'") as info:
+                safepickle.load(path)
+            assert info.value.column == f"byte {at}", (protocol, prefix, info.value.column)
 
 
 def test_extension_registry_opcodes_are_refused(tmp_path: Path) -> None:

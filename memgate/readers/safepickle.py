@@ -287,6 +287,30 @@ def _check_protocol(path: Path, data: bytes) -> None:
                          expected=f"a binary pickle (protocol 2..{HIGHEST_PROTOCOL}, first byte 0x80)", found=found)
 
 
+# The opcodes that name code: a class (GLOBAL, STACK_GLOBAL, INST, and EXT1/2/4 through copyreg's registry)
+# or a persistent id; the unpickler refuses the first of them.
+_NAMES_CODE = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"})
+_LOCATE_OPCODES = 1 << 21  # ~2 s of pickletools' walk at most, on the error path only
+
+
+def _code_reference_at(path: Path, before: int) -> int | None:
+    """The byte where the pickle's first opcode that names code begins (the unpickler had been handed
+    ``before`` bytes when it refused it: a read's worth past it), walked with pickletools; None where the
+    walk cannot tell (past its opcode budget, or a malformed byte first)."""
+    import pickletools
+
+    try:
+        with open(path, "rb") as fh:
+            for n, (opcode, _, pos) in enumerate(pickletools.genops(fh)):
+                if opcode.name in _NAMES_CODE:
+                    return pos
+                if n >= _LOCATE_OPCODES or (pos is not None and pos >= before):
+                    return None
+    except Exception:  # noqa: BLE001 - whatever the walk meets, the refusal stands without a position
+        return None
+    return None
+
+
 def _unpickled(path: Path, stream: _MeteredInput, size: int) -> Any:
     """The value the pickle of ``size`` bytes holds, read through ``stream``; its errors as InputErrors."""
     memory = limits.max_pickle_memory(size)
@@ -294,10 +318,11 @@ def _unpickled(path: Path, stream: _MeteredInput, size: int) -> Any:
         value = _unpickle(stream, memory)
         rest = stream.rest()
     except RefusedClass as exc:
+        at = _code_reference_at(path, stream.handed_out())
         raise InputError(
             f"refused to load {exc.what!r}: the pickle references code, and memgate never runs code from a "
             "profile file",
-            file=path, column=f"byte {stream.handed_out()}",
+            file=path, column=f"byte {stream.handed_out()} or before" if at is None else f"byte {at}",
             expected="plain data only (dict, list, tuple, str, int, float, bool, None)", found=exc.what,
         ) from None
     except TooManyObjects as exc:

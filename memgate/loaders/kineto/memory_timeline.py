@@ -62,6 +62,13 @@ def claims_timeline(path: Path) -> bool:
     return _head_matches(path, rb"\s*\[\s*\[\s*([0-9]|\])")
 
 
+def is_timeline_content(path: Path) -> bool:
+    """A JSON file of any other name that starts as ``export_memory_timeline``'s ``[times, sizes]`` does
+    (torch lets a user name it anything); asked of a file given by name only: in a folder, an array of
+    arrays may be any data."""
+    return _is_json_name(path) and not _is_raw_name(path) and _head_matches(path, rb"\s*\[\s*\[\s*([0-9]|\])")
+
+
 def _is_raw_name(path: Path) -> bool:
     # torch writes the raw form for a path ending "raw.json.gz" (any other: the [times, sizes] form);
     # Holistic Trace Analysis keeps it as "memory_timeline.raw.gz"
