@@ -1023,3 +1023,12 @@ def test_each_gpus_platform_is_labelled_as_its_memory_events_are() -> None:
     assert sorted(platforms) == ["cuda:1", "hip:0"]
     assert platforms["hip:0"]["device_name"] == "AMD Instinct MI300X" and platforms["hip:0"]["compute"] == "9.4"
     assert platforms["cuda:1"]["total_memory"] == 206141652992 and platforms["cuda:1"]["compute"] is None
+
+
+def test_a_cpu_device_says_why_it_has_no_reserved_peak() -> None:
+    """torch writes Total Reserved 0 on every CPU event: the totals are there, and say the CPU allocator keeps no
+    reserve (the old reason, "the data has no reserved totals", was not true of the file)."""
+    [m] = profile_metrics(kineto.load(LEAK))
+    assert m.device == "cpu" and m.values["peak_reserved_bytes"] is None
+    assert "Total Reserved 0 on every CPU [memory] event" in m.missing["peak_reserved_bytes"]
+    assert m.values["peak_allocated_bytes"] is not None

@@ -312,8 +312,12 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
         lacks.setdefault(Fact.OPERATORS, hints.no_kineto_ops())
     if lacks:
         metadata["not_measurable"] = not_measurable(lacks)
-    if cpu_lacks:
-        metadata[NOT_MEASURABLE_BY_DEVICE] = {_label(CPU, -1): not_measurable(cpu_lacks)}
+    cpu = _label(CPU, -1)
+    by_device = {cpu: not_measurable(cpu_lacks)} if cpu_lacks else {}
+    if any(d.device == cpu for d in devices) and "peak_reserved_bytes" not in metadata.get("not_measurable", {}):
+        by_device.setdefault(cpu, {})["peak_reserved_bytes"] = _CPU_RESERVED
+    if by_device:
+        metadata[NOT_MEASURABLE_BY_DEVICE] = by_device
     if repaired is not None and repaired.count:
         lines = ", ".join(map(str, repaired.repaired)) + (", ..." if repaired.count > len(repaired.repaired) else "")
         metadata["repaired_names"] = repaired.count
@@ -342,6 +346,11 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
 
 # The trace-event format's other top level: an array of events (the first one's keys include "ph").
 _ARRAY_FORM = re.compile(rb'\[\s*\{[^{}\[\]]*"ph"\s*:')
+
+
+# Why a CPU device has no peak_reserved_bytes (its reserved values are left absent, module docstring).
+_CPU_RESERVED = ("the CPU allocator keeps no reserve: torch writes Total Reserved 0 on every CPU [memory] event, "
+                 "so a reserved peak would read as 0 bytes; peak_allocated_bytes is the CPU's figure")
 
 
 def _valid_base(base: Any) -> bool:
