@@ -1025,10 +1025,14 @@ def test_each_gpus_platform_is_labelled_as_its_memory_events_are() -> None:
     assert platforms["cuda:1"]["total_memory"] == 206141652992 and platforms["cuda:1"]["compute"] is None
 
 
-def test_a_cpu_device_says_why_it_has_no_reserved_peak() -> None:
-    """torch writes Total Reserved 0 on every CPU event: the totals are there, and say the CPU allocator keeps no
-    reserve (the old reason, "the data has no reserved totals", was not true of the file)."""
-    [m] = profile_metrics(kineto.load(LEAK))
-    assert m.device == "cpu" and m.values["peak_reserved_bytes"] is None
-    assert "Total Reserved 0 on every CPU [memory] event" in m.missing["peak_reserved_bytes"]
-    assert m.values["peak_allocated_bytes"] is not None
+
+@pytest.mark.parametrize("value", ["0", 5, True, None, {"id": 0}, ["x", 7]])
+def test_a_header_after_trace_events_that_is_no_list_of_devices_lists_none(value: Any, tmp_path: Path) -> None:
+    """After traceEvents as before it, a deviceProperties that is no list of objects names no device (found by the
+    mutation fuzz: a string there was iterated as devices), and a distributedInfo that is no object no rank."""
+    trace = json.loads(H200_TRACE.read_text())
+    events = trace.pop("traceEvents")
+    path = tmp_path / "rank5.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events, **trace, "deviceProperties": value, "distributedInfo": value}))
+    profile = kineto.load(path)
+    assert profile.rank == "5" and "device_capacity_bytes" not in profile.metadata

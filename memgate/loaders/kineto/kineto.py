@@ -70,7 +70,7 @@ from memgate.readers import limits
 from memgate.readers.files import check_readable
 from memgate.readers.jsonstream import JsonLimitError, guard
 from memgate.readers.pyrecords import check_records
-from memgate.readers.traceevents import read_events, read_head
+from memgate.readers.traceevents import HEADER_OBJECTS, read_events, read_head
 from memgate.schemas import load_schema
 from memgate.table import Ints, Table, Texts
 
@@ -150,9 +150,9 @@ _PROPS = tuple(f"deviceProperties.item.{name}" for name in _PROP_NAMES)
 def _member_fields(members: dict[str, Any]) -> dict[str, Any]:
     """What :func:`_head_fields` takes from the header, from the top-level members the whole read found
     (before and after ``traceEvents``): the scalars, ``deviceProperties`` and ``distributedInfo.rank``."""
-    fields: dict[str, Any] = {key: value for key, value in members.items()
-                              if value is not None and not isinstance(value, (dict, list))}
-    props = members.get("deviceProperties")
+    fields: dict[str, Any] = {key: value for key, value in members.items() if value is not None
+                              and not isinstance(value, (dict, list)) and key not in HEADER_OBJECTS}
+    props = members.get("deviceProperties")  # (anything but a list of objects lists no device, as in the head)
     if isinstance(props, list):
         fields["deviceProperties"] = [{k: p[k] for k in _PROP_NAMES if k in p and not isinstance(p[k], (dict, list))}
                                       for p in props if isinstance(p, dict)]
@@ -312,12 +312,8 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
         lacks.setdefault(Fact.OPERATORS, hints.no_kineto_ops())
     if lacks:
         metadata["not_measurable"] = not_measurable(lacks)
-    cpu = _label(CPU, -1)
-    by_device = {cpu: not_measurable(cpu_lacks)} if cpu_lacks else {}
-    if any(d.device == cpu for d in devices) and "peak_reserved_bytes" not in metadata.get("not_measurable", {}):
-        by_device.setdefault(cpu, {})["peak_reserved_bytes"] = _CPU_RESERVED
-    if by_device:
-        metadata[NOT_MEASURABLE_BY_DEVICE] = by_device
+    if cpu_lacks:
+        metadata[NOT_MEASURABLE_BY_DEVICE] = {_label(CPU, -1): not_measurable(cpu_lacks)}
     if repaired is not None and repaired.count:
         lines = ", ".join(map(str, repaired.repaired)) + (", ..." if repaired.count > len(repaired.repaired) else "")
         metadata["repaired_names"] = repaired.count
@@ -346,11 +342,6 @@ def _load(path: Path, addresses: bool = False) -> tuple[Profile, dict[int, int]]
 
 # The trace-event format's other top level: an array of events (the first one's keys include "ph").
 _ARRAY_FORM = re.compile(rb'\[\s*\{[^{}\[\]]*"ph"\s*:')
-
-
-# Why a CPU device has no peak_reserved_bytes (its reserved values are left absent, module docstring).
-_CPU_RESERVED = ("the CPU allocator keeps no reserve: torch writes Total Reserved 0 on every CPU [memory] event, "
-                 "so a reserved peak would read as 0 bytes; peak_allocated_bytes is the CPU's figure")
 
 
 def _valid_base(base: Any) -> bool:
