@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from memgate.errors import InputError, MemgateError, cannot_read
 from memgate.loaders.registry import FORMATS, Format, format_named, import_loaders
-from memgate.readers.files import check_not_lfs_file, is_lfs_pointer
+from memgate.readers.files import LFS_POINTER, LFS_POINTER_MAX, check_not_lfs_file
 
 if TYPE_CHECKING:
     from memgate.model import Profile
@@ -74,16 +74,10 @@ def _check_not_lfs_pointer(path: Path) -> None:
         return
 
 
-def _named_pointer(path: Path) -> Format | None:
-    """The format that names a file which is a Git LFS pointer (``snapshot.pickle`` not pulled): found, its load
-    says what it is. Skipped, the profile would be missing from the run without a word."""
-    if not is_lfs_pointer(path):
-        return None
-    return next((f for f in FORMATS if f.named is not None and f.named(path)), None)
-
-
 def _by_content(path: Path, *, given: bool) -> Format | None:
-    """The format a file whose name no format took is in by its first bytes: torch writes a snapshot as a
+    """The format a file whose name no format took is in by its first bytes (one read of them): a Git LFS
+    pointer is the format that names it (``snapshot.pickle`` not pulled: found, its load says what it is;
+    skipped, the profile would be missing from the run without a word); torch writes a snapshot as a
     pickle whatever the file is called (``_dump_snapshot("memory_snapshot.json")``, a real one in a public
     repository), and ``export_memory_timeline`` a ``[times, sizes]`` JSON under any name (that one only for a
     file ``given`` by name: in a folder, an array of arrays may be any data)."""
@@ -94,6 +88,8 @@ def _by_content(path: Path, *, given: bool) -> Format | None:
             head = fh.read(4096)
     except OSError:
         return None
+    if head.startswith(LFS_POINTER) and len(head) <= LFS_POINTER_MAX:
+        return next((f for f in FORMATS if f.named is not None and f.named(path)), None)
     if head[:1] == b"\x80":  # a binary pickle's PROTO: only the snapshot loader reads pickles
         from memgate.loaders.snapshot import snapshot
 
@@ -151,7 +147,7 @@ def _discover(root: Path) -> list[Found]:
             continue
         for name in sorted(files):
             path = here / name
-            if (fmt := _claim(path) or _named_pointer(path) or _by_content(path, given=False)) is not None:
+            if (fmt := _claim(path) or _by_content(path, given=False)) is not None:
                 found.append(Found(path, fmt))
     if not found:
         raise InputError(

@@ -41,17 +41,6 @@ def check_not_lfs_file(path: Path, size: int) -> None:
             check_not_lfs_pointer(path, fh.read(64))
 
 
-def is_lfs_pointer(path: Path) -> bool:
-    """Is the regular file at ``path`` a Git LFS pointer? (False where it cannot be read.)"""
-    try:
-        if not path.is_file() or path.stat().st_size > LFS_POINTER_MAX:
-            return False
-        with open(path, "rb") as fh:
-            return fh.read(len(LFS_POINTER)) == LFS_POINTER
-    except OSError:
-        return False
-
-
 def check_not_lfs_pointer(path: Path, head: bytes) -> None:
     """InputError where ``head`` (a file's first bytes) is a Git LFS pointer's."""
     if head.startswith(LFS_POINTER):

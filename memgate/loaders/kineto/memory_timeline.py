@@ -54,19 +54,22 @@ def _is_json_name(path: Path) -> bool:
     return path.name.lower().endswith((".json", ".json.gz"))
 
 
+_TIMELINE_HEAD = rb"\s*\[\s*\[\s*([0-9]|\])"  # [times, sizes]: an array of arrays of numbers
+
+
 def claims_timeline(path: Path) -> bool:
     """``prof.export_memory_timeline`` JSON: the name says so and the file starts with ``[[``
     (a ``*.raw.json`` name is claimed_raw_timeline's, whichever form it holds)."""
     if "memory_timeline" not in path.name.lower() or not _is_json_name(path) or _is_raw_name(path):
         return False
-    return _head_matches(path, rb"\s*\[\s*\[\s*([0-9]|\])")
+    return _head_matches(path, _TIMELINE_HEAD)
 
 
 def is_timeline_content(path: Path) -> bool:
     """A JSON file of any other name that starts as ``export_memory_timeline``'s ``[times, sizes]`` does
     (torch lets a user name it anything); asked of a file given by name only: in a folder, an array of
     arrays may be any data."""
-    return _is_json_name(path) and not _is_raw_name(path) and _head_matches(path, rb"\s*\[\s*\[\s*([0-9]|\])")
+    return _is_json_name(path) and not _is_raw_name(path) and _head_matches(path, _TIMELINE_HEAD)
 
 
 def _is_raw_name(path: Path) -> bool:
